@@ -1,0 +1,175 @@
+"""Typed run configuration: one frozen dataclass per concern, validated on construction.
+
+Hydra composes YAML at the edge (``spectoolkit/__main__.py``); the library only ever sees these
+objects. :func:`run_config_from_dict` turns a plain nested dict (e.g. ``OmegaConf.to_container``)
+into a :class:`RunConfig` and rejects unknown keys with a message that names them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from spectoolkit.errors import SpecToolkitError
+
+MODEL_PRECISIONS = ("fp32", "bf16", "fp16")
+DRAFT_KINDS = ("model", "ngram", "none")
+WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise SpecToolkitError(message)
+
+
+def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    _require(value in allowed, f"{name}={value!r} is not supported; use one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """The model whose output is the reference. ``precision`` is its weight precision."""
+
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        _one_of("target.precision", self.precision, MODEL_PRECISIONS)
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """What proposes tokens: a draft model (``model``), prompt n-gram lookup, or ``none`` (baseline only)."""
+
+    kind: str = "ngram"
+    precision: str = "bf16"  # weight precision of a draft model (kind=model)
+    ngram_max: int = 3  # longest suffix n-gram looked up in the context (kind=ngram)
+    ngram_min: int = 1  # shortest suffix n-gram tried before giving up
+
+    def __post_init__(self) -> None:
+        _one_of("draft.kind", self.kind, DRAFT_KINDS)
+        if self.kind == "model":
+            _one_of("draft.precision", self.precision, MODEL_PRECISIONS)
+        _require(1 <= self.ngram_min <= self.ngram_max, "draft.ngram_min must be >= 1 and <= draft.ngram_max")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Checkpoints: a local directory or a hub id; ``None`` means the embedded SmolLM2-135M-Instruct.
+
+    ``draft_path=None`` with ``draft.kind=model`` is a self-draft: the target checkpoint at the
+    draft's precision.
+    """
+
+    name: str = "smollm2-135m"
+    target_path: str | None = None
+    draft_path: str | None = None
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling applied identically to target and draft. ``temperature == 0`` is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 disables top-k
+    top_p: float = 1.0  # 1.0 disables top-p
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.temperature >= 0, "sampling.temperature must be >= 0 (0 means greedy)")
+        _require(self.top_k >= 0, "sampling.top_k must be >= 0 (0 disables it)")
+        _require(0 < self.top_p <= 1, "sampling.top_p must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SpeculateConfig:
+    """Draft length γ: tokens proposed per verification round."""
+
+    gamma: int = 4
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.gamma <= 64, f"speculate.gamma={self.gamma} must be between 1 and 64")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Which prompts to run. ``path`` is required for ``kind=jsonl``."""
+
+    kind: str = "builtin"
+    path: str | None = None
+    max_new_tokens: int = 64
+    num_prompts: int | None = None  # None: all prompts of the workload (builtin/jsonl) or 8 (datasets)
+    chat_template: bool = True  # wrap each prompt as a user message in the tokenizer's chat template
+
+    def __post_init__(self) -> None:
+        _one_of("workload.kind", self.kind, WORKLOAD_KINDS)
+        _require(self.max_new_tokens >= 1, f"workload.max_new_tokens={self.max_new_tokens} must be >= 1")
+        _require(self.num_prompts is None or self.num_prompts >= 1, "workload.num_prompts must be >= 1")
+        _require(self.kind != "jsonl" or bool(self.path), "workload=jsonl needs workload.path=FILE")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Protocol: untimed warm-up generations, then ``repeat`` timed passes over the workload."""
+
+    warmup: int = 1
+    repeat: int = 1
+
+    def __post_init__(self) -> None:
+        _require(self.warmup >= 0, "bench.warmup must be >= 0")
+        _require(self.repeat >= 1, "bench.repeat must be >= 1")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs. ``output_dir`` receives records.jsonl and summary.json."""
+
+    target: TargetConfig = field(default_factory=TargetConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    speculate: SpeculateConfig = field(default_factory=SpeculateConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    device: str = "auto"
+    output_dir: str = "."
+
+    def __post_init__(self) -> None:
+        _one_of("device", self.device, DEVICES)
+
+
+def _build(cls: type, values: dict[str, Any] | None, prefix: str) -> Any:
+    """Instantiate dataclass ``cls`` from ``values``, recursing into dataclass-typed fields."""
+    values = dict(values or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    _require(not unknown, f"unknown config option(s): {', '.join(prefix + k for k in unknown)}")
+    kwargs = {}
+    for name, value in values.items():
+        sub = _SECTIONS.get(name) if cls is RunConfig else None
+        kwargs[name] = _build(sub, value, f"{name}.") if sub else value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a scalar where a section was expected, etc.
+        raise SpecToolkitError(f"bad config for {prefix or 'run'}: {exc}") from None
+
+
+_SECTIONS = {
+    "target": TargetConfig,
+    "draft": DraftConfig,
+    "model": ModelConfig,
+    "sampling": SamplingConfig,
+    "speculate": SpeculateConfig,
+    "workload": WorkloadConfig,
+    "bench": BenchConfig,
+}
+
+
+def run_config_from_dict(values: dict[str, Any]) -> RunConfig:
+    """Build a validated :class:`RunConfig` from a nested dict; unknown keys raise SpecToolkitError."""
+    return _build(RunConfig, values, "")

@@ -1,0 +1,1 @@
+"""Verification of drafted tokens against the target (greedy and exact stochastic)."""
