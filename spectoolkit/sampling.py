@@ -46,8 +46,34 @@ def sample_from(probs: torch.Tensor, uniform: torch.Tensor) -> int:
     positive probability, so zero-probability tokens are never drawn even with rounding.
     """
     cdf = probs.float().cumsum(dim=-1)  # [V]
-    threshold = uniform.reshape(1).float() * cdf[-1]
+    threshold = uniform.reshape(1).to(cdf.device).float() * cdf[-1]
     index = int(torch.searchsorted(cdf, threshold, right=True).item())
     if index >= probs.shape[-1]:  # u·total rounded up to the total: take the last positive token
         index = int(torch.nonzero(probs > 0)[-1].item())
     return index
+
+
+class GreedyChooser:
+    """Greedy selection: the argmax in fp32 (first index on ties); no distribution is kept."""
+
+    def choose(self, logits: torch.Tensor, generator: torch.Generator | None) -> tuple[int, None]:
+        """logits [V] -> (token, None)."""
+        return int(torch.argmax(logits.float()).item()), None
+
+
+class RandomChooser:
+    """Sampling from the processed distribution with one uniform from the request's generator."""
+
+    def __init__(self, sampling: SamplingConfig) -> None:
+        self.sampling = sampling
+
+    def choose(self, logits: torch.Tensor, generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+        """logits [V] -> (token, probs [V] fp32: the distribution the token was drawn from)."""
+        probs = processed_probs(logits, self.sampling)
+        uniform = torch.rand(1, generator=generator)  # CPU generator: same stream on any device
+        return sample_from(probs, uniform), probs
+
+
+def make_chooser(sampling: SamplingConfig) -> GreedyChooser | RandomChooser:
+    """The token chooser for ``sampling``, fixed once per run."""
+    return GreedyChooser() if sampling.greedy else RandomChooser(sampling)

@@ -1,0 +1,52 @@
+"""Prompt-lookup (n-gram) proposer: copy what followed the last occurrence of the current suffix.
+
+Saxena's prompt lookup decoding, as in transformers' ``prompt_lookup_num_tokens``: match the
+trailing n-gram (longest n first) against earlier context and propose the tokens that followed it.
+We take the most recent match, which tracks the text being generated better than the first.
+A proposal is deterministic: when sampling, its distribution q is one-hot at the proposed token,
+which keeps the stochastic acceptance test exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectoolkit.drafting.base import Proposal
+
+
+class NgramDrafter:
+    """Proposes continuations found in the prompt and the output so far."""
+
+    def __init__(self, max_n: int, min_n: int, target_vocab_size: int, one_hot_probs: bool) -> None:
+        self.max_n = max_n
+        self.min_n = min_n
+        self.target_vocab_size = target_vocab_size
+        self.one_hot_probs = one_hot_probs
+        self.name = "ngram"
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def rollback(self, num_kept: int) -> None:
+        pass  # stateless: the next lookup reads the verified tokens only
+
+    def propose(self, tokens: list[int], budget: int, generator: torch.Generator | None) -> Proposal:
+        draft_ids = lookup(torch.tensor(tokens), self.max_n, self.min_n, budget)
+        probs = None
+        if self.one_hot_probs:
+            probs = torch.zeros(len(draft_ids), self.target_vocab_size)  # [k, V]
+            probs[torch.arange(len(draft_ids)), draft_ids] = 1.0
+        return Proposal(draft_ids, probs)
+
+
+def lookup(tokens: torch.Tensor, max_n: int, min_n: int, budget: int) -> list[int]:
+    """Up to ``budget`` tokens that followed the latest earlier occurrence of the suffix of ``tokens`` [L]."""
+    length = tokens.shape[0]
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n :]  # [n]
+        windows = tokens[: length - 1].unfold(0, n, 1)  # [L-n, n]: windows that end before the last token
+        starts = torch.nonzero((windows == suffix).all(dim=1)).flatten()
+        if starts.numel():
+            follow = int(starts[-1]) + n  # index of the first token after the latest match
+            return tokens[follow : follow + budget].tolist()
+    return []

@@ -1,0 +1,45 @@
+"""Target-alone decoding: prefill, then one target forward per token. The reference arm."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from spectoolkit.engine.output import GenerationOutput, finished
+from spectoolkit.models.cached import CachedModel, synchronize
+
+
+class BaselineEngine:
+    """Plain autoregressive decoding with the same token selection as the verifier."""
+
+    name = "baseline"
+
+    def __init__(self, target: CachedModel, verifier, eos_ids: frozenset[int]) -> None:
+        self.target = target
+        self.verifier = verifier
+        self.eos_ids = eos_ids
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None, on_token=None
+    ) -> GenerationOutput:
+        """Decode up to ``max_new_tokens`` tokens after ``prompt_ids``; ``on_token(id)`` streams them."""
+        out = GenerationOutput()
+        start = time.perf_counter()
+        self.target.reset()
+        token = self.verifier.select(self.target.forward(prompt_ids, last_only=True), generator)
+        synchronize(self.target.device)
+        out.ttft = out.prefill_time = time.perf_counter() - start
+        out.output_ids.append(token)
+        if on_token:
+            on_token(token)
+        while not finished(out.output_ids, max_new_tokens, self.eos_ids):
+            token = self.verifier.select(self.target.forward([token], last_only=True), generator)
+            out.output_ids.append(token)
+            out.verify_rounds += 1
+            if on_token:
+                on_token(token)
+        synchronize(self.target.device)
+        out.total_time = time.perf_counter() - start
+        out.verify_time = out.total_time - out.prefill_time
+        return out

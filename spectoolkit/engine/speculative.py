@@ -1,0 +1,92 @@
+"""Speculative decoding at batch size 1 (Leviathan et al. 2023; Chen et al. 2023).
+
+Each round: the drafter proposes k <= γ tokens after the pending token; the target scores
+[pending, d1..dk] in one forward (k+1 logits rows); the verifier accepts a prefix and emits one
+correction or bonus token. KV rule (DESIGN §2): the target keeps KV for prefix + pending + accepted
+drafts; the emitted correction/bonus token has no KV yet and is the first input of the next round.
+The drafter is told the same kept length and truncates its own cache.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from spectoolkit.drafting.base import Proposal
+from spectoolkit.engine.output import GenerationOutput, cut, finished
+from spectoolkit.models.cached import CachedModel, synchronize
+
+
+class SpeculativeEngine:
+    """Draft → verify → commit, one sequence at a time."""
+
+    name = "spec"
+
+    def __init__(self, target: CachedModel, drafter, verifier, gamma: int, eos_ids: frozenset[int]) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.verifier = verifier
+        self.gamma = gamma
+        self.eos_ids = eos_ids
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None, on_token=None
+    ) -> GenerationOutput:
+        """Decode up to ``max_new_tokens`` tokens after ``prompt_ids``; ``on_token(id)`` streams them."""
+        out = GenerationOutput()
+        start = time.perf_counter()
+        self.target.reset()
+        self.drafter.begin(prompt_ids)
+        first = self.verifier.select(self.target.forward(prompt_ids, last_only=True), generator)
+        synchronize(self.target.device)
+        out.ttft = out.prefill_time = time.perf_counter() - start
+        tokens = list(prompt_ids) + [first]  # verified tokens; the last one is pending (no KV)
+        out.output_ids.append(first)
+        if on_token:
+            on_token(first)
+        while not finished(out.output_ids, max_new_tokens, self.eos_ids):
+            emitted = self._round(tokens, max_new_tokens - len(out.output_ids), generator, out)
+            tokens.extend(emitted)
+            out.output_ids.extend(emitted)
+            if on_token:
+                for token in emitted:
+                    on_token(token)
+        synchronize(self.target.device)
+        out.total_time = time.perf_counter() - start
+        return out
+
+    def _round(
+        self, tokens: list[int], room: int, generator: torch.Generator | None, out: GenerationOutput
+    ) -> list[int]:
+        """One draft/verify round; returns the tokens to emit (already cut at EOS and ``room``)."""
+        t0 = time.perf_counter()
+        budget = min(self.gamma, room - 1)  # the round always emits one target token on top
+        proposal = self.drafter.propose(tokens, budget, generator) if budget > 0 else _EMPTY
+        synchronize(self.target.device)
+        t1 = time.perf_counter()
+        logits = self.target.forward([tokens[-1], *proposal.draft_ids])  # [k+1, V]
+        draft_ids = torch.tensor(proposal.draft_ids, dtype=torch.long, device=logits.device)  # [k]
+        result = self.verifier.verify(draft_ids, logits, proposal.draft_probs, generator)
+        kept = len(tokens) + result.num_accepted  # prefix + pending + accepted drafts have KV
+        self.target.truncate(kept)
+        synchronize(self.target.device)
+        t2 = time.perf_counter()
+        self.drafter.rollback(kept)
+        out.draft_time += t1 - t0 + (time.perf_counter() - t2)
+        out.verify_time += t2 - t1
+        _count(out, len(proposal), result.num_accepted)
+        return cut(proposal.draft_ids[: result.num_accepted] + [result.next_token], room, self.eos_ids)
+
+
+def _count(out: GenerationOutput, drafted: int, accepted: int) -> None:
+    out.verify_rounds += 1
+    out.drafted_tokens += drafted
+    out.accepted_tokens += accepted
+    out.proposed_rounds += drafted > 0
+    out.rollback_count += accepted < drafted
+    out.accept_lengths.append(accepted)
+    out.draft_lengths.append(drafted)
+
+
+_EMPTY = Proposal([], None)

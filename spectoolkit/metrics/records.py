@@ -1,0 +1,92 @@
+"""Per-request records (DESIGN §3) and an append-only JSONL writer.
+
+One record per request × repeat × arm. Records are appended and flushed as they are produced, so
+an interrupted run keeps every finished request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RequestRecord:
+    """One generation of one request in one arm. Times in seconds; ``error`` set when it could not run."""
+
+    case_id: str
+    task_type: str
+    repeat_idx: int
+    arm: str  # "baseline" or "spec"
+    drafter: str  # "none" for the baseline arm
+    target_precision: str
+    draft_precision: str | None
+    random_seed: int
+    temperature: float
+    top_p: float
+    top_k: int
+    draft_len: int  # γ (0 for the baseline)
+    batch_size: int = 1
+    concurrency: int = 1
+    input_len: int = 0
+    output_len: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_rounds: int = 0
+    rollback_count: int = 0
+    proposed_rounds: int = 0
+    ttft: float | None = None
+    total_time: float | None = None
+    draft_time: float | None = None
+    verify_time: float | None = None
+    gpu_mem_peak: int | None = None  # bytes; null without an accelerator
+    accept_lengths: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+
+class RecordWriter:
+    """Appends records to ``path`` (JSONL), flushing each line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def write(self, record: RequestRecord) -> None:
+        self._file.write(record.to_json() + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """All complete records of a JSONL file (a torn last line from a kill is skipped)."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON to a temporary sibling, then rename: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.replace(path)

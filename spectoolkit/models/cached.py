@@ -1,0 +1,56 @@
+"""A causal LM plus its positional KV cache: feed tokens, get logits, roll back by length.
+
+Both the target (baseline and verification) and a draft model use this. ``num_computed`` is the
+number of positions whose KV is valid (DESIGN §2); ``truncate`` lowers it after a rejection.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from spectoolkit.kvcache import PositionalKVCache
+
+
+class CachedModel:
+    """Incremental forward passes of an HF causal LM over one sequence (batch size 1)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.num_layers = model.config.get_text_config().num_hidden_layers
+        self.cache = PositionalKVCache(self.num_layers)
+        # transformers renamed `past_key_values` to `cache` (5.24; the old name warns until 5.40).
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def num_computed(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        """Start a new sequence (buffers are kept and overwritten)."""
+        self.cache.reset()
+
+    def truncate(self, length: int) -> None:
+        self.cache.truncate(length)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Append ``token_ids`` (n tokens) at positions [num_computed, num_computed+n).
+
+        Returns fp32-or-model-dtype logits [n, V], or [V] for the last position when ``last_only``
+        (the prefill: logits of earlier prompt positions are never needed).
+        """
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
+        kwargs = {self._cache_kwarg: self.cache}
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1 if last_only else 0, **kwargs)
+        logits = out.logits[0]  # [n or 1, V]
+        return logits[-1] if last_only else logits
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels so wall-clock timings are honest on CUDA (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

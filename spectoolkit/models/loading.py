@@ -1,0 +1,102 @@
+"""Load causal LMs and tokenizers from a local directory, a hub id, or the embedded default.
+
+``path=None`` means the embedded SmolLM2-135M-Instruct (see :mod:`spectoolkit.embedded`). A hub id
+is looked up in the local HF cache first; without network, a missing model is a clear
+:class:`SpecToolkitError`, never a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spectoolkit.errors import SpecToolkitError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for inference, with what the engine needs to know about it."""
+
+    model: torch.nn.Module
+    path: str
+    precision: str
+    vocab_size: int  # rows of the output embedding (may exceed len(tokenizer): tail padding)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def weight_bytes(self) -> int:
+        """Bytes of parameters and buffers (tied weights counted once)."""
+        seen: set[int] = set()
+        total = 0
+        for tensor in list(self.model.parameters()) + list(self.model.buffers()):
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                total += tensor.numel() * tensor.element_size()
+        return total
+
+
+def resolve_path(path: str | None) -> str:
+    """A loadable location: the embedded directory for ``None``, else the directory or hub id."""
+    if path is None or path == "embedded":
+        from spectoolkit.embedded import embedded_dir
+
+        return str(embedded_dir())
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise SpecToolkitError(
+                f"model directory '{path}' has no config.json: point it at an HF checkpoint"
+            )
+        return str(local)
+    if path.startswith((".", "/", "~")) or path.count("/") != 1:
+        raise SpecToolkitError(f"model path '{path}' does not exist: give a local HF directory or a hub id")
+    return path  # a hub id such as "org/name"
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` picks CUDA when available; ``cuda`` without a GPU is a user error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecToolkitError("device=cuda but no CUDA device is available: use device=cpu or device=auto")
+    return torch.device(device)
+
+
+def load_tokenizer(path: str | None):
+    """The tokenizer of ``path`` (see :func:`resolve_path`)."""
+    from transformers import AutoTokenizer
+
+    location = resolve_path(path)
+    try:
+        return AutoTokenizer.from_pretrained(location)
+    except (OSError, ValueError) as exc:
+        raise SpecToolkitError(f"cannot load the tokenizer of '{location}': {_first_line(exc)}") from None
+
+
+def load_model(path: str | None, precision: str, device: torch.device) -> LoadedModel:
+    """Load ``path`` at ``precision`` (fp32/bf16/fp16) onto ``device``, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    if precision not in DTYPES:
+        raise SpecToolkitError(f"precision '{precision}' is not one of {', '.join(DTYPES)}")
+    location = resolve_path(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[precision])
+    except (OSError, ValueError) as exc:
+        raise SpecToolkitError(
+            f"cannot load model '{location}': {_first_line(exc)} "
+            "(offline: pass a local directory with model.target_path=DIR / model.draft_path=DIR)"
+        ) from None
+    model.to(device).eval()
+    return LoadedModel(model, location, precision, model.get_output_embeddings().weight.shape[0])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,61 @@
+"""What every verifier returns and promises, and the one place a verifier is chosen.
+
+A verification round (DESIGN §1) checks γ drafted tokens against the target's γ+1 next-token
+logits and emits N = K + 1 tokens: the K accepted drafts plus one correction (at the first
+rejection) or bonus (all γ accepted) token. Following vLLM v1, verification knows nothing about how
+the drafts were produced: it sees token ids and, in stochastic mode, the draft distributions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from spectoolkit.config import SamplingConfig
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of one round: the round emits ``draft_ids[:num_accepted] + [next_token]``."""
+
+    num_accepted: int  # K, 0 <= K <= γ
+    next_token: int  # the correction token (first rejection) or the bonus token (all accepted)
+
+
+class Verifier(Protocol):
+    """Token selection for the target: alone (``select``) and against drafts (``verify``)."""
+
+    def select(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
+        """The token the target alone emits from ``logits`` [V]; the baseline loop uses this."""
+        ...
+
+    def verify(
+        self,
+        draft_ids: torch.Tensor,
+        target_logits: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        generator: torch.Generator | None,
+    ) -> VerifyResult:
+        """Check drafts against the target.
+
+        draft_ids: [γ] long (γ may be 0). target_logits: [γ+1, V], row i = target logits after i
+        accepted drafts. draft_probs: [γ, V_draft] fp32 with V_draft <= V, the distributions the
+        drafts were actually sampled from (None in greedy mode).
+        """
+        ...
+
+
+def leading_true(mask: torch.Tensor) -> int:
+    """Length of the run of True at the start of ``mask`` [γ] (bool), without a Python loop."""
+    return int(mask.long().cumprod(dim=0).sum().item())
+
+
+def make_verifier(sampling: SamplingConfig) -> Verifier:
+    """The verifier for ``sampling``: greedy when ``temperature == 0``, exact stochastic otherwise."""
+    # Imported here: greedy/stochastic import this module for VerifyResult.
+    from spectoolkit.verify.greedy import GreedyVerifier
+    from spectoolkit.verify.stochastic import StochasticVerifier
+
+    return GreedyVerifier() if sampling.greedy else StochasticVerifier(sampling)
