@@ -40,11 +40,18 @@ def _hf_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         (1.3, VOCAB + 2, 0.5),  # top_k beyond the vocabulary: disabled
         (2.0, 1, 1.0),  # top-1: one token left
         (1.0, 0, 0.05),  # tiny top_p still keeps the most likely token
+        (1.0, 0, 0.5),  # 1 - top_p exact: cumulative mass lands on it with tied logits
     ],
 )
-def test_processed_probs_matches_transformers_warpers(temperature, top_k, top_p):
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_processed_probs_matches_transformers_warpers(temperature, top_k, top_p, ties):
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    logits = 2.0 * torch.randn(16, VOCAB, generator=torch.Generator().manual_seed(0))  # [B, V]
+    gen = torch.Generator().manual_seed(0)
+    logits = 2.0 * torch.randn(16, VOCAB, generator=gen)  # [B, V]
+    if ties:  # small integers tie often: the top-k cut lands inside a tie
+        logits = torch.randint(0, 3, (16, VOCAB), generator=gen).float()
+        logits[0] = float("-inf")
+        logits[0, :4] = 0.0  # four tokens of mass 0.25 exactly: cumulative mass hits 1 - top_p = 0.5
     ours, reference = processed_probs(logits, sampling), _hf_probs(logits, sampling)
     assert ours.dtype == torch.float32
     assert torch.equal(ours > 0, reference > 0)  # the same support, exactly
@@ -98,8 +105,9 @@ def _pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     return float(stats.chisquare(counts[probs > 0], expected).pvalue)
 
 
-def test_sample_from_empirical_distribution_matches_probs():
-    probs = _probs_with_zeros()
+@pytest.mark.parametrize("scale", [1.0, 0.3])  # 0.3: an unnormalized residual
+def test_sample_from_empirical_distribution_matches_probs(scale):
+    probs = scale * _probs_with_zeros()
     counts = _sample_counts(probs, 20_000)
     assert _pvalue(counts, probs.double().numpy()) > 1e-3
     # The same check has power: a slightly different distribution is rejected.

@@ -30,12 +30,13 @@ def verify_with_uniforms(
 
     draft_ids: [γ] long. draft_probs: [γ, V_draft] with V_draft <= V (missing columns count as 0).
     target_probs: [γ+1, V]. uniforms: [γ+1] in [0, 1): uniforms[i] decides draft i, uniforms[γ]
-    samples the correction or bonus token.
+    samples the correction or bonus token. Everything is moved to ``target_probs``' device, in fp32.
     """
     gamma = draft_ids.shape[0]
     target_probs = target_probs.float()  # [γ+1, V]
-    draft_probs = _pad_vocab(draft_probs.float(), target_probs.shape[-1])  # [γ, V]
-    uniforms = uniforms.float()  # [γ+1]
+    fp32_here = {"device": target_probs.device, "dtype": torch.float32}
+    draft_probs = _pad_vocab(draft_probs.to(**fp32_here), target_probs.shape[-1])  # [γ, V]
+    uniforms = uniforms.to(**fp32_here)  # [γ+1]
     accepted = _accept_mask(draft_ids, draft_probs, target_probs[:gamma], uniforms[:gamma])  # [γ]
     num_accepted = leading_true(accepted)
     if num_accepted == gamma:
@@ -76,8 +77,12 @@ def _pad_vocab(draft_probs: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def _uniforms(count: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """[count] uniforms in [0, 1) drawn on the generator's device, returned on ``device``."""
-    source = generator.device if generator is not None else device
+    """[count] uniforms in [0, 1) returned on ``device``.
+
+    Drawn on the generator's device (the CPU RNG without one), so the stream does not depend on
+    where the logits live and matches the baseline loop's draws.
+    """
+    source = generator.device if generator is not None else torch.device("cpu")
     return torch.rand(count, generator=generator, device=source).to(device)
 
 
@@ -101,8 +106,13 @@ class StochasticVerifier:
         draft_probs: torch.Tensor | None,
         generator: torch.Generator | None = None,
     ) -> VerifyResult:
-        """draft_ids: [γ] long; target_logits: [γ+1, V]; draft_probs: [γ, V_draft] fp32 (required)."""
+        """draft_ids: [γ] long; target_logits: [γ+1, V]; draft_probs: [γ, V_draft] fp32.
+
+        ``draft_probs`` may be None only when γ == 0 (nothing was drafted).
+        """
         gamma = draft_ids.shape[0]
+        if draft_probs is None and gamma == 0:
+            draft_probs = torch.zeros(0, target_logits.shape[-1])
         if draft_probs is None:
             raise ValueError("stochastic verification needs draft_probs: the distributions drafts came from")
         if target_logits.dim() != 2 or target_logits.shape[0] != gamma + 1 or draft_probs.shape[0] != gamma:

@@ -200,9 +200,7 @@ def _reference_loop(draft_ids, draft_probs, target_probs, uniforms) -> VerifyRes
         target_p, draft_p = target_probs[i, token], draft_probs[i, token]
         if not (uniforms[i] * draft_p <= target_p and target_p > 0):
             residual = (target_probs[i] - draft_probs[i]).clamp_min(0)
-            return VerifyResult(
-                i, sample_from(residual if residual.sum() > 0 else target_probs[i], uniforms[-1])
-            )
+            return VerifyResult(i, sample_from(residual if residual.sum() > 0 else target_probs[i], uniforms[-1]))
     return VerifyResult(gamma, sample_from(target_probs[gamma], uniforms[-1]))
 
 
@@ -234,9 +232,7 @@ def test_verify_draws_uniforms_once_from_generator():
         draft_ids, draft_probs, target_logits = _random_round(gen, gamma, sampling=sampling)
         result = verifier.verify(draft_ids, target_logits, draft_probs, torch.Generator().manual_seed(gamma))
         uniforms = torch.rand(gamma + 1, generator=torch.Generator().manual_seed(gamma))
-        expected = verify_with_uniforms(
-            draft_ids, draft_probs, processed_probs(target_logits, sampling), uniforms
-        )
+        expected = verify_with_uniforms(draft_ids, draft_probs, processed_probs(target_logits, sampling), uniforms)
         assert result == expected
 
 
@@ -248,10 +244,9 @@ def test_select_matches_verify_without_drafts():
     for seed in range(20):
         selected = verifier.select(logits, torch.Generator().manual_seed(seed))
         empty = torch.zeros(0, dtype=torch.long)
-        verified = verifier.verify(
-            empty, logits[None], torch.zeros(0, VOCAB), torch.Generator().manual_seed(seed)
-        )
-        assert verified == VerifyResult(0, selected)
+        for no_drafts in (torch.zeros(0, VOCAB), None):  # None is allowed when nothing was drafted
+            verified = verifier.verify(empty, logits[None], no_drafts, torch.Generator().manual_seed(seed))
+            assert verified == VerifyResult(0, selected)
 
 
 def test_acceptance_is_fp32_for_bf16_inputs():
@@ -261,9 +256,7 @@ def test_acceptance_is_fp32_for_bf16_inputs():
     target_probs = torch.full((2, VOCAB), 0.5 / (VOCAB - 1), dtype=torch.bfloat16)
     target_probs[0, 0] = 0.5
     assert torch.tensor(0.5 + 2**-10).bfloat16().item() == 0.5  # the case is meaningful
-    rejected = verify_with_uniforms(
-        torch.tensor([0]), draft_probs, target_probs, torch.tensor([0.5 + 2**-10, 0.3])
-    )
+    rejected = verify_with_uniforms(torch.tensor([0]), draft_probs, target_probs, torch.tensor([0.5 + 2**-10, 0.3]))
     assert rejected.num_accepted == 0 and rejected.next_token != 0
     # The boundary u·q == p accepts (the rule is u·q <= p; a fused kernel must agree).
     on_boundary = verify_with_uniforms(torch.tensor([0]), draft_probs, target_probs, torch.tensor([0.5, 0.3]))
@@ -277,9 +270,7 @@ def test_bf16_logits_give_the_fp32_result():
     verifier = StochasticVerifier(T1)
     for seed in range(20):
         low = verifier.verify(draft_ids, target_logits, draft_probs, torch.Generator().manual_seed(seed))
-        full = verifier.verify(
-            draft_ids, target_logits.float(), draft_probs, torch.Generator().manual_seed(seed)
-        )
+        full = verifier.verify(draft_ids, target_logits.float(), draft_probs, torch.Generator().manual_seed(seed))
         assert low == full
 
 
@@ -315,6 +306,8 @@ def test_bad_inputs_raise():
     verifier = StochasticVerifier(T1)
     with pytest.raises(ValueError, match="draft_probs"):
         verifier.verify(torch.tensor([1]), torch.zeros(2, VOCAB), None, None)
+    with pytest.raises(ValueError, match="draft_probs"):  # rows do not match γ
+        verifier.verify(torch.tensor([1]), torch.zeros(2, VOCAB), torch.zeros(2, VOCAB), None)
     with pytest.raises(ValueError, match="more than"):
         verify_with_uniforms(torch.tensor([1]), torch.rand(1, VOCAB + 1), torch.rand(2, VOCAB), torch.rand(2))
     with pytest.raises(ValueError, match="temperature"):
