@@ -22,9 +22,7 @@ def config_from_hydra(cfg: DictConfig):
     try:
         values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as exc:
-        raise SpecToolkitError(
-            f"{exc.full_key} must be set (e.g. {exc.full_key}=VALUE on the command line)"
-        ) from None
+        raise SpecToolkitError(f"{exc.full_key} must be set (e.g. {exc.full_key}=VALUE on the command line)") from None
     return run_config_from_dict(values)
 
 

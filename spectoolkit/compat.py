@@ -128,8 +128,7 @@ def _check_token_texts(target: Tokenizer, draft: Tokenizer, report: CompatReport
         )
         more = ", ..." if len(differing) > MAX_LISTED else ""
         report.mismatches.append(
-            f"token text differs for {len(differing)} of {num_shared} shared ids (target vs draft): "
-            f"{shown}{more}"
+            f"token text differs for {len(differing)} of {num_shared} shared ids (target vs draft): {shown}{more}"
         )
 
 
@@ -155,9 +154,7 @@ def _describe_special(token: tuple[int | None, str | None]) -> str:
 
 def _check_added_tokens(target: Tokenizer, draft: Tokenizer, report: CompatReport) -> None:
     target_added, draft_added = _added_tokens(target), _added_tokens(draft)
-    differing = sorted(
-        i for i in target_added.keys() | draft_added.keys() if target_added.get(i) != draft_added.get(i)
-    )
+    differing = sorted(i for i in target_added.keys() | draft_added.keys() if target_added.get(i) != draft_added.get(i))
     if differing:
         shown = "; ".join(
             f"id {i}: {_describe_added(target_added.get(i))} vs {_describe_added(draft_added.get(i))}"
@@ -170,9 +167,7 @@ def _check_added_tokens(target: Tokenizer, draft: Tokenizer, report: CompatRepor
 
 
 def _added_tokens(tokenizer: Tokenizer) -> dict[int, tuple[str, bool]]:
-    return {
-        i: (str(token.content), bool(token.special)) for i, token in tokenizer.added_tokens_decoder.items()
-    }
+    return {i: (str(token.content), bool(token.special)) for i, token in tokenizer.added_tokens_decoder.items()}
 
 
 def _describe_added(entry: tuple[str, bool] | None) -> str:
@@ -190,9 +185,7 @@ def _check_probes(target: Tokenizer, draft: Tokenizer, report: CompatReport) -> 
         target_ids = target.encode(text, add_special_tokens=add_special)
         draft_ids = draft.encode(text, add_special_tokens=add_special)
         if target_ids != draft_ids:
-            report.mismatches.append(
-                f"probe {name!r}: {_describe_ids_diff(target, draft, target_ids, draft_ids)}"
-            )
+            report.mismatches.append(f"probe {name!r}: {_describe_ids_diff(target, draft, target_ids, draft_ids)}")
 
 
 def _check_chat_template(target: Tokenizer, draft: Tokenizer, report: CompatReport) -> None:
@@ -228,23 +221,15 @@ def _render_chat(tokenizer: Tokenizer) -> str | Exception:
         return exc
 
 
-def _report_chat_errors(
-    target_text: str | Exception, draft_text: str | Exception, report: CompatReport
-) -> None:
+def _report_chat_errors(target_text: str | Exception, draft_text: str | Exception, report: CompatReport) -> None:
     if isinstance(target_text, Exception) and isinstance(draft_text, Exception):
-        report.warnings.append(
-            f"chat template: neither tokenizer renders the probe conversation ({target_text})"
-        )
+        report.warnings.append(f"chat template: neither tokenizer renders the probe conversation ({target_text})")
         return
     side, error = ("target", target_text) if isinstance(target_text, Exception) else ("draft", draft_text)
-    report.mismatches.append(
-        f"chat template: only the {side} tokenizer fails on the probe conversation: {error}"
-    )
+    report.mismatches.append(f"chat template: only the {side} tokenizer fails on the probe conversation: {error}")
 
 
-def _describe_ids_diff(
-    target: Tokenizer, draft: Tokenizer, target_ids: list[int], draft_ids: list[int]
-) -> str:
+def _describe_ids_diff(target: Tokenizer, draft: Tokenizer, target_ids: list[int], draft_ids: list[int]) -> str:
     pos = _first_difference(target_ids, draft_ids)
     target_part = target_ids[pos : pos + 3]
     draft_part = draft_ids[pos : pos + 3]
@@ -292,9 +277,7 @@ def _load(spec: str, role: str) -> tuple[Tokenizer, int]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except Exception as exc:
-        raise SpecToolkitError(
-            f"could not load the {role} tokenizer from {spec!r}: {_first_line(exc)}"
-        ) from exc
+        raise SpecToolkitError(f"could not load the {role} tokenizer from {spec!r}: {_first_line(exc)}") from exc
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not isinstance(vocab_size, int):
         raise SpecToolkitError(f"the {role} config from {spec!r} has no integer vocab_size")
@@ -308,9 +291,7 @@ def _resolve(spec: str, role: str) -> str:
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise SpecToolkitError(
-                f"{role} {spec!r} is a file; give a model directory, a hub id or 'embedded'"
-            )
+            raise SpecToolkitError(f"{role} {spec!r} is a file; give a model directory, a hub id or 'embedded'")
         return str(path)
     # Hub ids are `name` or `owner/name`; anything else shaped like a path is a missing directory.
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:

@@ -143,8 +143,23 @@ class RunConfig:
         _one_of("device", self.device, DEVICES)
 
 
+_SCALAR_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _check_type(name: str, value: Any, annotation: str) -> None:
+    """Reject a value of the wrong type (``gamma=2.5``, ``warmup=1.5``) before it reaches the run."""
+    options = [option.strip() for option in annotation.split("|")]
+    if value is None and "None" in options:
+        return
+    allowed = tuple(t for option in options for t in _SCALAR_TYPES.get(option, ()))
+    if allowed and (not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)):
+        expected = " or ".join("null" if option == "None" else option for option in options)
+        raise SpecToolkitError(f"{name}={value!r} must be of type {expected}")
+
+
 def _build(cls: type, values: dict[str, Any] | None, prefix: str) -> Any:
     """Instantiate dataclass ``cls`` from ``values``, recursing into dataclass-typed fields."""
+    _require(values is None or isinstance(values, dict), f"{prefix[:-1]} must be a section, got {values!r}")
     values = dict(values or {})
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
@@ -152,6 +167,8 @@ def _build(cls: type, values: dict[str, Any] | None, prefix: str) -> Any:
     kwargs = {}
     for name, value in values.items():
         sub = _SECTIONS.get(name) if cls is RunConfig else None
+        if not sub:
+            _check_type(prefix + name, value, str(fields[name].type))
         kwargs[name] = _build(sub, value, f"{name}.") if sub else value
     try:
         return cls(**kwargs)

@@ -71,7 +71,11 @@ def _encode(setup: RunSetup, request: Request, cfg: RunConfig) -> list[int] | st
 def _set_aside(path: Path) -> None:
     """Never overwrite earlier measurements: move an old records file out of the way."""
     if path.exists():
-        path.rename(path.with_name(f"records.{time.strftime('%Y%m%d-%H%M%S')}.jsonl"))
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside, count = path.with_name(f"records.{stamp}.jsonl"), 1
+        while aside.exists():  # two runs within one second: rename() would silently replace the first
+            aside, count = path.with_name(f"records.{stamp}-{count}.jsonl"), count + 1
+        path.rename(aside)
 
 
 def _arms(setup: RunSetup) -> list[tuple[str, Any]]:

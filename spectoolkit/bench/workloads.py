@@ -74,9 +74,7 @@ BUILTIN_REQUESTS = (
     Request("builtin-qa-planets", "qa", "How many planets are in our solar system? Answer briefly."),
 )
 
-HUMANEVAL_INSTRUCTION = (
-    "Complete the following Python function. Reply with code only.\n\n```python\n{prompt}```"
-)
+HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with code only.\n\n```python\n{prompt}```"
 
 
 def load_workload(cfg: WorkloadConfig) -> list[Request]:
@@ -117,8 +115,7 @@ def _load_jsonl(path: Path) -> list[Request]:
         raw_lines = path.read_bytes().splitlines()
     except FileNotFoundError:
         raise SpecToolkitError(
-            f"workload file '{path}' not found: set workload.path=FILE to a JSONL file with lines "
-            f"{JSONL_LINE_FORMAT}"
+            f"workload file '{path}' not found: set workload.path=FILE to a JSONL file with lines {JSONL_LINE_FORMAT}"
         ) from None
     except OSError as exc:
         raise SpecToolkitError(

@@ -17,9 +17,7 @@ class Proposal:
     """Draft tokens for one verification round."""
 
     draft_ids: list[int]  # [k], k <= the budget asked for; k == 0 means nothing proposed
-    draft_probs: (
-        torch.Tensor | None
-    )  # [k, V_target] fp32, the distribution each token was drawn from; None if greedy
+    draft_probs: torch.Tensor | None  # [k, V_target] fp32, the distribution each token was drawn from; None if greedy
 
     def __len__(self) -> int:
         return len(self.draft_ids)

@@ -61,8 +61,8 @@ class PositionalKVLayer(DynamicLayer):
         self.length = min(self.length, max(length, 0))
 
     def crop(self, tokens_to_remove: int) -> None:
-        """transformers' crop: a negative count removes that many tokens; a positive one is a length."""
-        self.truncate(self.length + tokens_to_remove if tokens_to_remove < 0 else tokens_to_remove)
+        """transformers' crop: ``-n`` removes n tokens (``crop(0)`` is a no-op); a positive value is a length."""
+        self.truncate(self.length + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove)
 
     def reset(self) -> None:
         self.length = 0

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.models.attention import use_packed_attention
+from spectoolkit.models.fast_linear import use_gemm_linears
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -50,9 +52,7 @@ def resolve_path(path: str | None) -> str:
     local = Path(path).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
-            raise SpecToolkitError(
-                f"model directory '{path}' has no config.json: point it at an HF checkpoint"
-            )
+            raise SpecToolkitError(f"model directory '{path}' has no config.json: point it at an HF checkpoint")
         return str(local)
     if path.startswith((".", "/", "~")) or path.count("/") != 1:
         raise SpecToolkitError(f"model path '{path}' does not exist: give a local HF directory or a hub id")
@@ -79,8 +79,12 @@ def load_tokenizer(path: str | None):
         raise SpecToolkitError(f"cannot load the tokenizer of '{location}': {_first_line(exc)}") from None
 
 
-def load_model(path: str | None, precision: str, device: torch.device) -> LoadedModel:
-    """Load ``path`` at ``precision`` (fp32/bf16/fp16) onto ``device``, in eval mode."""
+def load_model(path: str | None, precision: str, device: torch.device, fast_linear: bool = True) -> LoadedModel:
+    """Load ``path`` at ``precision`` (fp32/bf16/fp16) onto ``device``, in eval mode.
+
+    Attention runs through :mod:`spectoolkit.models.attention` (no KV copy per verify forward);
+    ``fast_linear`` enables the fp32 CPU GEMM path of :mod:`spectoolkit.models.fast_linear`.
+    """
     from transformers import AutoModelForCausalLM
 
     if precision not in DTYPES:
@@ -94,6 +98,9 @@ def load_model(path: str | None, precision: str, device: torch.device) -> Loaded
             "(offline: pass a local directory with model.target_path=DIR / model.draft_path=DIR)"
         ) from None
     model.to(device).eval()
+    use_packed_attention(model)
+    if fast_linear and device.type == "cpu" and precision == "fp32":
+        use_gemm_linears(model)
     return LoadedModel(model, location, precision, model.get_output_embeddings().weight.shape[0])
 
 

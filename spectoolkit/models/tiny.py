@@ -7,9 +7,7 @@ from pathlib import Path
 import torch
 
 
-def tiny_llama(
-    vocab_size: int = 512, seed: int = 0, num_layers: int = 2, hidden: int = 64, scale: float = 1.0
-):
+def tiny_llama(vocab_size: int = 512, seed: int = 0, num_layers: int = 2, hidden: int = 64, scale: float = 1.0):
     """A randomly initialised ``LlamaForCausalLM`` in eval mode (fp32).
 
     ``scale`` multiplies the output embedding: larger values sharpen next-token distributions so

@@ -70,9 +70,7 @@ def test_jsonl_good_file(tmp_path: Path) -> None:
         ('{"id": "good", "prompt": "again"}', "good", "duplicate id 'good' (first on line 1)"),
     ],
 )
-def test_jsonl_bad_line_becomes_error_request(
-    tmp_path: Path, bad_line: str, case_id: str, reason: str
-) -> None:
+def test_jsonl_bad_line_becomes_error_request(tmp_path: Path, bad_line: str, case_id: str, reason: str) -> None:
     path = _write_lines(
         tmp_path / "w.jsonl",
         [

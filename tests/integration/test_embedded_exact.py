@@ -48,7 +48,8 @@ def _margin_report(runner: CachedModel, prompt: list[int], ref: list[int], got: 
     runner.reset()
     logits = runner.forward(prompt + ref[:pos], last_only=True).float()
     top2 = torch.topk(logits, 2).values
-    return f"diverged at output position {pos}: ref {ref[pos]} vs spec {got[pos]}, margin {float(top2[0] - top2[1]):.2e}"
+    margin = float(top2[0] - top2[1])
+    return f"diverged at output position {pos}: ref {ref[pos]} vs spec {got[pos]}, top-2 margin {margin:.2e}"
 
 
 @pytest.mark.parametrize("drafter_kind", ["bf16", "fp16", "ngram"])
@@ -64,6 +65,7 @@ def test_greedy_spec_equals_baseline_for_all_gammas(setup, drafter_kind):
         for prompt, reference in zip(prompts, references, strict=True):
             out = engine.generate(prompt, MAX_NEW, None)
             if out.output_ids != reference:
-                pytest.fail(f"{drafter_kind} gamma={gamma}: " + _margin_report(runner, prompt, reference, out.output_ids))
+                report = _margin_report(runner, prompt, reference, out.output_ids)
+                pytest.fail(f"{drafter_kind} gamma={gamma}: {report}")
             accepted += out.accepted_tokens
     assert accepted > 0  # the drafter really proposed tokens the target accepted

@@ -1,0 +1,40 @@
+"""Model path resolution and loading errors are clear SpecToolkitErrors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.models import load_model, resolve_device, resolve_path
+from spectoolkit.models.fast_linear import GemmLinear
+from spectoolkit.models.tiny import save_tiny_llama
+
+
+def test_resolve_path_errors(tmp_path):
+    with pytest.raises(SpecToolkitError, match="does not exist"):
+        resolve_path(str(tmp_path / "missing"))
+    with pytest.raises(SpecToolkitError, match="no config.json"):
+        resolve_path(str(tmp_path))
+    assert resolve_path("org/name") == "org/name"  # a hub id is passed through
+
+
+def test_load_tiny_checkpoint_at_each_precision(tmp_path):
+    directory = save_tiny_llama(tmp_path / "tiny", vocab_size=96)
+    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        loaded = load_model(str(directory), precision, torch.device("cpu"))
+        assert next(loaded.model.parameters()).dtype == dtype
+        assert loaded.vocab_size == 96 and loaded.weight_bytes() > 0
+        has_gemm = any(isinstance(m, GemmLinear) for m in loaded.model.modules())
+        assert has_gemm == (precision == "fp32")
+    plain = load_model(str(directory), "fp32", torch.device("cpu"), fast_linear=False)
+    assert not any(isinstance(m, GemmLinear) for m in plain.model.modules())
+
+
+def test_bad_precision_and_device():
+    with pytest.raises(SpecToolkitError, match="precision"):
+        load_model(None, "int3", torch.device("cpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecToolkitError, match="no CUDA device"):
+            resolve_device("cuda")
+    assert resolve_device("cpu").type == "cpu"
