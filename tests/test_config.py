@@ -127,7 +127,7 @@ def test_draft_model_precision(precision: str) -> None:
 
 
 def test_draft_ngram_and_none() -> None:
-    assert _run_config("+draft=ngram").draft == DraftConfig(kind="ngram", ngram_max=3, ngram_min=1)
+    assert _run_config("+draft=ngram").draft == DraftConfig(kind="ngram", ngram_max=3, ngram_min=2)
     assert _run_config("+draft=none").draft.kind == "none"
 
 
