@@ -13,7 +13,10 @@ from typing import Any
 
 from spectoolkit.errors import SpecToolkitError
 
-MODEL_PRECISIONS = ("fp32", "bf16", "fp16")
+FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")
+QUANT_PRECISIONS = ("int8", "nf4", "int4", "rtn-int8", "rtn-int4")  # see spectoolkit/quant/__init__.py
+MODEL_PRECISIONS = FLOAT_PRECISIONS + QUANT_PRECISIONS
+KV_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")  # auto: the model's compute dtype
 DRAFT_KINDS = ("model", "ngram", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
@@ -28,14 +31,23 @@ def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     _require(value in allowed, f"{name}={value!r} is not supported; use one of {', '.join(allowed)}")
 
 
+def _check_group_size(name: str, group_size: int) -> None:
+    _require(group_size >= 16 and group_size & (group_size - 1) == 0, f"{name}={group_size} must be a power of 2 >= 16")
+
+
 @dataclass(frozen=True)
 class TargetConfig:
-    """The model whose output is the reference. ``precision`` is its weight precision."""
+    """The model whose output is the reference: its weight precision (float or a quantization backend).
+
+    ``group_size`` applies to the group-wise backends (rtn-int8, rtn-int4, int4/GPTQ).
+    """
 
     precision: str = "fp32"
+    group_size: int = 64
 
     def __post_init__(self) -> None:
         _one_of("target.precision", self.precision, MODEL_PRECISIONS)
+        _check_group_size("target.group_size", self.group_size)
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,8 @@ class DraftConfig:
     """What proposes tokens: a draft model (``model``), prompt n-gram lookup, or ``none`` (baseline only)."""
 
     kind: str = "ngram"
-    precision: str = "bf16"  # weight precision of a draft model (kind=model)
+    precision: str = "bf16"  # weight precision of a draft model (kind=model), float or quantized
+    group_size: int = 64  # group size of a group-wise quantized draft
     ngram_max: int = 3  # longest suffix n-gram looked up in the context (kind=ngram)
     ngram_min: int = 2  # shortest suffix n-gram tried (1-gram matches are accepted ~10-20%: a net loss)
 
@@ -51,6 +64,7 @@ class DraftConfig:
         _one_of("draft.kind", self.kind, DRAFT_KINDS)
         if self.kind == "model":
             _one_of("draft.precision", self.precision, MODEL_PRECISIONS)
+        _check_group_size("draft.group_size", self.group_size)
         _require(1 <= self.ngram_min <= self.ngram_max, "draft.ngram_min must be >= 1 and <= draft.ngram_max")
 
 
@@ -65,6 +79,36 @@ class ModelConfig:
     name: str = "smollm2-135m"
     target_path: str | None = None
     draft_path: str | None = None
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """KV-cache storage precision per model; quantized formats are written once per token."""
+
+    target: str = "auto"
+    draft: str = "auto"
+
+    def __post_init__(self) -> None:
+        _one_of("kv.target", self.target, KV_PRECISIONS)
+        _one_of("kv.draft", self.draft, KV_PRECISIONS)
+
+
+@dataclass(frozen=True)
+class QuantQualityConfig:
+    """What quantization costs: a quantized target against a float reference on held text.
+
+    ``enabled=None`` measures it exactly when the target is quantized.
+    """
+
+    enabled: bool | None = None
+    reference: str = "bf16"
+    num_texts: int = 8
+    max_tokens: int = 256  # response tokens scored per text
+
+    def __post_init__(self) -> None:
+        _one_of("quant_quality.reference", self.reference, FLOAT_PRECISIONS)
+        _require(self.num_texts >= 1, "quant_quality.num_texts must be >= 1")
+        _require(self.max_tokens >= 8, "quant_quality.max_tokens must be >= 8")
 
 
 @dataclass(frozen=True)
@@ -136,6 +180,8 @@ class RunConfig:
     speculate: SpeculateConfig = field(default_factory=SpeculateConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    quant_quality: QuantQualityConfig = field(default_factory=QuantQualityConfig)
     device: str = "auto"
     output_dir: str = "."
 
@@ -184,6 +230,8 @@ _SECTIONS = {
     "speculate": SpeculateConfig,
     "workload": WorkloadConfig,
     "bench": BenchConfig,
+    "kv": KVConfig,
+    "quant_quality": QuantQualityConfig,
 }
 
 

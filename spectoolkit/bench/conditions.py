@@ -62,13 +62,14 @@ def run_conditions(cfg: RunConfig, setup) -> dict[str, Any]:
             "transformers": transformers.__version__,
             "python": platform.python_version(),
         },  # fmt: skip
-        "target": {"path": setup.target.path, "precision": cfg.target.precision},
+        "target": {"path": setup.target.path, "precision": cfg.target.precision, "group_size": cfg.target.group_size},
         "draft": {
             "kind": cfg.draft.kind,
             "name": setup.drafter_name,
             "path": setup.draft.path if setup.draft else None,
             "precision": cfg.draft.precision if setup.draft else None,
         },  # fmt: skip
+        "kv": dataclasses.asdict(cfg.kv),
         "sampling": dataclasses.asdict(cfg.sampling),
         "gamma": cfg.speculate.gamma,
         "batch_size": 1,

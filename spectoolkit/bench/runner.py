@@ -17,9 +17,11 @@ import torch
 from tqdm import tqdm
 
 from spectoolkit.bench.conditions import run_conditions
+from spectoolkit.bench.quality import quant_quality
 from spectoolkit.bench.setup import RunSetup, build
 from spectoolkit.bench.workloads import Request, encode_prompt, load_workload
 from spectoolkit.config import RunConfig
+from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_records, write_json_atomic
 from spectoolkit.metrics.summary import summarize
 
@@ -41,15 +43,24 @@ def run(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     setup = build(cfg)
     prompts = [_encode(setup, request, cfg) for request in requests]
     _set_aside(out_dir / RECORDS_FILE)
-    complete = False
+    complete, extra = False, {}
     try:
         with RecordWriter(out_dir / RECORDS_FILE) as writer:
             _warm_up(setup, cfg, prompts)
             _measure(setup, cfg, requests, prompts, writer, progress)
+        extra["quant_quality"] = _quality(cfg, setup)
         complete = True
     finally:  # Ctrl-C included: keep what was finished and say the run is incomplete
-        summary = _write_summary(cfg, setup, out_dir, complete)
+        summary = _write_summary(cfg, setup, out_dir, complete, extra)
     return summary
+
+
+def _quality(cfg: RunConfig, setup: RunSetup) -> dict[str, Any] | None:
+    """The quant_quality section; a failure is reported in it instead of losing the run."""
+    try:
+        return quant_quality(cfg, setup)
+    except SpecToolkitError as exc:
+        return {"error": str(exc)}
 
 
 def _encode(setup: RunSetup, request: Request, cfg: RunConfig) -> list[int] | str:
@@ -111,6 +122,7 @@ def _one(setup, cfg: RunConfig, request: Request, ids, arm: str, engine, repeat_
         case_id=request.case_id, task_type=request.task_type, repeat_idx=repeat_idx, arm=arm,
         drafter=setup.drafter_name if arm == "spec" else "none", target_precision=cfg.target.precision,
         draft_precision=cfg.draft.precision if cfg.draft.kind == "model" else None, random_seed=seed,
+        kv_target=cfg.kv.target, kv_draft=cfg.kv.draft if cfg.draft.kind == "model" else None,
         temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
         draft_len=cfg.speculate.gamma if arm == "spec" else 0,
     )  # fmt: skip
@@ -129,10 +141,11 @@ def _one(setup, cfg: RunConfig, request: Request, ids, arm: str, engine, repeat_
     return record
 
 
-def _write_summary(cfg: RunConfig, setup: RunSetup, out_dir: Path, complete: bool) -> dict[str, Any]:
+def _write_summary(cfg: RunConfig, setup: RunSetup, out_dir: Path, complete: bool, extra: dict) -> dict[str, Any]:
     path = out_dir / RECORDS_FILE
     records = read_records(path) if path.exists() else []
     summary = summarize(records, greedy=cfg.sampling.greedy, complete=complete)
+    summary.update(extra)
     summary["conditions"] = run_conditions(cfg, setup)
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
     return summary

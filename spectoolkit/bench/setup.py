@@ -48,17 +48,17 @@ def build(cfg: RunConfig) -> RunSetup:
     """Load and wire everything ``cfg`` asks for; user mistakes raise SpecToolkitError."""
     device = resolve_device(cfg.device)
     tokenizer = load_tokenizer(cfg.model.target_path)
-    target = load_model(cfg.model.target_path, cfg.target.precision, device)
+    target = load_model(cfg.model.target_path, cfg.target.precision, device, group_size=cfg.target.group_size)
     eos_ids = eos_ids_of(tokenizer, target.model)
     verifier = make_verifier(cfg.sampling)
-    runner = CachedModel(target.model)
+    runner = CachedModel(target.model, cfg.kv.target)
     baseline = BaselineEngine(runner, verifier, eos_ids)
     draft, warnings, drafter = None, [], None
     if cfg.draft.kind == "model":
         draft, warnings, shared = _load_draft(cfg, tokenizer, target, device)
         chooser = make_chooser(cfg.sampling)
         name = f"model-{cfg.draft.precision}"
-        drafter = ModelDrafter(draft.model, chooser, target.vocab_size, shared, eos_ids, name)
+        drafter = ModelDrafter(draft.model, chooser, target.vocab_size, shared, eos_ids, name, cfg.kv.draft)
     elif cfg.draft.kind == "ngram":
         one_hot = not cfg.sampling.greedy
         drafter = NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, one_hot)
@@ -84,7 +84,7 @@ def _load_draft(cfg: RunConfig, tokenizer, target: LoadedModel, device: torch.de
         warnings = report.warnings
     else:
         warnings = []
-    draft = load_model(draft_path, cfg.draft.precision, device)
+    draft = load_model(draft_path, cfg.draft.precision, device, group_size=cfg.draft.group_size)
     return draft, warnings, min(target.vocab_size, draft.vocab_size)
 
 

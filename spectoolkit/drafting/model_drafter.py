@@ -26,8 +26,9 @@ class ModelDrafter:
         shared_vocab_size: int,
         eos_ids: frozenset[int],
         name: str = "model",
+        kv_precision: str = "auto",
     ) -> None:
-        self.runner = CachedModel(model)
+        self.runner = CachedModel(model, kv_precision)
         self.chooser = chooser
         self.target_vocab_size = target_vocab_size
         self.shared_vocab_size = shared_vocab_size

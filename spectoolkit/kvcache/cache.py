@@ -8,6 +8,8 @@ the rejected slots are never read again and are overwritten by the next write. U
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -15,19 +17,46 @@ _INITIAL_CAPACITY = 256
 
 
 class PositionalKVLayer(DynamicLayer):
-    """One attention layer's KV: buffers [B, H_kv, capacity, D]; slots [0, length) are valid."""
+    """One attention layer's KV: buffers [B, H_kv, capacity, D]; slots [0, length) are valid.
+
+    Subclasses change how a slot is stored (a dtype cast, a quantized format) through three hooks:
+    ``_allocate`` creates every buffer named in ``_buffer_names`` (capacity along dim 2), ``_write``
+    stores new tokens and ``_read`` returns slots [0, end) as attention consumes them. Growth, rollback
+    and byte counts are shared and work on any such buffers.
+    """
+
+    _buffer_names: tuple[str, ...] = ("_key_buf", "_value_buf")
 
     def __init__(self) -> None:
         super().__init__()
         self.length = 0
+        self._compute_dtype: torch.dtype | None = None  # dtype of the states last written (what reads return)
         self._key_buf: torch.Tensor | None = None  # [B, H_kv, capacity, D]
         self._value_buf: torch.Tensor | None = None  # [B, H_kv, capacity, D]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self._key_buf = key_states.new_empty(_with_len(key_states, _INITIAL_CAPACITY))
-        self._value_buf = value_states.new_empty(_with_len(value_states, _INITIAL_CAPACITY))
+        self._allocate(key_states, value_states, _INITIAL_CAPACITY)
         self.is_initialized = True
+
+    def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        """Create the storage for ``capacity`` slots, shaped like key/value_states [B, H_kv, n, D]."""
+        self._key_buf = key_states.new_empty(_with_len(key_states, capacity))
+        self._value_buf = value_states.new_empty(_with_len(value_states, capacity))
+
+    def _write(self, start: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Store key/value_states [B, H_kv, n, D] at slots [start, start+n)."""
+        end = start + key_states.shape[-2]
+        self._key_buf[:, :, start:end] = key_states
+        self._value_buf[:, :, start:end] = value_states
+
+    def _read(self, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [B, H_kv, end, D] of slots [0, end) in ``dtype`` (here: views, already in it)."""
+        return self._key_buf[:, :, :end], self._value_buf[:, :, :end]
+
+    @property
+    def capacity(self) -> int:
+        return getattr(self, self._buffer_names[0]).shape[2]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -36,20 +65,19 @@ class PositionalKVLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]
-        if end > self._key_buf.shape[-2]:
+        if end > self.capacity:
             self._grow(end)
-        self._key_buf[:, :, self.length : end] = key_states
-        self._value_buf[:, :, self.length : end] = value_states
+        self._write(self.length, key_states, value_states)
         self.length = end
-        self.keys = self._key_buf[:, :, :end]  # [B, H_kv, end, D] view
-        self.values = self._value_buf[:, :, :end]
+        self._compute_dtype = key_states.dtype
+        self.keys, self.values = self._read(end, key_states.dtype)  # [B, H_kv, end, D]
         return self.keys, self.values
 
     def _grow(self, needed: int) -> None:
-        capacity = max(needed, 2 * self._key_buf.shape[-2])
-        for name in ("_key_buf", "_value_buf"):
-            old = getattr(self, name)
-            new = old.new_empty(_with_len(old, capacity))
+        capacity = max(needed, 2 * self.capacity)
+        for name in self._buffer_names:
+            old = getattr(self, name)  # [B, H_kv, capacity, ...]
+            new = old.new_empty((*old.shape[:2], capacity, *old.shape[3:]))
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
@@ -70,17 +98,23 @@ class PositionalKVLayer(DynamicLayer):
     def allocated_bytes(self) -> int:
         if not self.is_initialized:
             return 0
-        return 2 * self._key_buf.numel() * self._key_buf.element_size()
+        return sum(buf.numel() * buf.element_size() for buf in self._buffers())
 
     def used_bytes(self) -> int:
         if not self.is_initialized:
             return 0
-        per_slot = self._key_buf[:, :, :1].numel() * self._key_buf.element_size()
-        return 2 * per_slot * self.length
+        return self.length * sum(buf[:, :, :1].numel() * buf.element_size() for buf in self._buffers())
+
+    def _buffers(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in self._buffer_names]
+
+    def storage(self) -> dict[str, torch.Tensor]:
+        """The stored tensors of the valid slots, by buffer name: [B, H_kv, length, ...] views."""
+        return {name: getattr(self, name)[:, :, : self.length] for name in self._buffer_names}
 
     def valid(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The committed keys and values [B, H_kv, length, D] (for tests and kernels)."""
-        return self._key_buf[:, :, : self.length], self._value_buf[:, :, : self.length]
+        """The committed keys and values [B, H_kv, length, D] as attention reads them (for tests and kernels)."""
+        return self._read(self.length, self._compute_dtype)
 
 
 def _with_len(states: torch.Tensor, length: int) -> tuple[int, ...]:
@@ -89,10 +123,10 @@ def _with_len(states: torch.Tensor, length: int) -> tuple[int, ...]:
 
 
 class PositionalKVCache(Cache):
-    """A ``Cache`` of :class:`PositionalKVLayer` for a model with ``num_layers`` attention layers."""
+    """A ``Cache`` of :class:`PositionalKVLayer` (or ``make_layer()``) for ``num_layers`` attention layers."""
 
-    def __init__(self, num_layers: int) -> None:
-        super().__init__(layers=[PositionalKVLayer() for _ in range(num_layers)])
+    def __init__(self, num_layers: int, make_layer: Callable[[], PositionalKVLayer] = PositionalKVLayer) -> None:
+        super().__init__(layers=[make_layer() for _ in range(num_layers)])
 
     def truncate(self, length: int) -> None:
         """Roll every layer back to ``length`` committed positions."""

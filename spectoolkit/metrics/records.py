@@ -29,6 +29,8 @@ class RequestRecord:
     top_p: float
     top_k: int
     draft_len: int  # γ (0 for the baseline)
+    kv_target: str = "auto"  # KV-cache storage precisions (spectoolkit.kvcache)
+    kv_draft: str | None = None
     batch_size: int = 1
     concurrency: int = 1
     input_len: int = 0

@@ -10,17 +10,19 @@ import inspect
 
 import torch
 
-from spectoolkit.kvcache import PositionalKVCache
+from spectoolkit.kvcache import make_kv_cache
 
 
 class CachedModel:
     """Incremental forward passes of an HF causal LM over one sequence (batch size 1)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, kv_precision: str = "auto") -> None:
+        """``kv_precision``: KV storage (``auto`` = the model's dtype; see :mod:`spectoolkit.kvcache`)."""
         self.model = model
         self.device = next(model.parameters()).device
         self.num_layers = model.config.get_text_config().num_hidden_layers
-        self.cache = PositionalKVCache(self.num_layers)
+        self.kv_precision = kv_precision
+        self.cache = make_kv_cache(self.num_layers, kv_precision)
         # transformers renamed `past_key_values` to `cache` (5.24; the old name warns until 5.40).
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"

@@ -79,17 +79,34 @@ def load_tokenizer(path: str | None):
         raise SpecToolkitError(f"cannot load the tokenizer of '{location}': {_first_line(exc)}") from None
 
 
-def load_model(path: str | None, precision: str, device: torch.device, fast_linear: bool = True) -> LoadedModel:
-    """Load ``path`` at ``precision`` (fp32/bf16/fp16) onto ``device``, in eval mode.
+def load_model(
+    path: str | None, precision: str, device: torch.device, fast_linear: bool = True, group_size: int = 64
+) -> LoadedModel:
+    """Load ``path`` at ``precision`` onto ``device``, in eval mode.
 
-    Attention runs through :mod:`spectoolkit.models.attention` (no KV copy per verify forward);
-    ``fast_linear`` enables the fp32 CPU GEMM path of :mod:`spectoolkit.models.fast_linear`.
+    Float precisions (fp32/bf16/fp16) load directly; quantized ones (int8, nf4, int4, rtn-int8,
+    rtn-int4) go through their backend in :mod:`spectoolkit.quant` (``group_size`` for the
+    group-wise ones). Attention runs through :mod:`spectoolkit.models.attention` (no KV copy per
+    verify forward); ``fast_linear`` enables the fp32 CPU GEMM path of
+    :mod:`spectoolkit.models.fast_linear`.
     """
+    from spectoolkit.quant import QUANT_PRECISIONS, load_quantized
+
+    if precision not in DTYPES and precision not in QUANT_PRECISIONS:
+        raise SpecToolkitError(f"precision '{precision}' is not one of {', '.join((*DTYPES, *QUANT_PRECISIONS))}")
+    location = resolve_path(path)
+    if precision in QUANT_PRECISIONS:
+        model = load_quantized(location, precision, device, group_size)
+    else:
+        model = load_float_model(location, precision, device, fast_linear)
+    use_packed_attention(model)
+    return LoadedModel(model, location, precision, model.get_output_embeddings().weight.shape[0])
+
+
+def load_float_model(location: str, precision: str, device: torch.device, fast_linear: bool = True):
+    """The HF causal LM at ``location`` in fp32/bf16/fp16 on ``device`` (eval), fp32 CPU GEMM path optional."""
     from transformers import AutoModelForCausalLM
 
-    if precision not in DTYPES:
-        raise SpecToolkitError(f"precision '{precision}' is not one of {', '.join(DTYPES)}")
-    location = resolve_path(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(location, dtype=DTYPES[precision])
     except (OSError, ValueError) as exc:
@@ -98,10 +115,9 @@ def load_model(path: str | None, precision: str, device: torch.device, fast_line
             "(offline: pass a local directory with model.target_path=DIR / model.draft_path=DIR)"
         ) from None
     model.to(device).eval()
-    use_packed_attention(model)
     if fast_linear and device.type == "cpu" and precision == "fp32":
         use_gemm_linears(model)
-    return LoadedModel(model, location, precision, model.get_output_embeddings().weight.shape[0])
+    return model
 
 
 def _first_line(exc: BaseException) -> str:

@@ -137,7 +137,7 @@ def test_conditions(two_arm_run) -> None:
     assert conditions["hardware"]["device"] == "cpu"
     assert conditions["hardware"]["cpu"] and conditions["hardware"]["torch_threads"] >= 1
     assert conditions["gamma"] == GAMMA
-    assert conditions["target"] == {"path": cfg.model.target_path, "precision": "fp32"}
+    assert conditions["target"] == {"path": cfg.model.target_path, "precision": "fp32", "group_size": 64}
     assert conditions["draft"]["kind"] == cfg.draft.kind
     memory = conditions["memory"]
     assert memory["target_weight_bytes"] > 0

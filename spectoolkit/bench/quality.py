@@ -1,0 +1,23 @@
+"""The ``quant_quality`` section of a run: the quantized target against its float reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spectoolkit.config import QUANT_PRECISIONS, RunConfig
+from spectoolkit.eval.held_text import held_texts
+from spectoolkit.eval.quant_quality import measure
+from spectoolkit.models import load_model
+
+
+def quant_quality(cfg: RunConfig, setup) -> dict[str, Any] | None:
+    """Measured when enabled, or by default when the target is quantized; None otherwise."""
+    qq = cfg.quant_quality
+    enabled = qq.enabled if qq.enabled is not None else cfg.target.precision in QUANT_PRECISIONS
+    if not enabled:
+        return None
+    texts = held_texts(setup.tokenizer, cfg.workload, qq.num_texts, qq.max_tokens)
+    reference = load_model(cfg.model.target_path, qq.reference, setup.device).model
+    result = measure(setup.target.model, reference, texts)
+    del reference
+    return {"reference": qq.reference, "quantized": cfg.target.precision, **result}

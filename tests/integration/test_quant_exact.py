@@ -1,0 +1,99 @@
+"""Greedy exactness with quantized targets, drafts and KV caches on the embedded SmolLM2-135M.
+
+The reference of every case is the target alone at its own weight *and* KV precision; speculative
+output must equal it token for token. A representative grid runs by default; the full
+target × draft × KV grid is marked slow (`make test-slow`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import cache
+
+import pytest
+import torch
+
+from spectoolkit.bench.setup import eos_ids_of
+from spectoolkit.bench.workloads import Request, encode_prompt
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
+from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.models import load_model, load_tokenizer
+from spectoolkit.models.cached import CachedModel
+from spectoolkit.sampling import GreedyChooser
+from spectoolkit.verify import GreedyVerifier
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = (
+    "Write a Python function that reverses a string.",
+    "Name three colors of the rainbow.",
+)
+MAX_NEW = 16
+GAMMA = 4
+CPU = torch.device("cpu")
+
+REPRESENTATIVE = [
+    ("fp32", "rtn-int4", "int8"),
+    ("fp32", "rtn-int8", "bf16"),
+    ("bf16", "int4", "fp8"),
+    ("int8", "ngram", "bf16"),
+    ("nf4", "bf16", "int4"),
+    ("int4", "rtn-int4", "bf16"),
+    ("rtn-int4", "int8", "int8"),
+]
+TARGETS = ("fp32", "bf16", "int8", "nf4", "int4", "rtn-int4")
+DRAFTS = ("int4", "rtn-int4", "int8", "bf16", "ngram")
+KVS = ("bf16", "fp8", "int8", "int4")
+FULL = [c for c in itertools.product(TARGETS, DRAFTS, KVS) if c not in REPRESENTATIVE]
+
+
+@cache
+def _tokenizer():
+    return load_tokenizer(None)
+
+
+@cache
+def _model(precision: str):
+    return load_model(None, precision, CPU)
+
+
+@cache
+def _prompts() -> tuple[tuple[int, ...], ...]:
+    tok = _tokenizer()
+    return tuple(tuple(encode_prompt(tok, Request(str(i), "qa", p), True)) for i, p in enumerate(PROMPTS))
+
+
+def _check(target_precision: str, draft: str, kv: str) -> None:
+    target = _model(target_precision)
+    eos = eos_ids_of(_tokenizer(), target.model)
+    runner = CachedModel(target.model, kv)
+    if draft == "ngram":
+        drafter = NgramDrafter(3, 2, target.vocab_size, one_hot_probs=False)
+    else:
+        draft_model = _model(draft).model
+        drafter = ModelDrafter(draft_model, GreedyChooser(), target.vocab_size, target.vocab_size, eos, kv_precision=kv)
+    baseline = BaselineEngine(runner, GreedyVerifier(), eos)
+    spec = SpeculativeEngine(runner, drafter, GreedyVerifier(), GAMMA, eos)
+    for prompt in _prompts():
+        reference = baseline.generate(list(prompt), MAX_NEW, None).output_ids
+        out = spec.generate(list(prompt), MAX_NEW, None)
+        assert out.output_ids == reference, _divergence(runner, list(prompt), reference, out.output_ids)
+
+
+def _divergence(runner: CachedModel, prompt: list[int], ref: list[int], got: list[int]) -> str:
+    pos = next((i for i, (a, b) in enumerate(zip(ref, got, strict=False)) if a != b), min(len(ref), len(got)))
+    runner.reset()
+    logits = runner.forward(prompt + ref[:pos], last_only=True).float()
+    top2 = torch.topk(logits, 2).values
+    return f"diverged at {pos} (lengths {len(ref)}/{len(got)}), reference top-2 margin {float(top2[0] - top2[1]):.3e}"
+
+
+@pytest.mark.parametrize(("target", "draft", "kv"), REPRESENTATIVE)
+def test_greedy_exact_representative(target, draft, kv):
+    _check(target, draft, kv)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "draft", "kv"), FULL)
+def test_greedy_exact_full_grid(target, draft, kv):
+    _check(target, draft, kv)
