@@ -14,7 +14,7 @@ from spectoolkit.config import RunConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models import LoadedModel, load_model, load_tokenizer, resolve_device
+from spectoolkit.models import LoadedModel, load_model, load_tokenizer, resolve_device, resolve_path
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.sampling import make_chooser
 from spectoolkit.verify import make_verifier
@@ -55,7 +55,7 @@ def build(cfg: RunConfig) -> RunSetup:
     baseline = BaselineEngine(runner, verifier, eos_ids)
     draft, warnings, drafter = None, [], None
     if cfg.draft.kind == "model":
-        draft, warnings, shared = _load_draft(cfg, tokenizer, target, device)
+        draft, warnings, shared = _load_draft(cfg, target, device)
         chooser = make_chooser(cfg.sampling)
         name = f"model-{cfg.draft.precision}"
         drafter = ModelDrafter(draft.model, chooser, target.vocab_size, shared, eos_ids, name, cfg.kv.draft)
@@ -70,27 +70,16 @@ def build(cfg: RunConfig) -> RunSetup:
     )  # fmt: skip
 
 
-def _load_draft(cfg: RunConfig, tokenizer, target: LoadedModel, device: torch.device):
+def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
     """Load the draft model; a different checkpoint must pass the compat check first."""
-    from spectoolkit.compat import check_compat
+    from spectoolkit.compat import check_pair
 
     draft_path = cfg.model.draft_path or cfg.model.target_path
+    warnings = []
     if cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path:
-        draft_tokenizer = load_tokenizer(draft_path)
-        draft_rows = _config_vocab_size(draft_path)
-        report = check_compat(tokenizer, draft_tokenizer, target.vocab_size, draft_rows)
+        report = check_pair(target.path, resolve_path(draft_path))
         if not report.compatible:
             raise SpecToolkitError(report.message())
         warnings = report.warnings
-    else:
-        warnings = []
     draft = load_model(draft_path, cfg.draft.precision, device, group_size=cfg.draft.group_size)
     return draft, warnings, min(target.vocab_size, draft.vocab_size)
-
-
-def _config_vocab_size(path: str | None) -> int:
-    from transformers import AutoConfig
-
-    from spectoolkit.models import resolve_path
-
-    return AutoConfig.from_pretrained(resolve_path(path)).get_text_config().vocab_size
