@@ -87,8 +87,8 @@ def load_model(
     Float precisions (fp32/bf16/fp16) load directly; quantized ones (int8, nf4, int4, rtn-int8,
     rtn-int4) go through their backend in :mod:`spectoolkit.quant` (``group_size`` for the
     group-wise ones). Attention runs through :mod:`spectoolkit.models.attention` (no KV copy per
-    verify forward); ``fast_linear`` enables the fp32 CPU GEMM path of
-    :mod:`spectoolkit.models.fast_linear`.
+    verify forward; a backend's row-wise choice, as bitsandbytes makes, is kept); ``fast_linear``
+    enables the fp32 CPU GEMM path of :mod:`spectoolkit.models.fast_linear`.
     """
     from spectoolkit.quant import QUANT_PRECISIONS, load_quantized
 
@@ -100,7 +100,7 @@ def load_model(
     else:
         model = load_float_model(location, precision, device, fast_linear)
     use_packed_attention(model)
-    return LoadedModel(model, location, precision, model.get_output_embeddings().weight.shape[0])
+    return LoadedModel(model, location, precision, model.get_output_embeddings().out_features)
 
 
 def load_float_model(location: str, precision: str, device: torch.device, fast_linear: bool = True):

@@ -1,0 +1,323 @@
+"""Native round-to-nearest (RTN) weight-only quantization: group-wise int8 and int4 linears.
+
+Every ``nn.Linear`` (weight W [N, K] = [out_features, in_features]) becomes an :class:`RtnLinear`.
+Weights are split along K into groups of ``g`` consecutive columns (``group_size``; ``-1`` means
+one group per row, i.e. per output channel); G = K / g groups per row.
+
+Canonical format (:class:`QuantizedWeight`) — the contract the Triton kernels share:
+
+- int4, asymmetric: ``qweight`` uint8 [N, K/2]: byte (n, j) holds the code of column 2j in its
+  low nibble and of column 2j+1 in its high nibble; codes u are unsigned in [0, 15].
+  ``scales`` and ``zeros`` bf16 [N, G]. Dequantization, in fp32:
+  ``w[n, k] = (u[n, k] - 8) * scales[n, k // g] + zeros[n, k // g]`` — ``zeros`` is the float value
+  of code 8 (torch tinygemm's convention, so its CPU kernel runs the canonical weights unchanged).
+  RTN: with lo = min(0, min w), hi = max(0, max w) over the group (0 is always in range, which keeps
+  |zero| <= 8·scale so the bf16 rounding of ``zeros`` stays far below a quantization step),
+  ``scale = bf16((hi - lo) / 15)``, ``zero = bf16(lo + 8·scale)``,
+  ``u = clamp(round((w - zero) / scale) + 8, 0, 15)`` using the stored (rounded) scale and zero.
+- int8, symmetric: ``qweight`` int8 [N, K] (row-major), codes in [-127, 127]; ``scales`` bf16
+  [N, G]; ``zeros`` is None; ``w = q * scale``; ``scale = bf16(max |w| / 127)``,
+  ``q = clamp(round(w / scale), -127, 127)``.
+
+Both give ``|w - dequantized w| <= scale / 2`` element-wise. Scales are bf16 because the fast CPU
+kernels (and the usual GPU activation dtype) take bf16; the products ``code × scale`` are exact in
+fp32, so every kernel sees bit-identical weights. An all-zero group gets the smallest normal scale.
+
+``RtnLinear.forward`` picks the fastest kernel that runs exactly these weights
+(:mod:`spectoolkit.quant.rtn_kernels`): on the CPU, torch's int4 tinygemm kernel (int4, and
+group-wise int8 split into two int4 halves) or ``_weight_int8pack_mm`` (per-channel int8). Those are
+vectorized for bf16 activations only, so fp32 inputs are rounded to bf16 on the way in, accumulated
+in fp32 and returned as bf16 → input dtype. Anything else (other devices, fp16, shapes the kernels
+reject) runs :meth:`RtnLinear.reference_forward`: dequantize, then ``F.linear``. Each variant is one
+subclass with its own storage, chosen once at construction; the quantized bytes are held once
+(canonical codes are recovered from a kernel layout by an exact, checked unpacking).
+
+``quantize_model_rtn`` leaves ``lm_head`` in float by default: in most small LMs (SmolLM2 included)
+it is tied to the input embedding, so a quantized copy *adds* memory instead of saving it, and the
+logits are where quantization error reaches the output most directly. Pass ``skip=()`` to quantize
+it anyway (a self-draft whose step time is dominated by a 49k-row float head wants that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.quant import rtn_kernels as kernels
+
+PRECISION_BITS = {"rtn-int8": 8, "rtn-int4": 4}
+BASE_PRECISION = "fp32"  # float checkpoint the linears are quantized from; see load_quantized
+_TINY = torch.finfo(torch.bfloat16).tiny  # scale of an all-zero group
+
+
+@dataclass(frozen=True)
+class RtnConfig:
+    """RTN settings: ``bits`` 8 or 4; ``group_size`` input columns per scale (-1: per output channel)."""
+
+    bits: int
+    group_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise SpecToolkitError(f"RTN bits must be 4 or 8, got {self.bits!r}")
+        if not isinstance(self.group_size, int) or not (self.group_size == -1 or self.group_size >= 2):
+            raise SpecToolkitError(f"RTN group_size must be -1 (per channel) or >= 2, got {self.group_size!r}")
+        if self.bits == 4 and self.group_size != -1 and self.group_size % 2:
+            raise SpecToolkitError(f"RTN int4 group_size must be even (two codes per byte), got {self.group_size}")
+
+    def layer_group_size(self, in_features: int) -> int | None:
+        """The group size for a layer with ``in_features`` columns, or None if it does not fit."""
+        group = in_features if self.group_size == -1 else self.group_size
+        if in_features % group or (self.bits == 4 and in_features % 2):
+            return None
+        return group
+
+
+@dataclass
+class QuantizedWeight:
+    """The canonical quantized weight (module docstring); N = out_features, K = in_features, G = K / g."""
+
+    qweight: torch.Tensor  # int4: uint8 [N, K/2], two codes per byte (low nibble = even column); int8: int8 [N, K]
+    scales: torch.Tensor  # bf16 [N, G]
+    zeros: torch.Tensor | None  # int4: bf16 [N, G], the value of code 8; int8: None (symmetric)
+    group_size: int  # g, columns per group (K for per-channel)
+    bits: int  # 4 or 8
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(N, K) of the float weight."""
+        return self.qweight.shape[0], self.qweight.shape[1] * (2 if self.bits == 4 else 1)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] in [0, 15] -> uint8 [N, K/2]: column 2j in the low nibble, 2j+1 in the high one."""
+    codes = codes.to(torch.uint8)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def unpack_int4(qweight: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/2] -> codes uint8 [N, K] (inverse of :func:`pack_int4`)."""
+    return torch.stack([qweight & 15, qweight >> 4], dim=-1).reshape(qweight.shape[0], -1)
+
+
+def quantize_weight(weight: torch.Tensor, cfg: RtnConfig) -> QuantizedWeight:
+    """weight [N, K] (any float dtype) -> canonical :class:`QuantizedWeight` (RTN, module docstring)."""
+    num_rows, num_cols = weight.shape
+    group = cfg.layer_group_size(num_cols)
+    if group is None:
+        raise SpecToolkitError(f"RTN group_size {cfg.group_size} does not fit a weight with {num_cols} columns")
+    groups = weight.detach().float().reshape(num_rows, num_cols // group, group)  # [N, G, g]
+    if cfg.bits == 8:
+        scales = (groups.abs().amax(-1) / 127).clamp(min=_TINY).to(torch.bfloat16)  # [N, G]
+        codes = torch.round(groups / scales.float()[..., None]).clamp(-127, 127)
+        return QuantizedWeight(codes.to(torch.int8).reshape(num_rows, num_cols), scales, None, group, 8)
+    low = groups.amin(-1).clamp(max=0)  # [N, G]
+    high = groups.amax(-1).clamp(min=0)
+    scales = ((high - low) / 15).clamp(min=_TINY).to(torch.bfloat16)
+    zeros = (low + 8 * scales.float()).to(torch.bfloat16)
+    codes = torch.round((groups - zeros.float()[..., None]) / scales.float()[..., None]) + 8
+    codes = codes.clamp(0, 15).reshape(num_rows, num_cols)
+    return QuantizedWeight(pack_int4(codes), scales, zeros, group, 4)
+
+
+def dequantize_weight(q: QuantizedWeight) -> torch.Tensor:
+    """Canonical weight -> fp32 [N, K] (the exact weights every kernel computes with)."""
+    num_rows, num_cols = q.shape
+    scales = q.scales.float()[..., None]  # [N, G, 1]
+    if q.bits == 8:
+        codes = q.qweight.float().reshape(num_rows, -1, q.group_size)  # [N, G, g]
+        return (codes * scales).reshape(num_rows, num_cols)
+    codes = unpack_int4(q.qweight).float().reshape(num_rows, -1, q.group_size) - 8
+    return (codes * scales + q.zeros.float()[..., None]).reshape(num_rows, num_cols)
+
+
+class RtnLinear(nn.Module):
+    """A quantized ``nn.Linear``; :meth:`from_linear` picks the subclass (storage + kernel) once."""
+
+    has_kernel = False  # whether forward can run a CPU kernel (else always the reference)
+
+    def __init__(self, in_features: int, out_features: int, bits: int, group_size: int, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.bits = bits
+        self.group_size = group_size
+        self.has_bias = bias is not None
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, cfg: RtnConfig) -> RtnLinear:
+        """Quantize ``linear`` (RTN) into the fastest variant available for its device and shape."""
+        quantized = quantize_weight(linear.weight, cfg)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        if linear.weight.device.type == "cpu":
+            for variant in (_Int8ChannelCpu, _Int4Cpu, _Int8SplitCpu):
+                if variant.fits(quantized):
+                    layer = variant.build(quantized, bias)
+                    if layer is not None:
+                        return layer
+        return _Canonical.build(quantized, bias)
+
+    def quantized(self) -> QuantizedWeight:
+        """The canonical format of this layer's weight (recovered exactly from the kernel layout)."""
+        raise NotImplementedError
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """fp32 [N, K]."""
+        return dequantize_weight(self.quantized())
+
+    def reference_forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs [..., K] -> [..., N] in the input dtype: dequantize, then ``F.linear``."""
+        bias = None if self.bias is None else self.bias.to(inputs.dtype)
+        return F.linear(inputs, self.dequantized_weight().to(inputs.dtype), bias)
+
+    def _fast_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [M, K] fp32/bf16 on the CPU -> [M, N] bf16; subclasses with a kernel override it."""
+        raise NotImplementedError
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs [..., K] -> [..., N]: the CPU kernel for fp32/bf16 inputs, else the reference."""
+        # ~200 calls per decode step: test plain attributes (a buffer lookup goes through Module.__getattr__).
+        if not (self.has_kernel and inputs.is_cpu and inputs.dtype in kernels.FAST_ACTIVATION_DTYPES):
+            return self.reference_forward(inputs)
+        out = self._fast_matmul(inputs.reshape(-1, self.in_features)).to(inputs.dtype)  # [M, N]
+        if self.has_bias:
+            out = out + self.bias.to(out.dtype)
+        return out.view(*inputs.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, bits={self.bits}, group_size={self.group_size}, variant={type(self).__name__}"
+
+
+class _Canonical(RtnLinear):
+    """Canonical buffers, reference forward (off the CPU, or shapes no CPU kernel takes)."""
+
+    @classmethod
+    def build(cls, q: QuantizedWeight, bias: torch.Tensor | None) -> RtnLinear:
+        layer = cls(q.shape[1], q.shape[0], q.bits, q.group_size, bias)
+        layer.register_buffer("qweight", q.qweight)
+        layer.register_buffer("scales", q.scales)
+        layer.register_buffer("zeros", q.zeros)
+        return layer
+
+    def quantized(self) -> QuantizedWeight:
+        return QuantizedWeight(self.qweight, self.scales, self.zeros, self.group_size, self.bits)
+
+
+class _Int8ChannelCpu(_Canonical):
+    """Per-channel int8 (g == K): canonical buffers, ``_weight_int8pack_mm``."""
+
+    has_kernel = True
+
+    @staticmethod
+    def fits(q: QuantizedWeight) -> bool:
+        return q.bits == 8 and q.group_size == q.shape[1] and kernels.int8_kernel_fits(q.shape[1])
+
+    def _fast_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return kernels.int8_channel_matmul(rows, self.qweight, self.scales[:, 0])
+
+
+class _Int4Cpu(RtnLinear):
+    """Group-wise int4: codes in the CPU tinygemm layout + scales_and_zeros [G, N, 2] bf16."""
+
+    has_kernel = True
+
+    @staticmethod
+    def fits(q: QuantizedWeight) -> bool:
+        return q.bits == 4 and kernels.int4_kernel_fits(q.shape[0], q.group_size)
+
+    @classmethod
+    def build(cls, q: QuantizedWeight, bias: torch.Tensor | None) -> RtnLinear | None:
+        packed = kernels.pack_cpu_int4(unpack_int4(q.qweight))
+        if packed is None:
+            return None
+        layer = cls(q.shape[1], q.shape[0], 4, q.group_size, bias)
+        layer.register_buffer("packed", packed)  # [N, K/2] uint8
+        layer.register_buffer("scales_and_zeros", torch.stack([q.scales.t(), q.zeros.t()], dim=-1).contiguous())
+        return layer
+
+    def quantized(self) -> QuantizedWeight:
+        codes = kernels.unpack_cpu_int4(self.packed, self.out_features, self.in_features)
+        scales, zeros = self.scales_and_zeros.unbind(-1)  # [G, N] each
+        return QuantizedWeight(pack_int4(codes), scales.t().contiguous(), zeros.t().contiguous(), self.group_size, 4)
+
+    def _fast_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return kernels.int4_matmul(rows, self.packed, self.group_size, self.scales_and_zeros)
+
+
+class _Int8SplitCpu(RtnLinear):
+    """Group-wise int8 as two int4 halves on the tinygemm kernel (exact; see rtn_kernels)."""
+
+    has_kernel = True
+
+    @staticmethod
+    def fits(q: QuantizedWeight) -> bool:
+        return q.bits == 8 and kernels.int4_kernel_fits(q.shape[0], q.group_size)
+
+    @classmethod
+    def build(cls, q: QuantizedWeight, bias: torch.Tensor | None) -> RtnLinear | None:
+        codes, scales_and_zeros = kernels.split_int8(q.qweight, q.scales)
+        packed = kernels.pack_cpu_int4(codes)
+        if packed is None:
+            return None
+        layer = cls(q.shape[1], q.shape[0], 8, q.group_size, bias)
+        layer.register_buffer("packed", packed)  # [N, K] uint8 (= int4 [N, 2K])
+        layer.register_buffer("scales_and_zeros", scales_and_zeros)  # [2G, N, 2] bf16
+        return layer
+
+    def quantized(self) -> QuantizedWeight:
+        codes = kernels.unpack_cpu_int4(self.packed, self.out_features, 2 * self.in_features)
+        qweight, scales = kernels.join_int8(codes, self.scales_and_zeros)
+        return QuantizedWeight(qweight, scales, None, self.group_size, 8)
+
+    def _fast_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return kernels.int8_split_matmul(rows, self.packed, self.group_size, self.scales_and_zeros)
+
+
+def quantize_model_rtn(model: nn.Module, cfg: RtnConfig, skip: tuple[str, ...] = ("lm_head",)) -> dict[str, int]:
+    """Replace the ``nn.Linear`` layers of ``model`` by :class:`RtnLinear`, in place.
+
+    A layer is left in float when its name (last component or full dotted name) is in ``skip``
+    (counted as ``excluded``), or when ``cfg.group_size`` does not divide its in_features
+    (``skipped``). Returns ``{"quantized": n, "skipped": m, "excluded": e}``.
+    """
+    counts = {"quantized": 0, "skipped": 0, "excluded": 0}
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if not isinstance(child, nn.Linear):
+                continue
+            full_name = f"{parent_name}.{child_name}" if parent_name else child_name
+            if child_name in skip or full_name in skip:
+                counts["excluded"] += 1
+            elif cfg.layer_group_size(child.in_features) is None:
+                counts["skipped"] += 1
+            else:
+                setattr(parent, child_name, RtnLinear.from_linear(child, cfg))
+                counts["quantized"] += 1
+    return counts
+
+
+def load_quantized(
+    path: str | None, precision: str, device, group_size: int, *, quantize_lm_head: bool = False
+) -> nn.Module:
+    """Load ``path`` (None: the embedded model) and RTN-quantize its linears (``rtn-int8``/``rtn-int4``).
+
+    The checkpoint is loaded at :data:`BASE_PRECISION` (fp32: a bf16 base measured no faster on the
+    CPU and adds error outside the linears) with the fp32 CPU GEMM path for layers left in float;
+    quantized layers compute in bf16 on the CPU (module docstring). ``quantize_lm_head`` also
+    quantizes the output projection (see :func:`quantize_model_rtn` for why it is off by default).
+    """
+    from spectoolkit.models.loading import load_model, resolve_device
+
+    if precision not in PRECISION_BITS:
+        raise SpecToolkitError(f"precision '{precision}' is not an RTN precision ({', '.join(PRECISION_BITS)})")
+    cfg = RtnConfig(PRECISION_BITS[precision], group_size)
+    device = resolve_device(device) if isinstance(device, str) else device
+    model = load_model(path, BASE_PRECISION, device, fast_linear=True).model
+    quantize_model_rtn(model, cfg, skip=() if quantize_lm_head else ("lm_head",))
+    return model
