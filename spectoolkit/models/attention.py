@@ -7,6 +7,13 @@ one SDPA call, and the mask rows are repeated instead: identical math, no KV cop
 
 Registered with transformers' ``AttentionInterface`` under :data:`ATTN_NAME`; the reference is
 transformers' own ``sdpa`` implementation, and a test compares logits of the two.
+
+:func:`rowwise_gqa_attention` (:data:`ROWWISE_ATTN_NAME`) is the batch-invariant variant: a q-token
+call computes each query row with exactly the kernel call of a decode step at that position (one
+packed query against the keys up to it), so a k-token verify forward gives the same attention
+output as k decode steps, bit for bit. fp32 SDPA for 1 and k queries differ by ~1e-7, which is
+harmless in float models but becomes whole quantization steps once a quantized linear rounds the
+activations (see :mod:`spectoolkit.quant.bnb`); it costs k small SDPA calls instead of one.
 """
 
 from __future__ import annotations
@@ -15,6 +22,11 @@ import torch
 import torch.nn.functional as F
 
 ATTN_NAME = "spectoolkit_sdpa"
+# Calls with at most this many query rows (every verify window: γ <= 64) run row by row; longer
+# calls are prefills, which the baseline and speculative arms make identically, so they keep the
+# fast path.
+MAX_ROWWISE_ROWS = 65
+ROWWISE_ATTN_NAME = "spectoolkit_rowwise"
 
 
 def packed_gqa_attention(
@@ -46,14 +58,69 @@ def packed_gqa_attention(
     return out.reshape(batch, num_heads, q_len, head_dim).transpose(1, 2).contiguous(), None
 
 
+def rowwise_gqa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """:func:`packed_gqa_attention` one query row at a time; shapes as there.
+
+    Query i (absolute position ``kv_len - q_len + i``) gets the decode-step call: keys/values
+    ``[:, :, :pos+1]`` and no mask when the mask only encodes causality (what a decode step gets).
+    """
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if q_len == 1 or q_len > MAX_ROWWISE_ROWS:  # decode step, or a prefill (both arms make the same call)
+        return packed_gqa_attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    row_masks = _row_masks(attention_mask, q_len, kv_len)
+    rows = []
+    for i in range(q_len):
+        end = kv_len - q_len + i + 1
+        row, _ = packed_gqa_attention(
+            module, query[:, :, i : i + 1], key[:, :, :end], value[:, :, :end], row_masks[i], dropout, scaling, **kwargs
+        )  # [B, 1, Hq, D]
+        rows.append(row)
+    return torch.cat(rows, dim=1), None  # [B, q, Hq, D]
+
+
+def _row_masks(attention_mask: torch.Tensor | None, q_len: int, kv_len: int) -> list[torch.Tensor | None]:
+    """Per-row masks [B|1, 1, 1, pos+1] for a [B|1, 1, q, L] mask; all None if it is purely causal."""
+    if attention_mask is None:
+        return [None] * q_len
+    mask = attention_mask[..., -kv_len:]
+    causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=mask.device).tril(kv_len - q_len)
+    if mask.dtype == torch.bool and bool((mask == causal).all()):
+        return [None] * q_len  # batch 1 without padding (CachedModel): exactly the decode-step call
+    return [mask[..., i : i + 1, : kv_len - q_len + i + 1] for i in range(q_len)]
+
+
 def use_packed_attention(model: torch.nn.Module) -> bool:
-    """Switch an SDPA transformers model to :func:`packed_gqa_attention`; False if not applicable."""
+    """Switch an SDPA transformers model to :func:`packed_gqa_attention`; False if not applicable.
+
+    Only a model on transformers' plain ``sdpa`` is switched, so a model already on
+    :func:`rowwise_gqa_attention` keeps it.
+    """
+    return _switch_attention(model, ATTN_NAME, packed_gqa_attention, replaces=("sdpa",))
+
+
+def use_rowwise_attention(model: torch.nn.Module) -> bool:
+    """Switch an SDPA (or packed) transformers model to :func:`rowwise_gqa_attention`; False if not applicable."""
+    return _switch_attention(model, ROWWISE_ATTN_NAME, rowwise_gqa_attention, replaces=("sdpa", ATTN_NAME))
+
+
+def _switch_attention(model: torch.nn.Module, name: str, function, replaces: tuple[str, ...]) -> bool:
+    """Register ``function`` as ``name`` and switch ``model`` to it if it is on one of ``replaces``."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+    if getattr(model.config, "_attn_implementation", None) not in replaces:
         return False
-    AttentionInterface.register(ATTN_NAME, packed_gqa_attention)
-    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
-    model.set_attn_implementation(ATTN_NAME)
-    return model.config._attn_implementation == ATTN_NAME
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    model.set_attn_implementation(name)
+    return model.config._attn_implementation == name

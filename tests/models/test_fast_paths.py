@@ -1,4 +1,4 @@
-"""The CPU fast paths against their references: GemmLinear vs F.linear, packed GQA vs transformers SDPA."""
+"""The CPU fast paths against their references: GemmLinear vs F.linear, packed/row-wise GQA vs transformers SDPA."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spectoolkit.models.attention import ATTN_NAME, use_packed_attention
+from spectoolkit.models.attention import (
+    ATTN_NAME,
+    ROWWISE_ATTN_NAME,
+    packed_gqa_attention,
+    rowwise_gqa_attention,
+    use_packed_attention,
+    use_rowwise_attention,
+)
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.fast_linear import GemmLinear, use_gemm_linears
 from spectoolkit.models.tiny import tiny_llama
@@ -45,9 +52,10 @@ def test_gemm_linear_model_logits_match_reference():
         torch.testing.assert_close(fast(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-5)
 
 
-def test_packed_attention_matches_transformers_sdpa_through_a_rollback():
+@pytest.mark.parametrize("use, name", [(use_packed_attention, ATTN_NAME), (use_rowwise_attention, ROWWISE_ATTN_NAME)])
+def test_fast_attention_matches_transformers_sdpa_through_a_rollback(use, name):
     reference, fast = tiny_llama(vocab_size=128, seed=1), tiny_llama(vocab_size=128, seed=1)
-    assert use_packed_attention(fast) and fast.config._attn_implementation == ATTN_NAME
+    assert use(fast) and fast.config._attn_implementation == name
     assert reference.config.num_attention_heads > reference.config.num_key_value_heads  # GQA is exercised
     ref_runner, fast_runner = CachedModel(reference), CachedModel(fast)
     chunks = [list(range(3, 40)), [5], [6, 7, 8, 9], [10]]
@@ -63,3 +71,45 @@ def test_packed_attention_is_skipped_for_non_sdpa_models():
     model.set_attn_implementation("eager")
     assert not use_packed_attention(model)
     assert model.config._attn_implementation == "eager"
+
+
+def test_rowwise_attention_is_kept_by_use_packed_attention():
+    model = tiny_llama(vocab_size=64)
+    assert use_packed_attention(model) and use_rowwise_attention(model)  # packed -> rowwise is allowed
+    assert not use_packed_attention(model)  # ... but never back: load_model must not undo a rowwise choice
+    assert model.config._attn_implementation == ROWWISE_ATTN_NAME
+
+
+def _causal_mask(q_len: int, kv_len: int) -> torch.Tensor:  # [1, 1, q, L], what sdpa_mask builds for batch 1
+    return torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)[None, None]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_rowwise_attention_rows_equal_single_row_calls(masked):
+    """Each row of a q-row call is bit-identical to the decode-step call at its position."""
+    torch.manual_seed(0)
+    module = torch.nn.Module().eval()
+    q_len, kv_len = 5, 23
+    query = torch.randn(1, q_len, 6, 16).transpose(1, 2)  # [B, Hq, q, D], strided like a real model's
+    key, value = torch.randn(1, 2, kv_len, 16), torch.randn(1, 2, kv_len, 16)  # [B, Hkv, L, D]
+    mask = _causal_mask(q_len, kv_len) if masked else None
+    batch, _ = rowwise_gqa_attention(module, query, key, value, mask, scaling=0.25)  # [B, q, Hq, D]
+    packed, _ = packed_gqa_attention(module, query, key, value, mask, scaling=0.25)
+    torch.testing.assert_close(batch, packed, rtol=1e-5, atol=1e-6)
+    for i in range(q_len):
+        end = kv_len - q_len + i + 1
+        row, _ = rowwise_gqa_attention(
+            module, query[:, :, i : i + 1], key[:, :, :end], value[:, :, :end], None, scaling=0.25
+        )
+        assert torch.equal(batch[:, i : i + 1], row)
+
+
+def test_rowwise_attention_keeps_a_non_causal_mask():
+    torch.manual_seed(0)
+    module = torch.nn.Module().eval()
+    query, key, value = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    mask = _causal_mask(3, 10).clone()
+    mask[..., :2] = False  # left padding
+    rowwise, _ = rowwise_gqa_attention(module, query, key, value, mask)
+    packed, _ = packed_gqa_attention(module, query, key, value, mask)
+    torch.testing.assert_close(rowwise, packed, rtol=1e-5, atol=1e-6)

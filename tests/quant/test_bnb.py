@@ -1,0 +1,186 @@
+"""bitsandbytes LLM.int8 / NF4 on a tiny random Llama: loading, size, accuracy, cached forwards, batch invariance."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.models.attention import ROWWISE_ATTN_NAME
+from spectoolkit.quant.bnb import BnbConfig, load_bnb, load_quantized, rowwise_linear8bit_class, scale_bytes
+
+bnb = pytest.importorskip("bitsandbytes")
+
+CPU = torch.device("cpu")
+VOCAB = 256
+HIDDEN = 64  # every projection is a multiple of 32 rows: the nf4 CPU kernel's packing block
+NUM_LINEARS = 2 * 7  # 2 layers × (q, k, v, o, gate, up, down); lm_head stays float
+BNB_LINEAR = {"int8": bnb.nn.Linear8bitLt, "nf4": bnb.nn.Linear4bit}
+# Loose, measured-then-doubled bounds on random tiny weights (int8 ≈ 1% of the logit range, nf4 ≈ 10%).
+MAX_REL_LOGIT_ERROR = {"int8": 0.05, "nf4": 0.3}
+MIN_TOP1_AGREEMENT = {"int8": 0.85, "nf4": 0.6}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from spectoolkit.models.tiny import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("bnb") / "tiny", vocab_size=VOCAB, hidden=HIDDEN, scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def fp32_model(checkpoint: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module", params=["int8", "nf4"])
+def quantized(request: pytest.FixtureRequest, checkpoint: Path) -> tuple[str, torch.nn.Module]:
+    return request.param, load_quantized(str(checkpoint), request.param, CPU, 64)
+
+
+@pytest.fixture(scope="module")
+def token_ids() -> torch.Tensor:
+    return torch.randint(3, VOCAB, (1, 64), generator=torch.Generator().manual_seed(0))  # [1, T]
+
+
+def _weight_bytes(model: torch.nn.Module) -> int:
+    tensors = {t.data_ptr(): t for t in [*model.parameters(), *model.buffers()]}  # tied weights once
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def test_linears_are_replaced_by_bnb_modules(quantized: tuple[str, torch.nn.Module]) -> None:
+    kind, model = quantized
+    assert sum(isinstance(m, BNB_LINEAR[kind]) for m in model.modules()) == NUM_LINEARS
+    assert not model.training
+    assert model.lm_head.weight.dtype == torch.float32  # transformers keeps the output head in float
+
+
+def test_weights_are_smaller_than_fp32(quantized: tuple[str, torch.nn.Module], fp32_model: torch.nn.Module) -> None:
+    kind, model = quantized
+    linears = [m for n, m in fp32_model.named_modules() if isinstance(m, torch.nn.Linear) and "layers" in n]
+    num_weights = sum(m.weight.numel() for m in linears)
+    saved = _weight_bytes(fp32_model) - _weight_bytes(model)
+    assert saved == num_weights * (3 if kind == "int8" else 3.5)  # 4 → 1 byte, 4 → ½ byte
+    scales = scale_bytes(model)  # the absmax scales are attributes, not parameters or buffers
+    if kind == "int8":
+        assert scales == 4 * sum(m.out_features for m in linears)  # one fp32 per weight row
+    else:
+        assert scales * 64 / num_weights in (2, 4)  # one per block of 64: fp32, bf16 once repacked for CPU
+
+
+def test_logits_close_to_fp32(
+    quantized: tuple[str, torch.nn.Module], fp32_model: torch.nn.Module, token_ids: torch.Tensor
+) -> None:
+    kind, model = quantized
+    with torch.inference_mode():
+        reference = fp32_model(token_ids).logits[0]  # [T, V]
+        logits = model(token_ids).logits[0]  # [T, V]
+    assert logits.dtype == torch.float32 and logits.shape == reference.shape
+    rel_error = (logits - reference).abs().max() / reference.abs().max()
+    assert rel_error < MAX_REL_LOGIT_ERROR[kind]
+    assert rel_error > 0  # the weights really are quantized
+    agreement = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    assert agreement >= MIN_TOP1_AGREEMENT[kind]
+
+
+def test_cached_forwards_of_1_and_5_tokens(quantized: tuple[str, torch.nn.Module], token_ids: torch.Tensor) -> None:
+    from spectoolkit.models.cached import CachedModel
+
+    _, model = quantized
+    ids = token_ids[0].tolist()
+    runner = CachedModel(model)
+    prompt_last = runner.forward(ids[:20], last_only=True)  # [V]
+    assert prompt_last.shape == (VOCAB,) and runner.num_computed == 20
+    verify = runner.forward(ids[20:25])  # [5, V]
+    assert verify.shape == (5, VOCAB) and runner.num_computed == 25
+    runner.truncate(20)
+    assert runner.num_computed == 20
+    assert torch.equal(runner.forward(ids[20:25]), verify)  # rollback + same tokens: same numbers
+    runner.truncate(20)
+    steps = torch.stack([runner.forward([token], last_only=True) for token in ids[20:25]])  # [5, V]
+    assert runner.num_computed == 25
+    # One-token and five-token forwards agree up to the float kernels' summation order (GEMMs of the
+    # float head); attention and int8 outliers are row-wise (see the next tests).
+    torch.testing.assert_close(steps, verify, rtol=1e-4, atol=1e-4)
+    assert torch.equal(steps.argmax(-1), verify.argmax(-1))
+
+
+def _first_int8_linear(model: torch.nn.Module) -> torch.nn.Module:
+    return next(m for m in model.modules() if isinstance(m, bnb.nn.Linear8bitLt))
+
+
+@pytest.fixture(scope="module")
+def int8_model(checkpoint: Path) -> torch.nn.Module:
+    return load_quantized(str(checkpoint), "int8", CPU, 64)
+
+
+def test_int8_rows_are_independent_without_outliers(int8_model: torch.nn.Module) -> None:
+    layer = _first_int8_linear(int8_model)
+    inputs = torch.randn(1, 5, HIDDEN, generator=torch.Generator().manual_seed(1)).clamp(-3, 3)  # [1, 5, K]
+    with torch.inference_mode():
+        batch = layer(inputs)  # [1, 5, N]
+        rows = torch.cat([layer(inputs[:, i : i + 1]) for i in range(5)], dim=1)  # [1, 5, N]
+    assert torch.equal(batch, rows)  # per-row int8 scales, exact int32 products
+
+
+def test_int8_outlier_in_one_row_leaves_the_others_alone(
+    int8_model: torch.nn.Module, fp32_model: torch.nn.Module
+) -> None:
+    """Per-row outlier columns: a k-token verify forward gives exactly what k decode steps give."""
+    layer = _first_int8_linear(int8_model)
+    assert isinstance(layer, rowwise_linear8bit_class())
+    reference = fp32_model.model.layers[0].self_attn.q_proj  # the same projection in fp32
+    inputs = torch.randn(1, 5, HIDDEN, generator=torch.Generator().manual_seed(2)).clamp(-3, 3)  # [1, 5, K]
+    inputs[0, 0, 7] = 20.0  # above the 6.0 threshold: an outlier column of row 0 only
+    with torch.inference_mode():
+        batch = layer(inputs)  # [1, 5, N]
+        rows = torch.cat([layer(inputs[:, i : i + 1]) for i in range(5)], dim=1)  # [1, 5, N]
+        stock = bnb.nn.Linear8bitLt.forward(layer, inputs)  # bitsandbytes' own: outlier columns over all rows
+        exact = reference(inputs)  # [1, 5, N]
+    assert torch.equal(batch, rows)
+    assert torch.equal(stock[:, 0], rows[:, 0])  # the outlier's own row: same decomposition either way
+    assert not torch.equal(stock[:, 1:], rows[:, 1:])  # stock: column 7 leaves the int8 product of every row
+    scale = exact.abs().max()
+    assert (batch - exact).abs().max() < 0.05 * scale and (stock - exact).abs().max() < 0.05 * scale
+
+
+def test_bnb_models_use_rowwise_attention(quantized: tuple[str, torch.nn.Module]) -> None:
+    assert quantized[1].config._attn_implementation == ROWWISE_ATTN_NAME
+
+
+def test_int8_without_outliers_keeps_stock_linears(checkpoint: Path) -> None:
+    model = load_bnb(str(checkpoint), BnbConfig("int8", llm_int8_threshold=0.0), CPU)
+    assert type(_first_int8_linear(model)) is bnb.nn.Linear8bitLt  # rows are independent already
+
+
+def test_config_validation() -> None:
+    assert BnbConfig("int8").compute_dtype == "fp32"
+    with pytest.raises(SpecToolkitError, match="kind"):
+        BnbConfig("int4")
+    with pytest.raises(SpecToolkitError, match="compute_dtype"):
+        BnbConfig("nf4", compute_dtype="fp16")
+    with pytest.raises(SpecToolkitError, match="threshold"):
+        BnbConfig("int8", llm_int8_threshold=-1.0)
+
+
+def test_config_maps_to_transformers() -> None:
+    int8 = BnbConfig("int8", llm_int8_threshold=4.0).to_transformers()
+    assert int8.load_in_8bit and int8.llm_int8_threshold == 4.0
+    nf4 = BnbConfig("nf4", compute_dtype="bf16").to_transformers()
+    assert nf4.load_in_4bit and nf4.bnb_4bit_quant_type == "nf4" and nf4.bnb_4bit_compute_dtype == torch.bfloat16
+
+
+def test_bad_precision_is_a_user_error(checkpoint: Path) -> None:
+    with pytest.raises(SpecToolkitError, match="not one of int8, nf4"):
+        load_quantized(str(checkpoint), "fp8", CPU, 64)
+
+
+def test_missing_bitsandbytes_is_a_user_error(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # makes `import bitsandbytes` raise ImportError
+    with pytest.raises(SpecToolkitError, match="needs bitsandbytes"):
+        load_quantized(str(checkpoint), "nf4", CPU, 64)
