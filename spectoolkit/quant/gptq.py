@@ -12,12 +12,13 @@ imports with transformers 5) for the algorithm, the standard GPTQ checkpoint for
   directory is built in a temporary sibling and renamed into place, so a concurrent job never sees
   half a checkpoint. A directory that already is a GPTQ checkpoint is returned as is.
 - :func:`load_quantized` returns the plain transformers causal LM under GPTQModel's wrapper, with
-  GPTQModel's quantized linears in place of ``nn.Linear``. On the CPU it runs in bf16, the
-  activation dtype of GPTQModel's fast CPU int4 kernels (AVX512-BF16, else torch's int4pack mm).
+  GPTQModel's quantized linears in place of ``nn.Linear``. On the CPU it runs in bf16 on torch's
+  int4 matmul (``_weight_int4pack_mm_for_cpu``, GPTQModel's ``TorchAtenLinear``).
 
-Those kernels need whole groups: ``group_size`` must divide every quantized layer's input width.
+That kernel needs whole groups: ``group_size`` must divide every quantized layer's input width.
 SmolLM2-135M (hidden 576) therefore takes 64 or 32, not 128 — GPTQModel would quantize with a
-partial last group, then pick a CPU kernel that rejects it at the first forward.
+partial last group, then (backend auto) pick a CPU kernel that rejects it at the first forward.
+Nothing here JIT-compiles GPTQModel's C++ extensions (see :func:`_cpu_backend`, ``pack_impl``).
 
 GPTQModel is imported lazily (it takes seconds and prints a banner); its console output is sent
 to ``quantize.log`` in the checkpoint directory while quantizing, and dropped while loading.
@@ -41,7 +42,7 @@ import torch
 from spectoolkit.errors import SpecToolkitError
 
 PRECISION_BITS = {"int4": 4}
-GPTQ_BITS = (4, 8)
+GPTQ_BITS = (4,)  # what the int4 precision uses and the tests cover; GPTQModel also does 2/3/8
 MAX_CALIBRATION_SAMPLES = 1024
 # Benchmarks read both datasets from the start; calibration text comes from further in (ShareGPT)
 # and from the end (HumanEval) so that the two stay disjoint at the sizes we run.
@@ -49,6 +50,7 @@ SHAREGPT_CALIBRATION_OFFSET = 1000
 MAX_HUMANEVAL_CALIBRATION = 64  # of its 164 problems, the last ones
 CALIBRATION_VERSION = 1  # bump when calibration_texts changes: it is part of the cache key
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
+ATEN_GROUP_SIZES = (32, 64, 128, 256)  # torch's CPU int4 matmul (_weight_int4pack_mm_for_cpu)
 
 
 @dataclass(frozen=True)
@@ -164,15 +166,27 @@ def load_quantized(path: str | None, precision: str, device, group_size: int) ->
     checkpoint = quantized_checkpoint(path, GptqConfig(bits=PRECISION_BITS[precision], group_size=group_size))
     # GPTQModel's CPU int4 kernels take bf16 activations; on CUDA fp16 is every GPTQ kernel's dtype.
     dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
-    # AUTO would pick a CPU kernel that rejects a partial last group; the plain torch kernel takes it.
-    ckpt_group = int(_quantize_settings(checkpoint).get("group_size", -1))
-    backend = "auto" if ckpt_group <= 0 or _divides_all(checkpoint, ckpt_group) else "gptq_torch"
+    backend = _cpu_backend(checkpoint) if device.type == "cpu" else "auto"
     with _gptqmodel_output(os.devnull):
         gptqmodel = _import_gptqmodel()
         wrapper = gptqmodel.GPTQModel.load(str(checkpoint), device=str(device), backend=backend, dtype=dtype)
     model = wrapper.model.eval()  # the transformers model; the wrapper holds nothing it needs at run time
     use_packed_attention(model)
     return model
+
+
+def _cpu_backend(checkpoint: Path) -> str:
+    """GPTQModel kernel for a CPU model: torch's own int4 matmul where the checkpoint allows it.
+
+    ``auto`` would prefer GPTQModel's AVX512-BF16 kernel, JIT-compiled with g++ on first use (about
+    two minutes on 2 cores) and no faster here; it also picks ATen for layers with a partial last
+    group, which ATen then rejects. The plain torch kernel takes any checkpoint (dequantizes per call).
+    """
+    settings = _quantize_settings(checkpoint)
+    group_size, bits = int(settings.get("group_size", -1)), int(settings.get("bits", 4))
+    if bits == 4 and group_size in ATEN_GROUP_SIZES and _divides_all(checkpoint, group_size):
+        return "gptq_torch_aten"
+    return "gptq_torch"
 
 
 # --- quantization -------------------------------------------------------------------------------
@@ -191,8 +205,14 @@ def _quantize(source: Path, cfg: GptqConfig, out_dir: Path) -> None:
     with _gptqmodel_output(log_path):
         gptqmodel = _import_gptqmodel()
         # offload_to_disk streams finished layers to a temp dir: pure overhead for the models we run.
+        # The "original" (torch) packer writes the same bytes as the C++ one without JIT-compiling it.
         qcfg = gptqmodel.QuantizeConfig(
-            bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym, desc_act=False, offload_to_disk=False
+            bits=cfg.bits,
+            group_size=cfg.group_size,
+            sym=cfg.sym,
+            desc_act=False,
+            offload_to_disk=False,
+            pack_impl="original",
         )
         model = gptqmodel.GPTQModel.load(str(source), qcfg)
         model.quantize(calibration, batch_size=1)

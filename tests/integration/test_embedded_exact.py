@@ -25,7 +25,7 @@ PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
     "List three facts about the Moon, as a JSON array of strings.",
 )
-MAX_NEW = 24
+MAX_NEW = 16
 
 
 @pytest.fixture(scope="module")

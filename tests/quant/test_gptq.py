@@ -62,7 +62,8 @@ def tiny_quantized(tiny_float: Path, gptq_cache: Path) -> Path:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"bits": 3}, {"group_size": 48}, {"group_size": 8}, {"num_samples": 0}, {"num_samples": 5000}, {"max_length": 4}],
+    [{"bits": 3}, {"bits": 8}, {"group_size": 48}, {"group_size": 8}]
+    + [{"num_samples": 0}, {"num_samples": 5000}, {"max_length": 4}],
 )
 def test_bad_config_raises(kwargs: dict) -> None:
     with pytest.raises(SpecToolkitError, match="gptq"):
@@ -171,8 +172,26 @@ def test_loaded_model_is_a_transformers_lm_with_gptq_linears(tiny_model: torch.n
 
     assert isinstance(tiny_model, PreTrainedModel) and not tiny_model.training
     q_proj = tiny_model.model.layers[0].self_attn.q_proj
-    assert not isinstance(q_proj, torch.nn.Linear) and type(q_proj).__module__.startswith("gptqmodel")
+    assert type(q_proj).__name__ == "TorchAtenLinear"  # torch's int4 matmul: nothing to JIT-compile
     assert tiny_model.dtype == torch.bfloat16
+
+
+def _write_checkpoint(directory: Path, hidden: int, intermediate: int, settings: dict) -> Path:
+    directory.mkdir()
+    config = {"hidden_size": hidden, "intermediate_size": intermediate, "num_attention_heads": 4}
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "quantize_config.json").write_text(json.dumps(settings))
+    return directory
+
+
+def test_cpu_backend_falls_back_to_plain_torch_where_aten_cannot(tmp_path: Path) -> None:
+    """ATen's int4 matmul needs 4 bits and whole groups of 32..256; anything else dequantizes per call."""
+    whole = _write_checkpoint(tmp_path / "whole", 576, 1536, {"bits": 4, "group_size": 64})
+    partial = _write_checkpoint(tmp_path / "partial", 576, 1536, {"bits": 4, "group_size": 128})
+    small = _write_checkpoint(tmp_path / "small", 576, 1536, {"bits": 4, "group_size": 16})
+    eight = _write_checkpoint(tmp_path / "eight", 576, 1536, {"bits": 8, "group_size": 64})
+    assert gptq._cpu_backend(whole) == "gptq_torch_aten"
+    assert [gptq._cpu_backend(d) for d in (partial, small, eight)] == ["gptq_torch"] * 3
 
 
 def test_cached_model_decodes_and_truncates(tiny_model: torch.nn.Module) -> None:
