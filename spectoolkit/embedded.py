@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from spectoolkit.errors import SpecToolkitError
@@ -45,24 +46,35 @@ def gguf_path() -> Path:
     )
 
 
+def cached_directory(target: Path, marker: str, build: Callable[[Path], None]) -> Path:
+    """``target``, built once by ``build(tmp_dir)`` in a temporary sibling and renamed into place.
+
+    ``marker`` is a file that exists only in a complete directory. Concurrent jobs never see half a
+    directory; when two build at once, the first rename wins and the other's copy is dropped.
+    """
+    if (target / marker).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another job finished first: its directory is complete, keep it
+            if not (target / marker).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def embedded_dir() -> Path:
     """Path of the cached HF directory of the embedded model, converting the GGUF on first use."""
     target = cache_root() / EMBEDDED_NAME
     if (target / "config.json").is_file():
         return target
     source = gguf_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
-    try:
-        _convert_gguf(source, tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another job finished first: its directory is complete, keep it
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached_directory(target, "config.json", lambda tmp: _convert_gguf(source, tmp))
 
 
 def _convert_gguf(source: Path, out_dir: Path) -> None:

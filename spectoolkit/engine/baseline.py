@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from spectoolkit.engine.output import GenerationOutput, finished
+from spectoolkit.engine.output import GenerationOutput, finished, prefill
 from spectoolkit.models.cached import CachedModel, synchronize
 
 
@@ -26,13 +26,7 @@ class BaselineEngine:
         """Decode up to ``max_new_tokens`` tokens after ``prompt_ids``; ``on_token(id)`` streams them."""
         out = GenerationOutput()
         start = time.perf_counter()
-        self.target.reset()
-        token = self.verifier.select(self.target.forward(prompt_ids, last_only=True), generator)
-        synchronize(self.target.device)
-        out.ttft = out.prefill_time = time.perf_counter() - start
-        out.output_ids.append(token)
-        if on_token:
-            on_token(token)
+        token = prefill(self.target, self.verifier, prompt_ids, generator, out, start, on_token)
         while not finished(out.output_ids, max_new_tokens, self.eos_ids):
             token = self.verifier.select(self.target.forward([token], last_only=True), generator)
             out.output_ids.append(token)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+
+from spectoolkit.models.cached import synchronize
 
 
 @dataclass
@@ -36,3 +39,18 @@ def cut(new_ids: list[int], room: int, eos_ids: frozenset[int]) -> list[int]:
         if token in eos_ids:
             return kept[: index + 1]
     return kept
+
+
+def prefill(target, verifier, prompt_ids: list[int], generator, out: GenerationOutput, start: float, on_token) -> int:
+    """Reset ``target``, prefill the prompt and emit the first token (records TTFT); returns it.
+
+    Both arms start this way: the first token always comes from the target alone.
+    """
+    target.reset()
+    token = verifier.select(target.forward(prompt_ids, last_only=True), generator)
+    synchronize(target.device)
+    out.ttft = out.prefill_time = time.perf_counter() - start
+    out.output_ids.append(token)
+    if on_token:
+        on_token(token)
+    return token

@@ -14,7 +14,7 @@ import time
 import torch
 
 from spectoolkit.drafting.base import Proposal
-from spectoolkit.engine.output import GenerationOutput, cut, finished
+from spectoolkit.engine.output import GenerationOutput, cut, finished, prefill
 from spectoolkit.models.cached import CachedModel, synchronize
 
 
@@ -36,15 +36,9 @@ class SpeculativeEngine:
         """Decode up to ``max_new_tokens`` tokens after ``prompt_ids``; ``on_token(id)`` streams them."""
         out = GenerationOutput()
         start = time.perf_counter()
-        self.target.reset()
         self.drafter.begin(prompt_ids)
-        first = self.verifier.select(self.target.forward(prompt_ids, last_only=True), generator)
-        synchronize(self.target.device)
-        out.ttft = out.prefill_time = time.perf_counter() - start
+        first = prefill(self.target, self.verifier, prompt_ids, generator, out, start, on_token)
         tokens = list(prompt_ids) + [first]  # verified tokens; the last one is pending (no KV)
-        out.output_ids.append(first)
-        if on_token:
-            on_token(first)
         while not finished(out.output_ids, max_new_tokens, self.eos_ids):
             emitted = self._round(tokens, max_new_tokens - len(out.output_ids), generator, out)
             tokens.extend(emitted)

@@ -30,9 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -124,7 +122,7 @@ def quantized_checkpoint(path: str | None, cfg: GptqConfig) -> Path:
     covering the source, its weight files (size, mtime), ``cfg``, the calibration set and the
     GPTQModel version; later calls with the same inputs return that directory.
     """
-    from spectoolkit.embedded import cache_root
+    from spectoolkit.embedded import cache_root, cached_directory
 
     source = _local_dir(path)
     if is_gptq_checkpoint(source):
@@ -133,20 +131,7 @@ def quantized_checkpoint(path: str | None, cfg: GptqConfig) -> Path:
     # A hub snapshot directory is named by its commit; its repo folder (models--org--name) says more.
     name = source.parent.parent.name if source.parent.name == "snapshots" else source.name
     target = cache_root() / "gptq" / f"{name}-{cfg.bits}b-g{cfg.group_size}-{_cache_key(source, cfg)}"
-    if (target / "quantize_config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        _quantize(source, cfg, tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another job finished first: its directory is complete, keep it
-            if not (target / "quantize_config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached_directory(target, "quantize_config.json", lambda tmp: _quantize(source, cfg, tmp))
 
 
 def load_quantized(path: str | None, precision: str, device, group_size: int) -> torch.nn.Module:
