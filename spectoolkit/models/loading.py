@@ -33,13 +33,17 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
     def weight_bytes(self) -> int:
-        """Bytes of parameters and buffers (tied weights counted once)."""
+        """Bytes of parameters and buffers (tied weights counted once), plus bitsandbytes scales."""
         seen: set[int] = set()
         total = 0
         for tensor in list(self.model.parameters()) + list(self.model.buffers()):
             if tensor.data_ptr() not in seen:
                 seen.add(tensor.data_ptr())
                 total += tensor.numel() * tensor.element_size()
+        if self.precision in ("int8", "nf4"):  # bitsandbytes keeps its scales outside params/buffers
+            from spectoolkit.quant.bnb import scale_bytes
+
+            total += scale_bytes(self.model)
         return total
 
 

@@ -1,7 +1,7 @@
 """GPTQ through GPTQModel: config checks, calibration text, checkpoint cache, loading, decoding.
 
-The quantization tests run GPTQ for real, once, on a tiny 2-layer Llama (hidden 128) with the
-default calibration set (seconds, after GPTQModel's import); the embedded SmolLM2 run is slow.
+The quantization tests run GPTQ for real, once, on a tiny 2-layer Llama (hidden 128) with a small
+calibration set (seconds, after GPTQModel's import); the embedded SmolLM2 run is slow.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from spectoolkit.quant import gptq
 from spectoolkit.quant.gptq import GptqConfig, calibration_texts, is_gptq_checkpoint, load_quantized
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-TINY_CFG = GptqConfig(bits=4, group_size=32)  # the default calibration set: what load_quantized uses
+TINY_CFG = GptqConfig(bits=4, group_size=32, num_samples=16, max_length=64)  # a small calibration set
 
 # find_spec, not importorskip: importing GPTQModel at collection would cost every test run seconds.
 pytestmark = pytest.mark.skipif(find_spec("gptqmodel") is None, reason="GPTQModel is not installed")
@@ -153,7 +153,7 @@ def test_failed_quantization_leaves_no_checkpoint(
         raise RuntimeError("killed mid-way")
 
     monkeypatch.setattr(gptq, "_quantize", half_then_fail)
-    cfg = GptqConfig(group_size=16)
+    cfg = GptqConfig(group_size=16, num_samples=4)
     with pytest.raises(RuntimeError, match="mid-way"):
         gptq.quantized_checkpoint(str(tiny_float), cfg)
     assert not [p for p in (cache_env / "gptq").iterdir() if "-g16-" in p.name]
@@ -256,7 +256,10 @@ def test_float_path_is_quantized_then_loaded(
     real = gptq.quantized_checkpoint
     monkeypatch.setattr(gptq, "quantized_checkpoint", lambda path, cfg: seen.append(real(path, cfg)) or seen[-1])
     monkeypatch.setattr(gptq, "_quantize", lambda *args: pytest.fail("quantized again"))
-    model = load_quantized(str(tiny_float), "int4", "cpu", 32)  # TINY_CFG: the cached checkpoint
+    # load_quantized's calibration defaults are TINY_CFG's here, so its checkpoint is the cached one.
+    small = {"num_samples": TINY_CFG.num_samples, "max_length": TINY_CFG.max_length}
+    monkeypatch.setattr(gptq, "GptqConfig", lambda **kwargs: GptqConfig(**small, **kwargs))
+    model = load_quantized(str(tiny_float), "int4", "cpu", 32)
     assert seen == [tiny_quantized]
     assert model.config.num_hidden_layers == 2
 
