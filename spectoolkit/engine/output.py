@@ -15,8 +15,9 @@ class GenerationOutput:
     output_ids: list[int] = field(default_factory=list)
     ttft: float = 0.0  # request start -> first output token available
     total_time: float = 0.0
-    draft_time: float = 0.0  # proposer work (draft forwards, n-gram lookup)
-    verify_time: float = 0.0  # target forwards after the prefill + acceptance test
+    draft_time: float = 0.0  # proposer work (draft forwards, n-gram lookup, draft KV rollback)
+    verify_time: float = 0.0  # target forwards after the prefill (baseline: decode steps incl. selection)
+    overhead_time: float = 0.0  # the rest: acceptance test, KV commit, loop (total - prefill - draft - verify)
     prefill_time: float = 0.0
     verify_rounds: int = 0  # target forwards after the prefill (baseline: decode steps)
     drafted_tokens: int = 0

@@ -48,6 +48,7 @@ class SpeculativeEngine:
                     on_token(token)
         synchronize(self.target.device)
         out.total_time = time.perf_counter() - start
+        out.overhead_time = out.total_time - out.prefill_time - out.draft_time - out.verify_time
         return out
 
     def _round(
@@ -60,14 +61,15 @@ class SpeculativeEngine:
         synchronize(self.target.device)
         t1 = time.perf_counter()
         logits = self.target.forward([tokens[-1], *proposal.draft_ids])  # [k+1, V]
+        synchronize(self.target.device)
+        t2 = time.perf_counter()
         draft_ids = torch.tensor(proposal.draft_ids, dtype=torch.long, device=logits.device)  # [k]
         result = self.verifier.verify(draft_ids, logits, proposal.draft_probs, generator)
         kept = len(tokens) + result.num_accepted  # prefix + pending + accepted drafts have KV
         self.target.truncate(kept)
-        synchronize(self.target.device)
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()  # acceptance test + KV commit: overhead (C), the rest of the round
         self.drafter.rollback(kept)
-        out.draft_time += t1 - t0 + (time.perf_counter() - t2)
+        out.draft_time += t1 - t0 + (time.perf_counter() - t3)
         out.verify_time += t2 - t1
         _count(out, len(proposal), result.num_accepted)
         return cut(proposal.draft_ids[: result.num_accepted] + [result.next_token], room, self.eos_ids)

@@ -20,7 +20,7 @@ class RequestRecord:
     case_id: str
     task_type: str
     repeat_idx: int
-    arm: str  # "baseline" or "spec"
+    arm: str  # "baseline", "spec", or an experiment's arm name ("quant", "quant+spec", "spec-g4")
     drafter: str  # "none" for the baseline arm
     target_precision: str
     draft_precision: str | None
@@ -40,12 +40,18 @@ class RequestRecord:
     verify_rounds: int = 0
     rollback_count: int = 0
     proposed_rounds: int = 0
-    ttft: float | None = None
+    ttft: float | None = None  # streaming: request start -> first token delivered to the on_token callback
+    ttft_nonstreaming: float | None = None  # the whole response returned at once: the end-to-end time
     total_time: float | None = None
-    draft_time: float | None = None
-    verify_time: float | None = None
+    prefill_time: float | None = None  # prompt forward + first token (both arms)
+    draft_time: float | None = None  # proposer work incl. draft KV rollback
+    verify_time: float | None = None  # target verify forwards (baseline: its decode steps)
+    overhead_time: float | None = None  # acceptance test, KV commit, loop: total - prefill - draft - verify
     gpu_mem_peak: int | None = None  # bytes; null without an accelerator
-    accept_lengths: list[int] = field(default_factory=list)
+    host_rss: int | None = None  # bytes, resident memory of this process after the request
+    start_offset: float | None = None  # seconds since the measurement phase began (stability plots)
+    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round
+    draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round
     output_ids: list[int] = field(default_factory=list)
     error: str | None = None
 
