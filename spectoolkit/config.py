@@ -20,6 +20,8 @@ KV_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")  # auto:
 DRAFT_KINDS = ("model", "ngram", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
+ARM_SETS = ("standard", "four_groups", "gamma_sweep")
+MAX_GAMMA = 64
 
 
 def _require(condition: bool, message: str) -> None:
@@ -137,7 +139,7 @@ class SpeculateConfig:
     gamma: int = 4
 
     def __post_init__(self) -> None:
-        _require(1 <= self.gamma <= 64, f"speculate.gamma={self.gamma} must be between 1 and 64")
+        _require(1 <= self.gamma <= MAX_GAMMA, f"speculate.gamma={self.gamma} must be between 1 and {MAX_GAMMA}")
 
 
 @dataclass(frozen=True)
@@ -159,14 +161,35 @@ class WorkloadConfig:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Protocol: untimed warm-up generations, then ``repeat`` timed passes over the workload."""
+    """Protocol: untimed warm-up generations, then ``repeat`` timed passes over the workload.
 
-    warmup: int = 1
-    repeat: int = 1
+    ``arms`` picks the arm set measured side by side (interleaved per request):
+    - ``standard``: the target alone ("baseline") and target + drafter ("spec");
+    - ``four_groups``: "baseline" (the target at ``reference_precision`` alone), "quant" (the
+      quantized ``target.precision`` alone), "spec" (reference + drafter), "quant+spec";
+    - ``gamma_sweep``: "baseline" and one drafting arm "spec-gN" per N in ``gammas``.
+    ``calibrate`` times target forwards of every verify width for the cost model.
+    """
+
+    warmup: int = 3
+    repeat: int = 5
+    arms: str = "standard"
+    gammas: tuple[int, ...] = (1, 2, 4, 8)
+    reference_precision: str = "bf16"
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         _require(self.warmup >= 0, "bench.warmup must be >= 0")
         _require(self.repeat >= 1, "bench.repeat must be >= 1")
+        _one_of("bench.arms", self.arms, ARM_SETS)
+        _one_of("bench.reference_precision", self.reference_precision, FLOAT_PRECISIONS)
+        gammas = self.gammas
+        _require(
+            isinstance(gammas, (list, tuple)) and len(gammas) > 0
+            and all(isinstance(g, int) and not isinstance(g, bool) and 1 <= g <= MAX_GAMMA for g in gammas),
+            f"bench.gammas={gammas!r} must be a non-empty list of draft lengths in 1..{MAX_GAMMA}, e.g. [1,2,4,8]",
+        )  # fmt: skip
+        object.__setattr__(self, "gammas", tuple(sorted(set(gammas))))
 
 
 @dataclass(frozen=True)

@@ -66,14 +66,14 @@ def test_run_prints_table_and_writes_results(tiny_checkpoint: Path, tmp_path: Pa
     assert header[:4] == ["arm", "reqs", "tok/s", "speedup"]
     spec_row = next(line for line in result.stdout.splitlines() if line.split()[:1] == ["spec"])
     assert spec_row.split()[3].endswith("x")  # the overall speedup
-    assert "greedy exact match: 100.0%" in result.stdout
+    assert "greedy exact match: spec 100.0%" in result.stdout
     # output_dir follows hydra.run.dir: records and summary land there
     run_dir = tmp_path / "run"
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     assert summary["complete"] is True and summary["errors"] == 0
     assert summary["conditions"]["workload"]["max_new_tokens"] == 4
     assert summary["conditions"]["draft"]["kind"] == "ngram"
-    assert len((run_dir / "records.jsonl").read_text(encoding="utf-8").splitlines()) == 2 * 6
+    assert len((run_dir / "records.jsonl").read_text(encoding="utf-8").splitlines()) == 2 * 6 * 5  # default repeat 5
 
 
 @pytest.mark.parametrize(

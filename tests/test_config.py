@@ -93,6 +93,7 @@ def _assert_matches(section: object, values: dict, where: str) -> None:
         if key == "defaults":
             continue
         actual = getattr(section, key)
+        actual = list(actual) if isinstance(actual, tuple) else actual  # lists are stored as tuples
         if isinstance(value, dict):
             _assert_matches(actual, value, f"{where}{key}.")
         else:

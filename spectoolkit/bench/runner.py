@@ -1,7 +1,9 @@
 """The measurement protocol of one run: warm-up, then repeats with baseline and spec interleaved.
 
-For every (case, repeat) both arms decode the same prompt with the same seed, one right after the
-other (their order alternates), so they share the machine's state and time window (DESIGN §3).
+For every (case, repeat) every arm (baseline, spec, or an experiment's set: four_groups, gamma_sweep)
+decodes the same prompt with the same seed, one right after the other (their order rotates), so they
+share the machine's state and time window (DESIGN §3). Before the timed passes, the target forward
+is timed at every verify width for the cost model (``bench.calibrate``).
 Records are appended as produced; ``summary.json`` is written atomically at the end — also after
 Ctrl-C, then with ``"complete": false``.
 """
@@ -9,6 +11,7 @@ Ctrl-C, then with ``"complete": false``.
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,14 +19,15 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from spectoolkit.bench.conditions import run_conditions
+from spectoolkit.bench.calibrate import calibration_context, calibration_widths, measure_verify_costs
+from spectoolkit.bench.conditions import host_rss_bytes, run_conditions
 from spectoolkit.bench.quality import quant_quality
-from spectoolkit.bench.setup import RunSetup, build
+from spectoolkit.bench.setup import Arm, RunSetup, build
 from spectoolkit.bench.workloads import Request, encode_prompt, load_workload
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_records, write_json_atomic
-from spectoolkit.metrics.summary import summarize
+from spectoolkit.metrics.summary import cost_models, summarize
 
 RECORDS_FILE = "records.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -43,10 +47,11 @@ def run(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     setup = build(cfg)
     prompts = [_encode(setup, request, cfg) for request in requests]
     _set_aside(out_dir / RECORDS_FILE)
-    complete, extra = False, {}
+    complete, extra = False, {"verify_costs": {}}
     try:
         with RecordWriter(out_dir / RECORDS_FILE) as writer:
             _warm_up(setup, cfg, prompts)
+            extra["verify_costs"] = _calibrate(setup, cfg, prompts)
             _measure(setup, cfg, requests, prompts, writer, progress)
         extra["quant_quality"] = _quality(cfg, setup)
         complete = True
@@ -89,53 +94,74 @@ def _set_aside(path: Path) -> None:
         path.rename(aside)
 
 
-def _arms(setup: RunSetup) -> list[tuple[str, Any]]:
-    arms = [("baseline", setup.baseline)]
-    return arms + [("spec", setup.spec)] if setup.spec else arms
-
-
 def _warm_up(setup: RunSetup, cfg: RunConfig, prompts: list[list[int] | str]) -> None:
     """Untimed generations so first-call costs (allocation, kernel selection) are not measured."""
     runnable = [ids for ids in prompts if isinstance(ids, list)]
     for index in range(cfg.bench.warmup if runnable else 0):
         ids = runnable[index % len(runnable)]
-        for _, engine in _arms(setup):
-            engine.generate(ids, min(cfg.workload.max_new_tokens, 16), torch.Generator().manual_seed(index))
+        for arm in setup.arms:
+            arm.engine.generate(ids, min(cfg.workload.max_new_tokens, 16), torch.Generator().manual_seed(index))
+
+
+def _calibrate(setup: RunSetup, cfg: RunConfig, prompts: list[list[int] | str]) -> dict[str, dict[int, float]]:
+    """Target forward time per verify width, for each drafting arm's target (the cost model's V)."""
+    runnable = [ids for ids in prompts if isinstance(ids, list)]
+    drafting = [arm for arm in setup.arms if arm.gamma]
+    if not (cfg.bench.calibrate and runnable and drafting):
+        return {}
+    widths = calibration_widths(arm.gamma for arm in drafting)
+    context = calibration_context(runnable, cfg.workload.max_new_tokens, setup.max_positions, max(widths))
+    by_runner: dict[int, dict[int, float]] = {}
+    for arm in drafting:
+        runner = arm.engine.target
+        if id(runner) not in by_runner:
+            by_runner[id(runner)] = measure_verify_costs(runner, context, widths)
+    return {arm.name: by_runner[id(arm.engine.target)] for arm in drafting}
 
 
 def _measure(setup, cfg: RunConfig, requests, prompts, writer: RecordWriter, progress: bool) -> None:
-    arms = _arms(setup)
+    arms = setup.arms
     total = cfg.bench.repeat * len(requests) * len(arms)
+    started = time.perf_counter()
     with tqdm(total=total, disable=not progress, desc="generations", unit="gen") as bar:
         for repeat_idx in range(cfg.bench.repeat):
             for case_idx, (request, ids) in enumerate(zip(requests, prompts, strict=True)):
                 seed = request_seed(cfg.sampling.seed, request.case_id, repeat_idx)
-                order = arms if (repeat_idx + case_idx) % 2 == 0 else arms[::-1]  # interleave fairly
-                for arm, engine in order:
-                    writer.write(_one(setup, cfg, request, ids, arm, engine, repeat_idx, seed))
+                shift = (repeat_idx + case_idx) % len(arms)  # rotate: every arm runs first equally often
+                for arm in arms[shift:] + arms[:shift]:
+                    record = _one(setup, cfg, request, ids, arm, repeat_idx, seed)
+                    record.start_offset = time.perf_counter() - started
+                    writer.write(record)
                     bar.update()
 
 
-def _one(setup, cfg: RunConfig, request: Request, ids, arm: str, engine, repeat_idx: int, seed: int):
+def _one(setup, cfg: RunConfig, request: Request, ids, arm: Arm, repeat_idx: int, seed: int) -> RequestRecord:
     """Generate once and turn the result into a record (or an error record)."""
+    drafting = arm.gamma > 0
     record = RequestRecord(
-        case_id=request.case_id, task_type=request.task_type, repeat_idx=repeat_idx, arm=arm,
-        drafter=setup.drafter_name if arm == "spec" else "none", target_precision=cfg.target.precision,
-        draft_precision=cfg.draft.precision if cfg.draft.kind == "model" else None, random_seed=seed,
-        kv_target=cfg.kv.target, kv_draft=cfg.kv.draft if cfg.draft.kind == "model" else None,
+        case_id=request.case_id, task_type=request.task_type, repeat_idx=repeat_idx, arm=arm.name,
+        drafter=arm.drafter, target_precision=arm.target_precision, draft_precision=arm.draft_precision,
+        random_seed=seed, kv_target=cfg.kv.target, kv_draft=cfg.kv.draft if arm.draft else None,
         temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
-        draft_len=cfg.speculate.gamma if arm == "spec" else 0,
+        draft_len=arm.gamma if drafting else 0,
     )  # fmt: skip
     if isinstance(ids, str):
         record.error = ids
         return record
     if setup.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(setup.device)
-    result = engine.generate(ids, cfg.workload.max_new_tokens, torch.Generator().manual_seed(seed))
-    for name in ("ttft", "total_time", "draft_time", "verify_time", "verify_rounds", "drafted_tokens",
-                 "accepted_tokens", "rollback_count", "proposed_rounds", "accept_lengths", "output_ids"):  # fmt: skip
+    first_delivered: list[float] = []
+    on_token = lambda _token: first_delivered or first_delivered.append(time.perf_counter())  # noqa: E731
+    start = time.perf_counter()
+    result = arm.engine.generate(ids, cfg.workload.max_new_tokens, torch.Generator().manual_seed(seed), on_token)
+    record.ttft_nonstreaming = time.perf_counter() - start
+    record.ttft = first_delivered[0] - start
+    for name in ("total_time", "prefill_time", "draft_time", "verify_time", "overhead_time", "verify_rounds",
+                 "drafted_tokens", "accepted_tokens", "rollback_count", "proposed_rounds", "accept_lengths",
+                 "draft_lengths", "output_ids"):  # fmt: skip
         setattr(record, name, getattr(result, name))
     record.input_len, record.output_len = len(ids), len(result.output_ids)
+    record.host_rss = host_rss_bytes()
     if setup.device.type == "cuda":
         record.gpu_mem_peak = torch.cuda.max_memory_allocated(setup.device)
     return record
@@ -144,8 +170,22 @@ def _one(setup, cfg: RunConfig, request: Request, ids, arm: str, engine, repeat_
 def _write_summary(cfg: RunConfig, setup: RunSetup, out_dir: Path, complete: bool, extra: dict) -> dict[str, Any]:
     path = out_dir / RECORDS_FILE
     records = read_records(path) if path.exists() else []
-    summary = summarize(records, greedy=cfg.sampling.greedy, complete=complete)
+    arm_info = {arm.name: {"reference": arm.reference, "gamma": arm.gamma} for arm in setup.arms}
+    summary = summarize(records, greedy=cfg.sampling.greedy, complete=complete, arms=arm_info, primary=setup.primary)
+    summary["cost_model"] = cost_models(records, arm_info, extra.pop("verify_costs", {}))
     summary.update(extra)
     summary["conditions"] = run_conditions(cfg, setup)
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
+    _report(out_dir)
     return summary
+
+
+def _report(out_dir: Path) -> None:
+    """Write report.md; the measurements are already safe in summary.json, so a failure only warns."""
+    from spectoolkit.bench.report import write_report
+
+    try:
+        write_report(out_dir)
+    except Exception as exc:  # noqa: BLE001  a report bug must not turn a finished run into a failure
+        print(f"warning: report.md not written ({type(exc).__name__}: {exc}); retry with "
+              f"python -m spectoolkit.report {out_dir}", file=sys.stderr)  # fmt: skip

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spectoolkit.config import RunConfig
+from spectoolkit.config import QUANT_PRECISIONS, RunConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.errors import SpecToolkitError
@@ -21,19 +21,50 @@ from spectoolkit.verify import make_verifier
 
 
 @dataclass
+class Arm:
+    """One way of decoding, measured side by side with the others in a run.
+
+    ``reference`` names the target-alone arm with the same target: its output is what this arm's
+    output must equal (greedy), and its decode step is the T₁ of this arm's cost model.
+    """
+
+    name: str
+    engine: BaselineEngine | SpeculativeEngine
+    target: LoadedModel
+    target_precision: str
+    drafter: str = "none"
+    draft: LoadedModel | None = None
+    draft_precision: str | None = None
+    gamma: int = 0  # 0: the target alone
+    reference: str | None = None
+
+
+@dataclass
 class RunSetup:
-    """Everything the protocol loop needs; ``spec`` is None for ``draft=none`` (baseline only)."""
+    """Everything the protocol loop needs. ``arms[0]`` is the "baseline"; ``primary`` the headline arm."""
 
     device: torch.device
     tokenizer: object
-    target: LoadedModel
+    target: LoadedModel  # the configured target (quantized in four_groups)
     draft: LoadedModel | None
-    baseline: BaselineEngine
-    spec: SpeculativeEngine | None
+    arms: list[Arm]
+    primary: str | None
     drafter_name: str
     eos_ids: frozenset[int]
     max_positions: int
     compat_warnings: list[str]
+    compat_checked: bool = False  # a separate draft checkpoint passed check_pair
+
+    @property
+    def baseline(self) -> BaselineEngine:
+        return self.arms[0].engine
+
+    @property
+    def spec(self) -> SpeculativeEngine | None:
+        return self.arm(self.primary).engine if self.primary else None
+
+    def arm(self, name: str) -> Arm:
+        return next(arm for arm in self.arms if arm.name == name)
 
 
 def eos_ids_of(tokenizer, model: torch.nn.Module) -> frozenset[int]:
@@ -44,15 +75,35 @@ def eos_ids_of(tokenizer, model: torch.nn.Module) -> frozenset[int]:
     return frozenset(ids)
 
 
+@dataclass
+class _Parts:
+    """What the arm builders combine: the configured target, its verifier and the drafter."""
+
+    cfg: RunConfig
+    device: torch.device
+    target: LoadedModel
+    runner: CachedModel
+    verifier: object
+    eos_ids: frozenset[int]
+    drafter: object | None
+    draft: LoadedModel | None
+
+    def target_alone(self, name: str, target: LoadedModel, runner: CachedModel, precision: str) -> Arm:
+        return Arm(name, BaselineEngine(runner, self.verifier, self.eos_ids), target, precision)
+
+    def drafting(self, name: str, target: LoadedModel, runner: CachedModel, precision: str, gamma: int, ref: str):
+        engine = SpeculativeEngine(runner, self.drafter, self.verifier, gamma, self.eos_ids)
+        draft_precision = self.cfg.draft.precision if self.draft else None
+        return Arm(name, engine, target, precision, self.drafter.name, self.draft, draft_precision, gamma, ref)
+
+
 def build(cfg: RunConfig) -> RunSetup:
     """Load and wire everything ``cfg`` asks for; user mistakes raise SpecToolkitError."""
     device = resolve_device(cfg.device)
+    _check_arm_set(cfg)
     tokenizer = load_tokenizer(cfg.model.target_path)
     target = load_model(cfg.model.target_path, cfg.target.precision, device, group_size=cfg.target.group_size)
     eos_ids = eos_ids_of(tokenizer, target.model)
-    verifier = make_verifier(cfg.sampling)
-    runner = CachedModel(target.model, cfg.kv.target)
-    baseline = BaselineEngine(runner, verifier, eos_ids)
     draft, warnings, drafter = None, [], None
     if cfg.draft.kind == "model":
         draft, warnings, shared = _load_draft(cfg, target, device)
@@ -62,12 +113,64 @@ def build(cfg: RunConfig) -> RunSetup:
     elif cfg.draft.kind == "ngram":
         one_hot = not cfg.sampling.greedy
         drafter = NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, one_hot)
-    spec = SpeculativeEngine(runner, drafter, verifier, cfg.speculate.gamma, eos_ids) if drafter else None
+    runner = CachedModel(target.model, cfg.kv.target)
+    parts = _Parts(cfg, device, target, runner, make_verifier(cfg.sampling), eos_ids, drafter, draft)
+    arms, primary = _ARM_SETS[cfg.bench.arms](parts)
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
+    separate_draft = bool(cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path)
     return RunSetup(
-        device, tokenizer, target, draft, baseline, spec, drafter.name if drafter else "none",
-        eos_ids, max_positions, warnings,
+        device, tokenizer, target, draft, arms, primary, drafter.name if drafter else "none",
+        eos_ids, max_positions, warnings, compat_checked=separate_draft and cfg.draft.kind == "model",
     )  # fmt: skip
+
+
+def _check_arm_set(cfg: RunConfig) -> None:
+    """Arm sets that compare drafting arms need a drafter; four_groups needs a quantized target."""
+    arms = cfg.bench.arms
+    if arms != "standard" and cfg.draft.kind == "none":
+        raise SpecToolkitError(f"bench.arms={arms} compares drafting arms: set +draft=ngram or a draft model")
+    if arms == "four_groups" and cfg.target.precision not in QUANT_PRECISIONS:
+        raise SpecToolkitError(
+            f"bench.arms=four_groups compares a quantized target with the {cfg.bench.reference_precision} reference: "
+            f"set +target=<{'|'.join(QUANT_PRECISIONS)}> (target.precision is {cfg.target.precision})"
+        )
+
+
+def _standard(parts: _Parts) -> tuple[list[Arm], str | None]:
+    precision = parts.cfg.target.precision
+    arms = [parts.target_alone("baseline", parts.target, parts.runner, precision)]
+    if parts.drafter is None:
+        return arms, None
+    gamma = parts.cfg.speculate.gamma
+    return arms + [parts.drafting("spec", parts.target, parts.runner, precision, gamma, "baseline")], "spec"
+
+
+def _gamma_sweep(parts: _Parts) -> tuple[list[Arm], str | None]:
+    precision = parts.cfg.target.precision
+    arms = [parts.target_alone("baseline", parts.target, parts.runner, precision)]
+    for gamma in parts.cfg.bench.gammas:
+        arms.append(parts.drafting(f"spec-g{gamma}", parts.target, parts.runner, precision, gamma, "baseline"))
+    primary = f"spec-g{parts.cfg.speculate.gamma}"
+    return arms, primary if any(arm.name == primary for arm in arms) else None
+
+
+def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
+    """Baseline (reference precision), quantization only, speculation only, both (DESIGN §3)."""
+    cfg = parts.cfg
+    ref_precision, quant = cfg.bench.reference_precision, cfg.target.precision
+    reference = load_model(cfg.model.target_path, ref_precision, parts.device)
+    ref_runner = CachedModel(reference.model, cfg.kv.target)
+    gamma = cfg.speculate.gamma
+    arms = [
+        parts.target_alone("baseline", reference, ref_runner, ref_precision),
+        parts.target_alone("quant", parts.target, parts.runner, quant),
+        parts.drafting("spec", reference, ref_runner, ref_precision, gamma, "baseline"),
+        parts.drafting("quant+spec", parts.target, parts.runner, quant, gamma, "quant"),
+    ]
+    return arms, "quant+spec"
+
+
+_ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": _four_groups}
 
 
 def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):

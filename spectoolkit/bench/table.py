@@ -22,25 +22,37 @@ def _row(label: str, arm: str, stats: dict[str, Any], speedup: float | None) -> 
     ]  # fmt: skip
 
 
-def _rows(label: str, group: dict[str, Any], speedup: float | None) -> list[list[str]]:
-    return [_row(label, arm, group[arm], speedup if arm == "spec" else None) for arm in ("baseline", "spec")
-            if arm in group]  # fmt: skip
+def _rows(label: str, group: dict[str, Any]) -> list[list[str]]:
+    return [_row(label, arm, stats, group["speedups"].get(arm)) for arm, stats in group["arms"].items()]
+
+
+def _cost_line(summary: dict[str, Any]) -> str | None:
+    model = (summary.get("cost_model") or {}).get(summary.get("primary_arm") or "")
+    if not model:
+        return None
+    return (
+        f"cost model ({summary['primary_arm']}): predicted {_fmt(model['predicted_speedup'], '.2f')}x vs measured "
+        f"{_fmt(model['measured_speedup'], '.2f')}x | break-even alpha {_fmt(model['break_even_alpha'], '.2f')}"
+        f" | recommended gamma {model['recommended_gamma']}"
+    )
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    """Overall rows per arm, then per task type; then exactness, errors and conditions."""
-    rows = _rows("", summary["arms"], summary["speedup"])
+    """Overall rows per arm, then per task type; then exactness, cost model, errors and conditions."""
+    rows = _rows("", summary)
     for task, group in summary["by_task_type"].items():
-        rows += _rows(f"{task}/", group, group.get("speedup"))
-    widths = [max(len(col), *(len(r[i]) for r in rows)) for i, col in enumerate(_COLUMNS)]
-    lines = ["  ".join(col.rjust(w) for col, w in zip(_COLUMNS, widths, strict=True))]
+        rows += _rows(f"{task}/", group)
+    widths = [max(len(col), *(len(r[i]) for r in rows)) for i, col in enumerate(_COLUMNS)] if rows else []
+    lines = ["  ".join(col.rjust(w) for col, w in zip(_COLUMNS, widths, strict=True))] if rows else []
     lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    cond = summary.get("conditions", {})
-    exact = summary.get("greedy_exact_match")
-    lines.append(
-        f"greedy exact match: {_fmt(exact, '.1%') if exact is not None else 'n/a (sampling or no spec arm)'}"
-        f" | errors: {summary['errors']} | complete: {summary['complete']}"
+    exact = summary.get("exact_match") or {}
+    exact_text = (
+        ", ".join(f"{arm} {_fmt(value, '.1%')}" for arm, value in exact.items()) or "n/a (sampling, or no drafting arm)"
     )
+    lines.append(f"greedy exact match: {exact_text} | errors: {summary['errors']} | complete: {summary['complete']}")
+    if cost := _cost_line(summary):
+        lines.append(cost)
+    cond = summary.get("conditions", {})
     if cond:
         draft = cond["draft"]
         lines.append(

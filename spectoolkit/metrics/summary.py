@@ -3,21 +3,30 @@
 Conventions, over all successful records of an arm (never means of per-request means):
 - acceptance_rate = accepted draft tokens / drafted tokens
 - tokens_per_verify (E) = output tokens / target forwards, the prefill counted as one forward,
-  so the baseline is exactly 1.0
+  so a target-alone arm is exactly 1.0
+- mean_accept_length = 1 + accepted / rounds (vLLM's convention: tokens per verify round)
 - rollback_rate = rounds with >= 1 rejected draft / rounds; proposal_coverage = rounds with >= 1
   proposed token / rounds
-- net_throughput = output tokens / total wall time; speedup = spec / baseline net throughput
+- acceptance_histogram[k] = rounds that accepted exactly k drafts; prob_accept_at_least[i-1] =
+  Pr(K >= i) over all rounds (a round that drafted fewer than i tokens counts as K < i)
+- net_throughput = output tokens / total wall time; speedup = arm / "baseline" net throughput
 - latency and TTFT quantiles are request-level (numpy linear interpolation over all records)
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-ARMS = ("baseline", "spec")
+from spectoolkit.metrics.cost_model import acceptance_histogram, cost_model_for_arm, prob_accept_at_least
+
+BASELINE = "baseline"
+INPUT_BUCKETS = ((1, 128), (129, 512), (513, 2048), (2049, None))
+OUTPUT_BUCKETS = ((1, 32), (33, 128), (129, 512), (513, None))
+TIME_PARTS = ("prefill", "draft", "verify", "overhead")
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -26,70 +35,176 @@ def _ratio(num: float, den: float) -> float | None:
 
 def quantiles(values: list[float], qs: tuple[int, ...] = (50, 95, 99)) -> dict[str, float | None]:
     """Request-level quantiles ``p50``/``p95``/``p99`` of ``values`` (None when empty)."""
+    values = [v for v in values if v is not None]
     if not values:
         return {f"p{q}": None for q in qs}
     return {f"p{q}": float(np.percentile(values, q)) for q in qs}
 
 
+def rounds_of(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(drafted, accepted) per verify round, over ``records`` in order."""
+    pairs: list[tuple[int, int]] = []
+    for record in records:
+        pairs += zip(record.get("draft_lengths") or [], record.get("accept_lengths") or [], strict=False)
+    return pairs
+
+
 def arm_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Statistics of one arm's successful records."""
-    total = lambda key: sum(r[key] or 0 for r in records)  # noqa: E731
-    output_tokens = total("output_len")
-    rounds = total("verify_rounds")
+    total = lambda key: sum(r.get(key) or 0 for r in records)  # noqa: E731
+    output_tokens, rounds = total("output_len"), total("verify_rounds")
+    gamma = max((r.get("draft_len") or 0 for r in records), default=0)
+    pairs = rounds_of(records)
+    first = records[0] if records else {}
     return {
         "requests": len(records),
+        "target_precision": first.get("target_precision"),
+        "draft": first.get("drafter", "none"),
+        "gamma": gamma,
         "output_tokens": output_tokens,
         "drafted_tokens": total("drafted_tokens"),
         "accepted_tokens": total("accepted_tokens"),
         "acceptance_rate": _ratio(total("accepted_tokens"), total("drafted_tokens")),
         "tokens_per_verify": _ratio(output_tokens, rounds + len(records)),
+        "mean_accept_length": 1 + total("accepted_tokens") / rounds if rounds and gamma else None,
         "rollback_rate": _ratio(total("rollback_count"), rounds),
         "proposal_coverage": _ratio(total("proposed_rounds"), rounds),
         "net_throughput": _ratio(output_tokens, total("total_time")),
         "total_time": total("total_time"),
-        "draft_time": total("draft_time"),
-        "verify_time": total("verify_time"),
-        "ttft": quantiles([r["ttft"] for r in records]),
-        "latency": quantiles([r["total_time"] for r in records]),
+        "time_split": {part: total(f"{part}_time") for part in TIME_PARTS},
+        "acceptance_histogram": acceptance_histogram(pairs, gamma) if gamma else [],
+        "prob_accept_at_least": prob_accept_at_least(pairs, gamma) if gamma else [],
+        "ttft": quantiles([r.get("ttft") for r in records]),
+        "ttft_nonstreaming": quantiles([r.get("ttft_nonstreaming") for r in records]),
+        "latency": quantiles([r.get("total_time") for r in records]),
+        "latencies": sorted(r["total_time"] for r in records if r.get("total_time") is not None),
     }
 
 
-def _group_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
-    by_arm = defaultdict(list)
+def _by_arm(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         by_arm[record["arm"]].append(record)
-    stats = {arm: arm_stats(by_arm[arm]) for arm in ARMS if by_arm[arm]}
-    if "baseline" in stats and "spec" in stats:
-        base, spec = stats["baseline"]["net_throughput"], stats["spec"]["net_throughput"]
-        stats["speedup"] = _ratio(spec, base) if spec is not None else None
-    return stats
+    return by_arm
 
 
-def greedy_exact_match(records: list[dict[str, Any]]) -> float | None:
-    """Fraction of (case, repeat) pairs whose spec output_ids equal the baseline's (None: no pairs)."""
+def group_stats(records: list[dict[str, Any]], arm_names: list[str]) -> dict[str, Any]:
+    """Per-arm statistics of ``records`` and each arm's speedup against the baseline arm."""
+    by_arm = _by_arm(records)
+    arms = {name: arm_stats(by_arm[name]) for name in arm_names if by_arm.get(name)}
+    base = arms.get(BASELINE, {}).get("net_throughput")
+    speedups = {
+        name: _ratio(stats["net_throughput"], base) if stats["net_throughput"] is not None else None
+        for name, stats in arms.items() if name != BASELINE and base
+    }  # fmt: skip
+    return {"arms": arms, "speedups": speedups}
+
+
+def exact_match(records: list[dict[str, Any]], arm: str, reference: str) -> float | None:
+    """Fraction of (case, repeat) pairs whose ``arm`` output_ids equal ``reference``'s (None: no pairs)."""
     outputs: dict[tuple[str, int], dict[str, list[int]]] = defaultdict(dict)
     for record in records:
-        outputs[(record["case_id"], record["repeat_idx"])][record["arm"]] = record["output_ids"]
-    pairs = [arms for arms in outputs.values() if set(ARMS) <= set(arms)]
+        if record["arm"] in (arm, reference):
+            outputs[(record["case_id"], record["repeat_idx"])][record["arm"]] = record["output_ids"]
+    pairs = [found for found in outputs.values() if arm in found and reference in found]
     if not pairs:
         return None
-    return sum(arms["baseline"] == arms["spec"] for arms in pairs) / len(pairs)
+    return sum(found[arm] == found[reference] for found in pairs) / len(pairs)
 
 
-def summarize(records: list[dict[str, Any]], greedy: bool, complete: bool = True) -> dict[str, Any]:
-    """The summary.json payload (without run conditions, which the runner adds)."""
+def greedy_exact_match(records: list[dict[str, Any]], arm: str = "spec", reference: str = BASELINE) -> float | None:
+    """Fraction of (case, repeat) pairs whose spec output equals the baseline's (None: no pairs)."""
+    return exact_match(records, arm, reference)
+
+
+def _bucket_label(low: int, high: int | None) -> str:
+    return f"{low}-{high}" if high else f">{low - 1}"
+
+
+def _bucketed(records, key: str, buckets, arm_names: list[str]) -> dict[str, Any]:
+    """Group stats per length bucket of ``key`` (only buckets with records)."""
+    out = {}
+    for low, high in buckets:
+        inside = [r for r in records if (r.get(key) or 0) >= low and (high is None or r[key] <= high)]
+        if inside:
+            out[_bucket_label(low, high)] = group_stats(inside, arm_names)
+    return out
+
+
+def _grouped(records, key: Callable[[dict[str, Any]], str], arm_names: list[str]) -> dict[str, Any]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        groups[key(record)].append(record)
+    return {name: group_stats(group, arm_names) for name, group in sorted(groups.items())}
+
+
+def _baseline_repeats(records: list[dict[str, Any]]) -> tuple[list[float], float | None]:
+    """Baseline net throughput per repeat and its spread (max - min) / median (None: < 2 repeats)."""
+    by_repeat: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        if record["arm"] == BASELINE:
+            by_repeat[record["repeat_idx"]].append(record)
+    values = [arm_stats(group)["net_throughput"] for _, group in sorted(by_repeat.items())]
+    values = [v for v in values if v is not None]
+    spread = (max(values) - min(values)) / float(np.median(values)) if len(values) >= 2 else None
+    return values, spread
+
+
+def summarize(
+    records: list[dict[str, Any]],
+    greedy: bool,
+    complete: bool = True,
+    arms: dict[str, dict[str, Any]] | None = None,
+    primary: str | None = "spec",
+) -> dict[str, Any]:
+    """The summary.json payload (without cost model and run conditions, which the runner adds).
+
+    ``arms`` maps arm name -> {"reference": target-alone arm with the same target or None, ...} in
+    run order; by default the arms found in the records, "spec" referring to "baseline".
+    """
     ok = [r for r in records if not r.get("error")]
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in ok:
-        by_task[record["task_type"]].append(record)
-    overall = _group_stats(ok)
+    arms = arms or {name: {"reference": None if name == BASELINE else BASELINE} for name in _by_arm(records)}
+    names = list(arms)
+    overall = group_stats(ok, names)
+    for name, stats in overall["arms"].items():
+        stats["reference_arm"] = arms[name].get("reference")
+    drafting = {name: info["reference"] for name, info in arms.items() if info.get("reference")}
+    exact = {name: exact_match(ok, name, ref) for name, ref in drafting.items()} if greedy else {}
+    baseline_ok = [r for r in ok if r["arm"] == BASELINE]
+    tasks = defaultdict(int)
+    for record in baseline_ok:
+        tasks[record["task_type"]] += 1
+    repeat_throughput, spread = _baseline_repeats(ok)
     return {
         "complete": complete,
         "requests": len(records),
         "errors": len(records) - len(ok),
         "error_reasons": sorted({r["error"] for r in records if r.get("error")})[:20],
-        "speedup": overall.pop("speedup", None),
-        "greedy_exact_match": greedy_exact_match(ok) if greedy else None,
-        "arms": overall,
-        "by_task_type": {task: _group_stats(group) for task, group in sorted(by_task.items())},
+        "primary_arm": primary if primary in arms else None,
+        "speedup": overall["speedups"].get(primary) if primary else None,
+        "speedups": overall["speedups"],
+        "greedy_exact_match": exact.get(primary) if greedy and primary else None,
+        "exact_match": exact,
+        "arms": overall["arms"],
+        "by_task_type": _grouped(ok, lambda r: r["task_type"], names),
+        "task_share": {task: count / len(baseline_ok) for task, count in sorted(tasks.items())},
+        "by_input_len": _bucketed(ok, "input_len", INPUT_BUCKETS, names),
+        "by_output_len": _bucketed(ok, "output_len", OUTPUT_BUCKETS, names),
+        "baseline_repeat_throughput": repeat_throughput,
+        "baseline_spread": spread,
     }
+
+
+def cost_models(
+    records: list[dict[str, Any]], arms: dict[str, dict[str, Any]], verify_costs: dict[str, dict[int, float]]
+) -> dict[str, Any]:
+    """The cost model (DESIGN §1) of every drafting arm, fed by its records and its reference's."""
+    ok = _by_arm([r for r in records if not r.get("error")])
+    out = {}
+    for name, info in arms.items():
+        if info.get("reference") and info.get("gamma"):
+            result = cost_model_for_arm(ok.get(name, []), ok.get(info["reference"], []), verify_costs.get(name),
+                                        info["gamma"])  # fmt: skip
+            if result is not None:
+                out[name] = result
+    return out

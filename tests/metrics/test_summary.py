@@ -67,7 +67,7 @@ def test_latency_quantiles_are_over_requests_not_means_of_groups() -> None:
     records = [_baseline(f"r{i}", task_type="code" if i <= 90 else "chat", total_time=float(i)) for i in range(1, 101)]
     summary = summarize(records, greedy=True)
     assert summary["arms"]["baseline"]["latency"] == pytest.approx({"p50": 50.5, "p95": 95.05, "p99": 99.01})
-    assert summary["by_task_type"]["chat"]["baseline"]["latency"]["p50"] == pytest.approx(95.5)
+    assert summary["by_task_type"]["chat"]["arms"]["baseline"]["latency"]["p50"] == pytest.approx(95.5)
     assert summary["arms"]["baseline"]["ttft"] == pytest.approx({"p50": 0.1, "p95": 0.1, "p99": 0.1})
 
 
@@ -90,9 +90,9 @@ def test_arm_statistics(records: list[dict]) -> None:
 def test_per_task_type_speedup(records: list[dict]) -> None:
     by_task = summarize(records, greedy=True)["by_task_type"]
     assert set(by_task) == {"code", "chat"}  # the errored case adds no group of its own stats
-    assert by_task["code"]["speedup"] == pytest.approx(2.0)  # 20 tok/s vs 10 tok/s
-    assert by_task["chat"]["speedup"] == pytest.approx(4.0)  # 20 tok/s vs 5 tok/s
-    assert by_task["code"]["spec"]["acceptance_rate"] == pytest.approx(0.5)
+    assert by_task["code"]["speedups"]["spec"] == pytest.approx(2.0)  # 20 tok/s vs 10 tok/s
+    assert by_task["chat"]["speedups"]["spec"] == pytest.approx(4.0)  # 20 tok/s vs 5 tok/s
+    assert by_task["code"]["arms"]["spec"]["acceptance_rate"] == pytest.approx(0.5)
 
 
 def test_errors_counted_and_excluded(records: list[dict]) -> None:
@@ -117,7 +117,7 @@ def test_baseline_only_has_no_speedup() -> None:
     assert summary["speedup"] is None
     assert set(summary["arms"]) == {"baseline"}
     assert summary["greedy_exact_match"] is None
-    assert "speedup" not in summary["by_task_type"]["code"]
+    assert summary["by_task_type"]["code"]["speedups"] == {}
 
 
 def test_format_summary_shows_overall_speedup(records: list[dict]) -> None:
@@ -126,7 +126,7 @@ def test_format_summary_shows_overall_speedup(records: list[dict]) -> None:
     assert "3.00x" in rows["spec"]  # overall: 20 tok/s over 6.67 tok/s
     assert "x" not in rows["baseline"].split()[3]  # the speedup column of the baseline is empty
     assert "2.00x" in rows["code/spec"] and "4.00x" in rows["chat/spec"]
-    assert "greedy exact match: 50.0%" in text
+    assert "greedy exact match: spec 50.0%" in text
     assert "errors: 2" in text
 
 
@@ -135,3 +135,52 @@ def test_format_summary_baseline_only() -> None:
     arms = [line.split()[0] for line in text.splitlines()[1:] if not line.startswith("greedy")]
     assert arms == ["baseline", "code/baseline"]
     assert "greedy exact match: n/a" in text
+
+
+def test_acceptance_distribution_and_time_split() -> None:
+    # Two spec requests: rounds (drafted, accepted) = (4,4), (4,2), (4,0) and (2,1), (0,0).
+    records = [
+        _baseline("a", prefill_time=0.1, verify_time=0.9),
+        _spec("a", draft_lengths=[4, 4, 4], accept_lengths=[4, 2, 0], prefill_time=0.1, overhead_time=0.0),
+        _baseline("b", prefill_time=0.1, verify_time=0.9),
+        _spec("b", verify_rounds=2, drafted_tokens=2, accepted_tokens=1, draft_lengths=[2, 0],
+              accept_lengths=[1, 0], prefill_time=0.1, overhead_time=0.0),
+    ]  # fmt: skip
+    spec = summarize(records, greedy=True)["arms"]["spec"]
+    assert spec["acceptance_histogram"] == [2, 1, 1, 0, 1]  # K = 0, 1, 2, 3, 4
+    assert spec["prob_accept_at_least"] == pytest.approx([3 / 5, 2 / 5, 1 / 5, 1 / 5])
+    # E[N] = 1 + sum Pr(K >= i) = mean tokens per round = (5 + 3 + 1 + 2 + 1) / 5
+    assert 1 + sum(spec["prob_accept_at_least"]) == pytest.approx(12 / 5)
+    assert spec["mean_accept_length"] == pytest.approx(1 + 7 / 5)
+    assert spec["time_split"] == pytest.approx({"prefill": 0.2, "draft": 0.4, "verify": 0.4, "overhead": 0.0})
+    assert spec["gamma"] == 4
+
+
+def test_task_share_buckets_and_baseline_spread() -> None:
+    records = [
+        _baseline("a", task_type="code", input_len=100, output_len=10, repeat_idx=0, total_time=1.0),
+        _baseline("b", task_type="chat", input_len=300, output_len=10, repeat_idx=0, total_time=1.0),
+        _baseline("c", task_type="chat", input_len=3000, output_len=200, repeat_idx=1, total_time=10.0),
+        _spec("a", task_type="code", input_len=100, output_len=10, repeat_idx=0),
+    ]
+    summary = summarize(records, greedy=True)
+    assert summary["task_share"] == pytest.approx({"chat": 2 / 3, "code": 1 / 3})
+    assert set(summary["by_input_len"]) == {"1-128", "129-512", ">2048"}
+    assert summary["by_input_len"]["1-128"]["speedups"]["spec"] == pytest.approx(2.0)
+    assert set(summary["by_output_len"]) == {"1-32", "129-512"}
+    # Repeat 0: 20 tokens / 2 s = 10 tok/s; repeat 1: 200 / 10 = 20 tok/s; spread (20-10)/median(15).
+    assert summary["baseline_repeat_throughput"] == pytest.approx([10.0, 20.0])
+    assert summary["baseline_spread"] == pytest.approx(10 / 15)
+    assert summarize(records[:2], greedy=True)["baseline_spread"] is None  # one repeat: no spread
+
+
+def test_exact_match_per_drafting_arm() -> None:
+    records = [_baseline("a"), _spec("a"), _record("a", "quant", output_ids=[7] * 10, output_len=10),
+               _record("a", "quant+spec", output_ids=[7] * 10, output_len=10, draft_len=4)]  # fmt: skip
+    arms = {"baseline": {"reference": None}, "quant": {"reference": None}, "spec": {"reference": "baseline"},
+            "quant+spec": {"reference": "quant"}}  # fmt: skip
+    summary = summarize(records, greedy=True, arms=arms, primary="quant+spec")
+    assert summary["exact_match"] == {"spec": 1.0, "quant+spec": 1.0}  # each against its own target precision
+    assert summary["greedy_exact_match"] == 1.0 and summary["primary_arm"] == "quant+spec"
+    assert list(summary["arms"]) == ["baseline", "quant", "spec", "quant+spec"]
+    assert summary["arms"]["quant+spec"]["reference_arm"] == "quant"
