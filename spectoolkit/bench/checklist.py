@@ -1,0 +1,215 @@
+"""Pre-launch checklist of the run report (DESIGN §3), evaluated item by item.
+
+Pure functions over ``summary.json`` (and ``records.jsonl`` when present). A check returns a
+``CheckItem`` with PASS / FAIL / N/A and the number it rests on. Nothing here formats Markdown or
+touches files; the interpretation rules are in ``bench.interpret``.
+
+Missing keys (older summaries) and nulls never raise. An item that cannot be evidenced FAILs (a
+launch decision must not rest on it); an item that cannot apply to this run (one repeat, no
+drafter, sampling instead of greedy) is N/A.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from spectoolkit.bench.summary_access import (
+    BASELINE,
+    Records,
+    Summary,
+    arms_of,
+    as_dict,
+    as_list,
+    dig,
+    drafting_arms,
+    fmt,
+    hashable,
+    num,
+    primary_alpha,
+    sampling_mode,
+)
+
+PASS, FAIL, NA = "PASS", "FAIL", "N/A"
+SPREAD_LIMIT = 0.10  # (max - min) / median of baseline throughput over repeats
+MIN_DRAFTED = 200  # drafted tokens per task type before its α is worth quoting
+SPLIT_TOLERANCE = 0.01  # prefill + draft + verify + overhead vs total time
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "random_seed")
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    """One pre-launch checklist line: ``status`` is PASS, FAIL or N/A; ``evidence`` the numbers."""
+
+    name: str
+    status: str
+    evidence: str
+
+
+# ---- pre-launch checklist ------------------------------------------------------------------------
+
+
+def check_baseline_spread(summary: Summary) -> CheckItem:
+    """Baseline throughput reproducible over repeats: (max - min) / median ≤ SPREAD_LIMIT."""
+    name = "baseline reproducible"
+    repeats = [v for v in as_list(summary.get("baseline_repeat_throughput")) if num(v) is not None]
+    spread = num(summary.get("baseline_spread"))
+    configured = num(dig(summary, "conditions", "bench", "repeat"))
+    if len(repeats) < 2 and (configured or 0) <= 1 and spread is None:
+        return CheckItem(name, NA, f"{max(len(repeats), int(configured or 0))} repeat: no spread to measure")
+    if spread is None:
+        return CheckItem(name, FAIL, f"spread not measured ({len(repeats)} baseline repeats recorded)")
+    status = PASS if spread <= SPREAD_LIMIT else FAIL
+    return CheckItem(name, status, f"spread {spread:.3f} over {len(repeats)} repeats (limit {SPREAD_LIMIT:.2f})")
+
+
+def check_compat(summary: Summary) -> CheckItem:
+    """The drafter proposes ids of the target's vocabulary (conditions.compat)."""
+    name = "vocab/tokenizer checked"
+    if not drafting_arms(summary):
+        return CheckItem(name, NA, "no drafter (draft=none)")
+    compat = dig(summary, "conditions", "compat")
+    warnings = [str(w) for w in as_list(dig(summary, "conditions", "compat_warnings"))]
+    tail = f"; warnings: {'; '.join(warnings)}" if warnings else ""
+    if not isinstance(compat, dict):
+        return CheckItem(name, FAIL, "not recorded (no conditions.compat)" + tail)
+    status = PASS if compat.get("checked") is True else FAIL
+    return CheckItem(name, status, f"{compat.get('note') or 'no note'}{tail}")
+
+
+def check_sampling_equal(records: Records) -> CheckItem:
+    """Per (case, repeat), every arm used the same temperature, top-p, top-k and seed."""
+    name = "sampling equal across arms"
+    if not records:
+        return CheckItem(name, FAIL, "no records.jsonl: cannot verify")
+    groups: dict[tuple[Any, Any], dict[str, tuple[Any, ...]]] = defaultdict(dict)
+    for record in records:
+        key = (hashable(record.get("case_id")), hashable(record.get("repeat_idx")))
+        groups[key][str(record.get("arm"))] = tuple(hashable(record.get(k)) for k in SAMPLING_KEYS)
+    shared = [found for found in groups.values() if len(found) > 1]
+    if not shared:
+        return CheckItem(name, NA, "one arm only: nothing to compare")
+    bad = [(key, found) for key, found in groups.items() if len(set(found.values())) > 1]
+    if not bad:
+        return CheckItem(name, PASS, f"{len(shared)} (case, repeat) groups: all arms share {', '.join(SAMPLING_KEYS)}")
+    (case, repeat), found = bad[0]
+    example = "; ".join(f"{arm} {dict(zip(SAMPLING_KEYS, values, strict=True))}" for arm, values in found.items())
+    return CheckItem(name, FAIL, f"{len(bad)} of {len(groups)} groups differ, e.g. {case} repeat {repeat}: {example}")
+
+
+def check_alpha_per_task(summary: Summary) -> CheckItem:
+    """Each drafting arm drafted ≥ MIN_DRAFTED tokens in every task type, so its α there is meaningful."""
+    name = f"α per task type (≥ {MIN_DRAFTED} drafted)"
+    arms = drafting_arms(summary)
+    if not arms:
+        return CheckItem(name, NA, "no drafter (draft=none)")
+    tasks = as_dict(summary.get("by_task_type"))
+    if not isinstance(tasks, dict) or not tasks:
+        return CheckItem(name, FAIL, "no per-task-type statistics")
+    counts = {
+        (task, arm): num(dig(arms_of(group).get(arm), "drafted_tokens")) or 0
+        for task, group in tasks.items()
+        for arm in arms
+    }
+    (task, arm), low = min(counts.items(), key=lambda item: item[1])
+    status = PASS if low >= MIN_DRAFTED else FAIL
+    return CheckItem(name, status, f"fewest drafted: {int(low)} ({task}, {arm}) over {len(tasks)} task types")
+
+
+def check_time_split(summary: Summary) -> CheckItem:
+    """prefill + draft + verify + overhead = total within SPLIT_TOLERANCE; drafting arms count draft time."""
+    name = "draft and rollback time counted"
+    arms = {a: s for a, s in arms_of(summary).items() if (num(s.get("total_time")) or 0) > 0}
+    if not arms:
+        return CheckItem(name, FAIL, "no timed requests")
+    worst, problems = 0.0, []
+    for arm, stats in arms.items():
+        split = stats.get("time_split")
+        if not isinstance(split, dict):
+            problems.append(f"{arm}: time split not recorded")
+            continue
+        parts = sum(num(v) or 0 for v in split.values())
+        worst = max(worst, abs(parts - stats["total_time"]) / stats["total_time"])
+        if (num(stats.get("drafted_tokens")) or 0) > 0 and not num(split.get("draft")):
+            problems.append(f"{arm}: draft time 0 with {stats['drafted_tokens']} drafted tokens")
+    if worst > SPLIT_TOLERANCE:
+        problems.append(f"parts miss the total by {worst:.1%} (limit {SPLIT_TOLERANCE:.0%})")
+    if problems:
+        return CheckItem(name, FAIL, "; ".join(problems))
+    return CheckItem(name, PASS, f"parts sum to total within {worst:.2%} for {len(arms)} arms (draft incl. rollback)")
+
+
+def check_tail_latency(summary: Summary) -> CheckItem:
+    """Request-level P95 and P99 latency are stated for every measured arm."""
+    name = "P95/P99 stated"
+    arms = {a: s for a, s in arms_of(summary).items() if (num(s.get("requests")) or 0) > 0}
+    if not arms:
+        return CheckItem(name, FAIL, "no successful requests")
+    parts = [f"{a} {fmt(dig(s, 'latency', 'p95'))}/{fmt(dig(s, 'latency', 'p99'))} s" for a, s in arms.items()]
+    stated = all(num(dig(s, "latency", q)) is not None for s in arms.values() for q in ("p95", "p99"))
+    return CheckItem(name, PASS if stated else FAIL, "P95/P99: " + ", ".join(parts))
+
+
+def check_memory_delta(summary: Summary) -> CheckItem:
+    """Peak memory of the primary arm minus the baseline's, draft weights and KV included."""
+    name = "memory delta stated"
+    delta = num(dig(summary, "conditions", "memory", "memory_delta_bytes"))
+    if delta is not None:
+        return CheckItem(name, PASS, f"memory delta {delta / 2**20:+.1f} MiB (weights + KV vs baseline)")
+    if len(arms_of(summary)) <= 1 and not drafting_arms(summary):
+        return CheckItem(name, NA, "baseline only: nothing to compare")
+    return CheckItem(name, FAIL, "not recorded (no conditions.memory.memory_delta_bytes)")
+
+
+def check_exactness(summary: Summary, records: Records) -> CheckItem:
+    """Greedy: every drafting arm's output equals its reference arm's (exact match 1.0)."""
+    name = "exactness"
+    arms = drafting_arms(summary)
+    mode = sampling_mode(summary, records)
+    if not arms:
+        return CheckItem(name, NA, "no drafter (draft=none)")
+    if mode == "sampling":
+        return CheckItem(name, NA, "sampling: exactness is a distribution test, run in the quality eval")
+    if mode is None:
+        return CheckItem(name, FAIL, "sampling temperature not recorded")
+    exact = as_dict(summary.get("exact_match"))
+    if not exact and "spec" in arms:
+        exact = {"spec": summary.get("greedy_exact_match")}
+    values = {arm: num(exact.get(arm)) for arm in arms}
+    evidence = ", ".join(f"{arm} {fmt(value, '.1%')}" for arm, value in values.items())
+    ok = all(value == 1.0 for value in values.values())
+    return CheckItem(name, PASS if ok else FAIL, f"greedy exact match: {evidence}")
+
+
+def check_fallback(summary: Summary) -> CheckItem:
+    """draft=none (the baseline arm) restores target-alone decoding; break-even α vs measured α."""
+    name = "fallback switch (draft=none)"
+    base = arms_of(summary).get(BASELINE)
+    if not base or not num(base.get("requests")):
+        return CheckItem(name, FAIL, "no measured baseline arm (target alone)")
+    arm, alpha = primary_alpha(summary)
+    tput = fmt(base.get("net_throughput"), ".2f")
+    text = f"draft=none = the baseline arm: {tput} tok/s over {base['requests']} requests"
+    if arm is None:
+        return CheckItem(name, PASS, text)
+    even = num(dig(summary, "cost_model", arm, "break_even_alpha"))
+    text += f"; break-even α {fmt(even)} vs measured α {fmt(alpha)} ({arm})"
+    if even is not None and alpha is not None and alpha < even:
+        text += ": α below break-even, the cost model predicts no gain here; draft=none is the fallback"
+    return CheckItem(name, PASS, text)
+
+
+def evaluate_checklist(summary: Summary, records: Records) -> list[CheckItem]:
+    """Every pre-launch checklist item, in the order of the issue."""
+    return [
+        check_baseline_spread(summary),
+        check_compat(summary),
+        check_sampling_equal(records),
+        check_alpha_per_task(summary),
+        check_time_split(summary),
+        check_tail_latency(summary),
+        check_memory_delta(summary),
+        check_exactness(summary, records),
+        check_fallback(summary),
+    ]

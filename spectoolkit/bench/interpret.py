@@ -1,0 +1,172 @@
+"""Interpretation rules of the run report (DESIGN §1 and §3): each rule says whether it applies, with its numbers.
+
+Pure functions over ``summary.json``; nothing here formats Markdown or touches files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spectoolkit.bench.summary_access import (
+    BASELINE,
+    Summary,
+    arms_of,
+    as_dict,
+    dig,
+    fmt,
+    is_quantized,
+    num,
+    primary_alpha,
+    primary_arm,
+)
+
+ALPHA_GAP = 0.15  # α spread across task types that justifies per-task-type enablement
+HIGH_ALPHA = 0.7
+MODEL_ERROR_LIMIT = 0.15  # |predicted - measured| / measured speedup
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One interpretation rule evaluated on the data: whether it ``applies`` and why."""
+
+    rule: str
+    applies: bool
+    text: str
+
+
+# ---- interpretation rules ------------------------------------------------------------------------
+
+
+def _verdict(rule: str, applies: bool, numbers: str, advice: str) -> Finding:
+    """A rule's finding: the numbers, plus the advice when the rule applies."""
+    return Finding(rule, True, f"{numbers}: {advice}") if applies else Finding(rule, False, numbers)
+
+
+def _primary_vs_baseline(summary: Summary, key: str, quantile: str) -> tuple[float | None, float | None]:
+    arms = arms_of(summary)
+    arm = primary_arm(summary) or ""
+    return num(dig(arms.get(arm), key, quantile)), num(dig(arms.get(BASELINE), key, quantile))
+
+
+def rule_ttft_vs_throughput(summary: Summary) -> Finding:
+    """TTFT up and throughput up ⇒ suits batch jobs, not interactive use."""
+    rule = "TTFT up, throughput up"
+    spec, base = _primary_vs_baseline(summary, "ttft", "p50")
+    speedup = num(summary.get("speedup"))
+    if None in (spec, base, speedup):
+        return Finding(rule, False, "n/a: TTFT p50 or speedup not measured")
+    numbers = f"TTFT p50 {base:.3f} → {spec:.3f} s, throughput {speedup:.2f}×"
+    return _verdict(
+        rule,
+        spec > base and speedup > 1,
+        numbers,
+        "suits batch jobs, not interactive use where the first token matters",
+    )
+
+
+def rule_keep_off(summary: Summary) -> Finding:
+    """Speedup < 1 ⇒ keep speculation off (draft=none)."""
+    rule = "speedup below 1"
+    speedup = num(summary.get("speedup"))
+    if speedup is None:
+        return Finding(rule, False, "n/a: no measured speedup")
+    return _verdict(rule, speedup < 1, f"speedup {speedup:.2f}×", "keep speculation off (draft=none) for this setup")
+
+
+def rule_draft_too_expensive(summary: Summary) -> Finding:
+    """α high but speedup < 1 ⇒ the draft costs too much relative to T₁ (D·γ/T₁)."""
+    rule = "α high, speedup below 1"
+    arm, alpha = primary_alpha(summary)
+    speedup = num(summary.get("speedup"))
+    if alpha is None or speedup is None:
+        return Finding(rule, False, "n/a: α or speedup not measured")
+    model = dig(summary, "cost_model", arm or "")
+    draft, t1 = num(dig(model, "draft_step")), num(dig(model, "t1"))
+    gamma = num(dig(arms_of(summary).get(arm or ""), "gamma")) or num(dig(summary, "conditions", "gamma"))
+    ratio = draft * gamma / t1 if None not in (draft, t1, gamma) and t1 else None
+    cost = f"D·γ/T₁ = {fmt(ratio, '.2f')}" + (
+        f" ({draft * 1e3:.1f} ms × {gamma:g} / {t1 * 1e3:.1f} ms)" if ratio else ""
+    )
+    numbers = f"α {alpha:.3f} (high: ≥ {HIGH_ALPHA}), speedup {speedup:.2f}×, {cost}"
+    advice = "the draft is too expensive relative to T₁; use a cheaper draft or a smaller γ"
+    return _verdict(rule, alpha >= HIGH_ALPHA and speedup < 1, numbers, advice)
+
+
+def rule_alpha_by_task(summary: Summary) -> Finding:
+    """α differs by more than ALPHA_GAP across task types ⇒ enable speculation per task type."""
+    rule = "α differs across task types"
+    arm = primary_arm(summary) or ""
+    alphas = {
+        task: num(dig(arms_of(group).get(arm), "acceptance_rate"))
+        for task, group in as_dict(summary.get("by_task_type")).items()
+    }
+    alphas = {task: value for task, value in alphas.items() if value is not None}
+    if len(alphas) < 2:
+        return Finding(rule, False, f"n/a: α measured for {len(alphas)} task type(s)")
+    low, high = min(alphas, key=alphas.get), max(alphas, key=alphas.get)
+    gap = alphas[high] - alphas[low]
+    numbers = f"α {alphas[low]:.3f} ({low}) to {alphas[high]:.3f} ({high}), gap {gap:.3f} (threshold {ALPHA_GAP})"
+    return _verdict(rule, gap > ALPHA_GAP, numbers, "enable speculation per task type")
+
+
+def rule_tail_risk(summary: Summary) -> Finding:
+    """P99 worse than baseline while P50 better ⇒ tail risk."""
+    rule = "tail risk"
+    p50, base50 = _primary_vs_baseline(summary, "latency", "p50")
+    p99, base99 = _primary_vs_baseline(summary, "latency", "p99")
+    if None in (p50, base50, p99, base99):
+        return Finding(rule, False, "n/a: latency quantiles not measured for the primary arm and baseline")
+    numbers = f"P50 {base50:.3f} → {p50:.3f} s, P99 {base99:.3f} → {p99:.3f} s"
+    return _verdict(
+        rule,
+        p99 > base99 and p50 < base50,
+        numbers,
+        "the typical request is faster but the slowest are slower (tail risk)",
+    )
+
+
+def rule_cost_model_error(summary: Summary) -> Finding:
+    """Predicted vs measured speedup off by > MODEL_ERROR_LIMIT ⇒ unsteady machine or workload."""
+    rule = "cost model vs measurement"
+    model = dig(summary, "cost_model", primary_arm(summary) or "")
+    predicted = num(dig(model, "predicted_speedup"))
+    measured = num(dig(model, "measured_speedup"))
+    measured = measured if measured is not None else num(summary.get("speedup"))
+    if predicted is None or not measured:
+        return Finding(rule, False, "n/a: no predicted or measured speedup")
+    error = (predicted - measured) / measured
+    numbers = (
+        f"predicted {predicted:.2f}× vs measured {measured:.2f}× (error {error:+.1%}, limit ±{MODEL_ERROR_LIMIT:.0%})"
+    )
+    return _verdict(
+        rule, abs(error) > MODEL_ERROR_LIMIT, numbers, "unsteady machine or workload; rerun with more repeats"
+    )
+
+
+def rule_quantized_target(summary: Summary) -> Finding:
+    """Quantized target ⇒ exactness holds against the quantized target; its loss is reported apart."""
+    rule = "quantized target"
+    precision = dig(arms_of(summary).get(primary_arm(summary) or ""), "target_precision")
+    precision = precision or dig(summary, "conditions", "target", "precision")
+    if not is_quantized(precision):
+        return Finding(rule, False, f"target precision {precision or 'n/a'}")
+    quality = summary.get("quant_quality")
+    loss = (
+        f"KL {fmt(dig(quality, 'kl_mean'), '.4f')}, top-1 agreement {fmt(dig(quality, 'top1_agreement'))}, "
+        f"perplexity Δ {fmt(dig(quality, 'ppl_delta'), '+.3f')} vs {dig(quality, 'reference') or 'the reference'}"
+        if isinstance(quality, dict)
+        else "not measured in this run"
+    )
+    return Finding(
+        rule,
+        True,
+        f"target is {precision}: exactness is against the {precision} target; "
+        f"its loss vs the reference (Quantization quality): {loss}",
+    )
+
+
+def interpret(summary: Summary) -> list[Finding]:
+    """Every interpretation rule evaluated on ``summary``."""
+    rules = (rule_ttft_vs_throughput, rule_keep_off, rule_draft_too_expensive, rule_alpha_by_task, rule_tail_risk,
+             rule_cost_model_error, rule_quantized_target)  # fmt: skip
+    return [rule(summary) for rule in rules]

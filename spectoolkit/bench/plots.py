@@ -1,0 +1,223 @@
+"""PNG plots of the run report (matplotlib, Agg backend: no display needed).
+
+Each function reads summary.json data (or records) and returns the written PNG path, or None when
+there is nothing to plot. Figures are written to a temporary sibling and renamed, then closed.
+Quantities follow DESIGN §3: speedup = arm / baseline net throughput, α = accepted / drafted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from spectoolkit.bench.summary_access import (  # noqa: E402
+    arms_of,
+    as_dict,
+    as_list,
+    dig,
+    drafting_arms,
+    num,
+    primary_arm,
+    speedups_of,
+)
+
+STABILITY_MIN_RECORDS = 20
+TIME_PARTS = ("prefill", "draft", "verify", "overhead")
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Write ``fig`` atomically as PNG and close it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.tmp.png")
+        fig.tight_layout()
+        fig.savefig(tmp, dpi=80, format="png")
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _gamma_points(summary: dict[str, Any]) -> list[tuple[float, float, str]]:
+    """(γ, measured speedup, arm) of every drafting arm with both."""
+    speedups = speedups_of(summary)
+    points = []
+    for arm, stats in arms_of(summary).items():
+        gamma, speedup = num(stats.get("gamma")), num(speedups.get(arm))
+        if gamma and speedup is not None:
+            points.append((gamma, speedup, arm))
+    return sorted(points)
+
+
+def predicted_curve(summary: dict[str, Any]) -> list[tuple[int, float]]:
+    """The cost model's predicted speedup per γ for the primary arm, sorted by γ."""
+    curve = dig(summary, "cost_model", primary_arm(summary) or "", "predicted_by_gamma")
+    if not isinstance(curve, dict):
+        return []
+    points = []
+    for gamma, value in curve.items():
+        if str(gamma).isdigit() and num(value) is not None:
+            points.append((int(gamma), float(value)))
+    return sorted(points)
+
+
+def plot_speedup_vs_gamma(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+    """Measured speedup of each drafting arm at its γ, and the primary arm's predicted curve."""
+    measured, predicted = _gamma_points(summary), predicted_curve(summary)
+    if not measured and not predicted:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if predicted:
+        label = f"predicted, {primary_arm(summary)} (cost model)"
+        ax.plot([g for g, _ in predicted], [s for _, s in predicted], "--o", label=label)
+    if measured:
+        ax.plot([g for g, _, _ in measured], [s for _, s, _ in measured], "s", markersize=9, label="measured")
+        for gamma, speedup, arm in measured:
+            ax.annotate(arm, (gamma, speedup), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.set(xlabel="draft length γ", ylabel="speedup vs baseline (×)", title="Speedup vs γ")
+    ax.legend()
+    return _save(fig, plots_dir / "speedup_vs_gamma.png")
+
+
+def plot_sweep_speedup_vs_gamma(points: list[tuple[str, float, float]], path: Path) -> Path | None:
+    """Speedup vs γ across sweep runs, one line per series label; None unless γ varies."""
+    points = [(label, g, s) for label, g, s in points if num(g) is not None and num(s) is not None]
+    if len({g for _, g, _ in points}) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label in sorted({label for label, _, _ in points}):
+        series = sorted((g, s) for name, g, s in points if name == label)
+        ax.plot([g for g, _ in series], [s for _, s in series], "-o", label=label)
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.set(xlabel="draft length γ", ylabel="speedup vs baseline (×)", title="Speedup vs γ across runs")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_acceptance_histogram(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+    """Share of verify rounds that accepted K = 0..γ drafts, per drafting arm."""
+    arms = arms_of(summary)
+    hists = {arm: arms[arm].get("acceptance_histogram") for arm in drafting_arms(summary) if arm in arms}
+    hists = {arm: [num(c) or 0 for c in h] for arm, h in hists.items() if isinstance(h, list) and sum(map(bool, h))}
+    if not hists:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / len(hists)
+    for i, (arm, counts) in enumerate(hists.items()):
+        total = sum(counts)
+        ax.bar([k + i * width for k in range(len(counts))], [c / total for c in counts], width, label=arm)
+    longest = max(len(counts) for counts in hists.values())
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(longest)], [str(k) for k in range(longest)])
+    ax.set(xlabel="accepted drafts per round K", ylabel="share of rounds", title="Acceptance length")
+    ax.legend()
+    return _save(fig, plots_dir / "acceptance_histogram.png")
+
+
+def plot_latency_cdf(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+    """Empirical CDF of request latency per arm."""
+    series = {
+        arm: sorted(v for v in as_list(stats.get("latencies")) if num(v) is not None)
+        for arm, stats in arms_of(summary).items()
+    }
+    series = {arm: values for arm, values in series.items() if values}
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm, values in series.items():
+        ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=arm)
+    ax.set(xlabel="request latency (s)", ylabel="fraction of requests", title="Latency CDF")
+    ax.legend()
+    return _save(fig, plots_dir / "latency_cdf.png")
+
+
+def plot_alpha_by_task(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+    """Acceptance rate α per task type, one bar per drafting arm."""
+    tasks = as_dict(summary.get("by_task_type"))
+    arms = drafting_arms(summary)
+    alphas = {arm: [num(dig(arms_of(group).get(arm), "acceptance_rate")) for group in tasks.values()] for arm in arms}
+    alphas = {arm: values for arm, values in alphas.items() if any(v is not None for v in values)}
+    if not alphas:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / len(alphas)
+    for i, (arm, values) in enumerate(alphas.items()):
+        ax.bar([t + i * width for t in range(len(values))], [v or 0 for v in values], width, label=arm)
+    ax.set_xticks([t + 0.4 - width / 2 for t in range(len(tasks))], list(tasks))
+    ax.set(ylabel="acceptance rate α", ylim=(0, 1), title="α by task type")
+    ax.legend()
+    return _save(fig, plots_dir / "alpha_by_task.png")
+
+
+def plot_time_split(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+    """Stacked prefill / draft / verify / overhead seconds per arm."""
+    splits = {arm: stats.get("time_split") for arm, stats in arms_of(summary).items()}
+    splits = {arm: [num(s.get(p)) or 0 for p in TIME_PARTS] for arm, s in splits.items() if isinstance(s, dict)}
+    splits = {arm: parts for arm, parts in splits.items() if sum(parts) > 0}
+    if not splits:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bottoms = [0.0] * len(splits)
+    for i, part in enumerate(TIME_PARTS):
+        heights = [parts[i] for parts in splits.values()]
+        ax.bar(list(splits), heights, bottom=bottoms, label=part)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set(ylabel="seconds (sum over requests)", title="Time split")
+    ax.legend(fontsize=8, loc="upper right", framealpha=0.7)
+    return _save(fig, plots_dir / "time_split.png")
+
+
+def _rolling_ratio(numerators: list[float], denominators: list[float], window: int) -> list[float]:
+    """sum(num) / sum(den) over the last ``window`` items at each index (NaN when den is 0)."""
+    out = []
+    for i in range(len(numerators)):
+        lo = max(0, i - window + 1)
+        den = sum(denominators[lo : i + 1])
+        out.append(sum(numerators[lo : i + 1]) / den if den else float("nan"))
+    return out
+
+
+def plot_stability(records: list[dict[str, Any]], plots_dir: Path) -> Path | None:
+    """Rolling α, rolling rollback rate and host RSS over the run, for drafting arms with ≥ 20 records."""
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if not record.get("error") and (num(record.get("draft_len")) or 0) > 0:
+            by_arm.setdefault(str(record.get("arm")), []).append(record)
+    by_arm = {arm: rows for arm, rows in by_arm.items() if len(rows) >= STABILITY_MIN_RECORDS}
+    if not by_arm:
+        return None
+    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    use_time = all(num(r.get("start_offset")) is not None for rows in by_arm.values() for r in rows)
+    for arm, rows in by_arm.items():
+        xs = [r["start_offset"] for r in rows] if use_time else list(range(len(rows)))
+        window = max(5, len(rows) // 10)
+        accepted, drafted, rollbacks, rounds = (
+            [num(r.get(key)) or 0.0 for r in rows]
+            for key in ("accepted_tokens", "drafted_tokens", "rollback_count", "verify_rounds")
+        )
+        axes[0].plot(xs, _rolling_ratio(accepted, drafted, window), label=arm)
+        axes[1].plot(xs, _rolling_ratio(rollbacks, rounds, window), label=arm)
+        axes[2].plot(xs, [(num(r.get("host_rss")) or float("nan")) / 2**20 for r in rows], label=arm)
+    axes[0].set(ylabel="rolling α", title="Stability over the run")
+    axes[1].set(ylabel="rolling rollback rate")
+    axes[2].set(ylabel="host RSS (MiB)", xlabel="seconds since measurement start" if use_time else "request index")
+    axes[0].legend()
+    return _save(fig, plots_dir / "stability.png")
+
+
+def run_plots(summary: dict[str, Any], records: list[dict[str, Any]], plots_dir: Path) -> dict[str, Path]:
+    """Every run plot that has data, by name."""
+    plots = {
+        "speedup_vs_gamma": plot_speedup_vs_gamma(summary, plots_dir),
+        "acceptance_histogram": plot_acceptance_histogram(summary, plots_dir),
+        "latency_cdf": plot_latency_cdf(summary, plots_dir),
+        "alpha_by_task": plot_alpha_by_task(summary, plots_dir),
+        "time_split": plot_time_split(summary, plots_dir),
+        "stability": plot_stability(records, plots_dir),
+    }
+    return {name: path for name, path in plots.items() if path is not None}

@@ -1,0 +1,35 @@
+"""``python -m spectoolkit.report DIR``: write the report of a finished run or of a sweep directory.
+
+A run directory holds summary.json (report.md + plots/ are written beside it); any other directory
+is read as a sweep whose runs lie up to three levels below it (Hydra multirun layout), and gets
+sweep_report.md. User mistakes print one ``error:`` line and exit 1, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from spectoolkit.bench.sweep_report import report_path_for
+from spectoolkit.errors import SpecToolkitError
+
+HINT = "point it at a run directory with summary.json or a sweep directory"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the report for ``DIR``, print its path; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m spectoolkit.report", description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path, help="run directory (summary.json) or sweep directory")
+    args = parser.parse_args(argv)
+    try:
+        path = report_path_for(args.directory)
+    except SpecToolkitError as exc:
+        print(f"error: {exc} ({HINT})", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
