@@ -255,6 +255,23 @@ def _linear_verify(mean_verify: float, mean_width: float, t1: float, gamma: int)
     return {width: mean_verify + (width - mean_width) * slope for width in range(1, gamma + 2)}
 
 
+def _monotone(times: Mapping[int, float]) -> dict[int, float]:
+    """The non-decreasing fit of V over widths closest in least squares (pool adjacent violators).
+
+    A wider forward never costs less; a calibrated dip is timing noise, and left in it would make the
+    recommended γ chase it. Adjacent widths that violate the order are replaced by their mean.
+    """
+    blocks: list[list[float]] = []  # [sum, count] per pooled block, left to right
+    for _, seconds in sorted(times.items()):
+        blocks.append([seconds, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [total / count for total, count in blocks for _ in range(int(count))]
+    return dict(zip(sorted(times), values, strict=True))
+
+
 def _verify_table(
     verify_costs: Mapping[int, float] | None, t1: float, arm: list[dict[str, Any]], rounds: list[Round], gamma: int
 ) -> dict[int, float]:
@@ -263,8 +280,9 @@ def _verify_table(
         calibrated = {int(width): float(seconds) for width, seconds in verify_costs.items()}  # JSON: str keys
         if 1 not in calibrated:
             raise ValueError(f"verify_costs needs width 1 (the T₁-like forward), got widths {sorted(calibrated)}")
-        scale = t1 / calibrated[1]
-        return {width: seconds * scale for width, seconds in sorted(calibrated.items())}
+        monotone = _monotone(calibrated)
+        scale = t1 / monotone[1]
+        return {width: seconds * scale for width, seconds in monotone.items()}
     mean_verify = _total(arm, "verify_time") / _total(arm, "verify_rounds")
     mean_width = sum(drafted + 1 for drafted, _ in rounds) / len(rounds)
     return _linear_verify(mean_verify, mean_width, t1, gamma)

@@ -231,3 +231,13 @@ def test_cost_model_for_arm_accepts_json_keys_and_needs_records() -> None:
     assert cost_model_for_arm([], baseline, None, 4) is None
     assert cost_model_for_arm([_error_record("spec")], baseline, None, 4) is None
     assert cost_model_for_arm(spec, [_error_record("baseline")], None, 4) is None
+
+
+def test_calibrated_verify_dip_is_pooled_so_wider_never_costs_less() -> None:
+    spec, baseline = _records()
+    noisy = {w: _verify_time(w) for w in range(1, 10)}
+    noisy[4], noisy[5] = noisy[5], noisy[4]  # V(4) > V(5): a timing dip
+    verify = {int(w): v for w, v in cost_model_for_arm(spec, baseline, noisy, 4)["verify"].items()}
+    assert all(verify[w] <= verify[w + 1] for w in range(1, 9))
+    assert verify[4] == pytest.approx((noisy[4] + noisy[5]) / 2) == pytest.approx(verify[5])
+    assert verify[3] == pytest.approx(noisy[3]) and verify[6] == pytest.approx(noisy[6])
