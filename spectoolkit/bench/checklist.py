@@ -179,7 +179,35 @@ def check_exactness(summary: Summary, records: Records) -> CheckItem:
     values = {arm: num(exact.get(arm)) for arm in arms}
     evidence = ", ".join(f"{arm} {fmt(value, '.1%')}" for arm, value in values.items())
     ok = all(value == 1.0 for value in values.values())
+    for arm in [arm for arm, value in values.items() if value is not None and value < 1.0]:
+        reference = dig(arms_of(summary).get(arm), "reference_arm") or BASELINE
+        if found := first_divergence(records, arm, reference):
+            case, repeat, position = found
+            evidence += (
+                f"; first divergence of {arm} from {reference}: {case} repeat {repeat} at output token {position}"
+                " (a logit near-tie there, or a bug: check the reference's top-2 margin)"
+            )
     return CheckItem(name, PASS if ok else FAIL, f"greedy exact match: {evidence}")
+
+
+def first_divergence(records: Records, arm: str, reference: str) -> tuple[Any, Any, int] | None:
+    """(case_id, repeat_idx, output position) of the first record pair where ``arm``'s output differs."""
+    outputs = {
+        (hashable(r.get("case_id")), hashable(r.get("repeat_idx"))): r.get("output_ids")
+        for r in records
+        if r.get("arm") == reference and not r.get("error")
+    }
+    for record in records:
+        key = (hashable(record.get("case_id")), hashable(record.get("repeat_idx")))
+        ref, got = outputs.get(key), record.get("output_ids")
+        if record.get("arm") != arm or record.get("error") or not isinstance(ref, list) or not isinstance(got, list):
+            continue
+        if ref != got:
+            position = next(
+                (i for i, (a, b) in enumerate(zip(ref, got, strict=False)) if a != b), min(len(ref), len(got))
+            )
+            return key[0], key[1], position
+    return None
 
 
 def check_fallback(summary: Summary) -> CheckItem:

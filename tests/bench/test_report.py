@@ -283,6 +283,18 @@ def test_incomplete_run_says_so_instead_of_a_headline(tmp_path):
     assert "Conditions: hardware cpu" in text
 
 
+def test_greedy_divergence_fails_exactness_and_names_the_first_divergence():
+    summary, records = make_run("four_groups")
+    summary["exact_match"]["quant+spec"] = 0.875
+    diverged = next(r for r in records if r["arm"] == "quant+spec" and r["case_id"] == "case/2")
+    diverged["output_ids"] = [1, 2, 9]
+    item = next(i for i in cl.evaluate_checklist(summary, records) if i.name == "exactness")
+    assert item.status == "FAIL"
+    assert "quant+spec 87.5%" in item.evidence
+    assert "first divergence of quant+spec from quant: case/2 repeat 0 at output token 2" in item.evidence
+    assert cl.first_divergence(records, "spec", "baseline") is None
+
+
 def test_run_without_successful_records_does_not_crash(tmp_path):
     summary, records = make_run()
     for record in records:
