@@ -100,7 +100,8 @@ class StepCosts:
             raise ValueError(f"verify needs width 1 and positive times at widths >= 1, got {self.verify}")
 
     def verify_cost(self, width: int) -> float:
-        """V(width): linear between calibrated widths; beyond the largest, the last two points' slope.
+        """V(width): linear between calibrated widths; beyond the largest, the least-squares slope of
+        all calibrated points (the last two alone are too noisy to extrapolate from).
 
         The extrapolation slope is floored at 0: a wider forward is never cheaper (calibration noise).
         """
@@ -112,9 +113,11 @@ class StepCosts:
         if width > widths[-1]:
             if len(widths) == 1:
                 return self.verify[widths[0]]
-            lo, hi = widths[-2], widths[-1]
-            slope = max(0.0, (self.verify[hi] - self.verify[lo]) / (hi - lo))
-            return self.verify[hi] + slope * (width - hi)
+            mean_w = sum(widths) / len(widths)
+            mean_v = sum(self.verify.values()) / len(widths)
+            covariance = sum((w - mean_w) * (self.verify[w] - mean_v) for w in widths)
+            slope = max(0.0, covariance / sum((w - mean_w) ** 2 for w in widths))
+            return self.verify[widths[-1]] + slope * (width - widths[-1])
         hi = widths[bisect.bisect_left(widths, width)]
         lo = widths[bisect.bisect_left(widths, width) - 1]
         share = (width - lo) / (hi - lo)

@@ -75,8 +75,11 @@ def test_verify_cost_interpolates_and_extrapolates() -> None:
     assert COSTS.verify_cost(2) == 0.012
     assert COSTS.verify_cost(3) == pytest.approx(0.014)  # a third of the way from 2 to 5
     assert COSTS.verify_cost(8) == pytest.approx(0.024)  # slope 0.002 per token past 5
-    flat_tail = StepCosts(t1=0.01, draft_step=0, verify={1: 0.01, 2: 0.02, 3: 0.015})
-    assert flat_tail.verify_cost(6) == pytest.approx(0.015)  # a falling tail is noise: never cheaper
+    falling = StepCosts(t1=0.02, draft_step=0, verify={1: 0.02, 2: 0.015, 3: 0.01})
+    assert falling.verify_cost(6) == pytest.approx(0.01)  # a falling V is noise: never cheaper
+    # a noisy dip between the last two points does not flatten the tail: all points give the slope
+    noisy_tail = StepCosts(t1=0.01, draft_step=0, verify={1: 0.010, 2: 0.012, 3: 0.014, 4: 0.016, 5: 0.016})
+    assert noisy_tail.verify_cost(9) == pytest.approx(0.016 + 4 * 0.0016)
 
 
 def test_step_costs_validate() -> None:
