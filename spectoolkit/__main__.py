@@ -33,14 +33,26 @@ def _app(cfg: DictConfig) -> None:
 
     _quiet_transformers()
     try:
-        summary = run(config_from_hydra(cfg))
+        config = config_from_hydra(cfg)
+        text = _eval_job(config) if config.eval.kind != "none" else format_summary(run(config))
     except SpecToolkitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted: finished records and summary.json (complete: false) were kept", file=sys.stderr)
         sys.exit(130)
-    print(format_summary(summary))
+    print(text)
+
+
+def _eval_job(config) -> str:
+    """Run the quality job of ``+eval=...``; returns the text to print."""
+    if config.eval.kind == "exactness":
+        from spectoolkit.eval.exactness_job import run_exactness_job
+
+        return run_exactness_job(config)
+    from spectoolkit.eval.lmeval_job import run_lmeval_job
+
+    return run_lmeval_job(config)
 
 
 def _quiet_transformers() -> None:

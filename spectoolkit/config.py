@@ -192,6 +192,49 @@ class BenchConfig:
         object.__setattr__(self, "gammas", tuple(sorted(set(gammas))))
 
 
+EVAL_KINDS = ("none", "exactness", "lmeval")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """A quality job instead of (``exactness``: beside) the timed protocol; ``none`` runs only the bench.
+
+    - ``exactness`` (``+eval=exactness``): the greedy exactness report with near-tie classification,
+      the analytic total variation of the stochastic verifier (``max_tv``) and the empirical
+      distribution test with its negative control; ``temperature`` etc. come from ``sampling``
+      (a greedy run uses ``stochastic_temperature`` for the stochastic parts).
+    - ``lmeval`` (``+eval=lmeval``): lm-eval ``tasks`` for the reference target and for the
+      speculative configuration, scores side by side.
+    """
+
+    kind: str = "none"
+    # exactness
+    stochastic_temperature: float = 1.0  # for the stochastic tests when sampling is greedy
+    analytic_positions: int = 16  # real positions per prompt scored by the analytic TV
+    samples: int = 400  # empirical: continuations per sampler (spec and target alone)
+    length: int = 3  # empirical: tokens per continuation
+    significance: float = 0.01  # empirical: reject equality when the smallest p-value is below this
+    # lmeval
+    tasks: tuple[str, ...] = ()
+    limit: int | None = None  # documents per task (None: all)
+    allow_code_execution: bool = False  # HumanEval runs model-written code: opt in explicitly
+
+    def __post_init__(self) -> None:
+        _one_of("eval.kind", self.kind, EVAL_KINDS)
+        _require(self.stochastic_temperature > 0, "eval.stochastic_temperature must be > 0")
+        _require(self.analytic_positions >= 1, "eval.analytic_positions must be >= 1")
+        _require(self.samples >= 20, "eval.samples must be >= 20 (the distribution test needs counts)")
+        _require(self.length >= 1, "eval.length must be >= 1")
+        _require(0 < self.significance < 1, "eval.significance must be in (0, 1)")
+        _require(self.limit is None or self.limit >= 1, "eval.limit must be >= 1 or null")
+        tasks = self.tasks
+        _require(
+            isinstance(tasks, (list, tuple)) and all(isinstance(task, str) and task for task in tasks),
+            f"eval.tasks={tasks!r} must be a list of lm-eval task names, e.g. [spectoolkit_shortqa]",
+        )
+        object.__setattr__(self, "tasks", tuple(tasks))
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one run needs. ``output_dir`` receives records.jsonl and summary.json."""
@@ -205,6 +248,7 @@ class RunConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     kv: KVConfig = field(default_factory=KVConfig)
     quant_quality: QuantQualityConfig = field(default_factory=QuantQualityConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     device: str = "auto"
     output_dir: str = "."
 
@@ -255,6 +299,7 @@ _SECTIONS = {
     "bench": BenchConfig,
     "kv": KVConfig,
     "quant_quality": QuantQualityConfig,
+    "eval": EvalConfig,
 }
 
 
