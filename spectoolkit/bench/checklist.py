@@ -179,6 +179,10 @@ def check_exactness(summary: Summary, records: Records) -> CheckItem:
     values = {arm: num(exact.get(arm)) for arm in arms}
     evidence = ", ".join(f"{arm} {fmt(value, '.1%')}" for arm, value in values.items())
     ok = all(value == 1.0 for value in values.values())
+    section = as_dict(summary.get("exactness"))
+    if section.get("verdict"):
+        return CheckItem(name, PASS if section.get("passed") else FAIL, f"greedy exact match: {evidence}; "
+                         + exactness_text(section))  # fmt: skip
     for arm in [arm for arm, value in values.items() if value is not None and value < 1.0]:
         reference = dig(arms_of(summary).get(arm), "reference_arm") or BASELINE
         if found := first_divergence(records, arm, reference):
@@ -188,6 +192,20 @@ def check_exactness(summary: Summary, records: Records) -> CheckItem:
                 " (a logit near-tie there, or a bug: check the reference's top-2 margin)"
             )
     return CheckItem(name, PASS if ok else FAIL, f"greedy exact match: {evidence}")
+
+
+def exactness_text(section: dict[str, Any]) -> str:
+    """One line for the exactness section: verdict, counts and the first divergences with margins."""
+    text = (f"verdict {section.get('verdict')}: {section.get('identical')} of {section.get('pairs')} pairs identical, "
+            f"{section.get('near_ties')} near-tie, {section.get('unexplained')} unexplained divergence(s)")  # fmt: skip
+    shown = [d for d in as_list(section.get("divergences")) if isinstance(d, dict)][:3]
+    details = [
+        f"{d.get('arm')} {d.get('case_id')} repeat {d.get('repeat_idx')} token {d.get('position')}: "
+        f"{d.get('reference_token')} vs {d.get('spec_token')}, margin {fmt(d.get('margin'), '.3g')} "
+        f"(near-tie ≤ {fmt(d.get('threshold'), '.3g')}) → {d.get('classification')}"
+        for d in shown
+    ]
+    return text + (" — " + "; ".join(details) if details else "")
 
 
 def first_divergence(records: Records, arm: str, reference: str) -> tuple[Any, Any, int] | None:

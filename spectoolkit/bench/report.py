@@ -16,6 +16,7 @@ from typing import Any
 from spectoolkit.bench import plots as plotting
 from spectoolkit.bench.checklist import FAIL, evaluate_checklist
 from spectoolkit.bench.interpret import interpret
+from spectoolkit.bench.report_quality import exactness_section, quality_section
 from spectoolkit.bench.summary_access import (
     BASELINE,
     Records,
@@ -30,6 +31,7 @@ from spectoolkit.bench.summary_access import (
     hashable,
     load_records,
     load_summary,
+    md_table,
     num,
     primary_arm,
     sampling_mode,
@@ -44,16 +46,6 @@ COST_HEADERS = (
 
 
 # ---- small formatting helpers --------------------------------------------------------------------
-
-
-def _cell(value: Any) -> str:
-    text = "n/a" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows] + [""]
 
 
 def _split(headers: str) -> list[str]:
@@ -200,7 +192,7 @@ def _conditions_section(summary: Summary, records: Records, plots: dict[str, Pat
         rows.append([key, value])
     rows.append(["compat warnings", "; ".join(map(str, as_list(cond.get("compat_warnings")))) or "none"])
     rows.append(["arms measured", ", ".join(map(str, arms_of(summary))) or None])
-    return ["## Conditions", "", *_table(["condition", "value"], rows)]
+    return ["## Conditions", "", *md_table(["condition", "value"], rows)]
 
 
 def _exact_cell(summary: Summary, records: Records, arm: str) -> str:
@@ -220,7 +212,7 @@ def _acceptance_table(summary: Summary) -> list[str]:
     if not rows:
         return []
     headers = ["arm", "γ", "mean accept length", "Pr(K ≥ 1), …, Pr(K ≥ γ)"]
-    return ["Acceptance per drafting arm (measured over all rounds):", "", *_table(headers, rows)]
+    return ["Acceptance per drafting arm (measured over all rounds):", "", *md_table(headers, rows)]
 
 
 def _results_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:
@@ -232,7 +224,7 @@ def _results_section(summary: Summary, records: Records, plots: dict[str, Path])
         for arm, stats in arms.items()
     ]  # fmt: skip
     note = "Request-level quantiles over all successful records; speedup = arm / baseline net throughput, same run."
-    lines = ["## Results", "", note, "", *_table(headers, rows)]
+    lines = ["## Results", "", note, "", *md_table(headers, rows)]
     configured = [hashable(dig(a, "name")) for a in as_list(dig(summary, "conditions", "arms"))]
     missing = [str(name) for name in configured if name is not None and name not in arms]
     if missing:
@@ -257,7 +249,7 @@ def _task_section(summary: Summary, records: Records, plots: dict[str, Path]) ->
     share = as_dict(summary.get("task_share"))
     rows = [row for task, group in tasks.items() for row in _group_rows(task, group, [fmt(share.get(task), ".1%")])]
     headers = ["task type", "share of requests", "arm", *(h for h, _, _ in GROUP_COLUMNS), "speedup"]
-    body = _table(headers, rows) if rows else ["n/a: no per-task-type statistics.", ""]
+    body = md_table(headers, rows) if rows else ["n/a: no per-task-type statistics.", ""]
     return ["## By task type", "", *body, *_image(plots, "alpha_by_task", "alpha by task type")]
 
 
@@ -267,7 +259,7 @@ def _length_section(summary: Summary, records: Records, plots: dict[str, Path]) 
         groups = as_dict(summary.get(key))
         rows = [row for bucket, group in groups.items() for row in _group_rows(bucket, group, [])]
         headers = [f"{title} tokens", "arm", *(h for h, _, _ in GROUP_COLUMNS), "speedup"]
-        lines += _table(headers, rows) if rows else [f"n/a: no {title}-length buckets.", ""]
+        lines += md_table(headers, rows) if rows else [f"n/a: no {title}-length buckets.", ""]
     return lines
 
 
@@ -283,7 +275,7 @@ def _time_section(summary: Summary, records: Records, plots: dict[str, Path]) ->
         summed = sum(num(v) or 0 for v in parts) if isinstance(split, dict) else None
         rows.append([arm, *(_share(v, total) for v in parts), fmt(summed), fmt(total)])
     headers = ["arm", "prefill s", "draft s (incl. rollback)", "verify s", "overhead s", "sum of parts s", "total s"]
-    body = _table(headers, rows) if rows else ["n/a: no timed requests.", ""]
+    body = md_table(headers, rows) if rows else ["n/a: no timed requests.", ""]
     return ["## Time split", "", *body, *_image(plots, "time_split", "time split")]
 
 
@@ -315,13 +307,13 @@ def _cost_section(summary: Summary, records: Records, plots: dict[str, Path]) ->
     lines = ["## Cost model", "", note, ""]
     headers = _split(COST_HEADERS)
     rows = [_cost_row(summary, arm, model) for arm, model in models.items()]
-    lines += _table(headers, rows) if rows else ["n/a: no cost model in summary.json (no drafting arm).", ""]
+    lines += md_table(headers, rows) if rows else ["n/a: no cost model in summary.json (no drafting arm).", ""]
     curve = plotting.predicted_curve(summary)
     if curve:
         lines += [f"Predicted speedup per γ ({primary_arm(summary)}):", ""]
         best = dig(summary, "cost_model", primary_arm(summary) or "", "recommended_gamma")
         rows = [[g, _speed(s) + (" (recommended)" if g == best else "")] for g, s in curve]
-        lines += _table(["γ", "predicted speedup"], rows)
+        lines += md_table(["γ", "predicted speedup"], rows)
     return lines + _image(plots, "speedup_vs_gamma", "speedup vs gamma")
 
 
@@ -340,32 +332,21 @@ def _memory_section(summary: Summary, records: Records, plots: dict[str, Path]) 
              "target_kv_bytes": "target KV cache", "draft_kv_bytes": "draft KV cache"}  # fmt: skip
     rows = [[label, _mib(dig(memory, key))] for key, label in parts.items()]
     rows.append(["memory delta (primary arm − baseline)", _mib(dig(memory, "memory_delta_bytes"), "+")])
-    lines = ["## Memory", "", *_table(["part", "size"], rows)]
+    lines = ["## Memory", "", *md_table(["part", "size"], rows)]
     per_arm = dig(memory, "arms")
     if isinstance(per_arm, dict) and per_arm:
         rows = [[arm, _mib(dig(m, "total_bytes")), _mib(dig(m, "delta_bytes"), "+")] for arm, m in per_arm.items()]
-        lines += _table(["arm", "weights + KV", "delta vs baseline"], rows)
+        lines += md_table(["arm", "weights + KV", "delta vs baseline"], rows)
     peaks = _gpu_peaks(records)
     if peaks:
         rows = [
             [arm, _mib(peak), _mib(peak - peaks[BASELINE] if BASELINE in peaks else None, "+")]
             for arm, peak in peaks.items()
         ]
-        lines += _table(["arm", "gpu_mem_peak", "delta vs baseline"], rows)
+        lines += md_table(["arm", "gpu_mem_peak", "delta vs baseline"], rows)
     else:
         lines += ["gpu_mem_peak: not recorded (no accelerator).", ""]
     return lines
-
-
-def _quality_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:
-    quality = summary.get("quant_quality")
-    if not isinstance(quality, dict):
-        return []
-    quantized, reference = quality.get("quantized", "quantized"), quality.get("reference", "the reference")
-    note = f"Loss of the {quantized} target against {reference}: what quantization costs (speculation adds none)."
-    lines = ["## Quantization quality", "", note, ""]
-    keys = ("kl_mean", "top1_agreement", "ppl_ref", "ppl_quant", "ppl_delta", "positions", "texts")
-    return lines + _table(["metric", "value"], [[key, fmt(quality.get(key), ".4g")] for key in keys])
 
 
 def _interpretation_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:
@@ -377,7 +358,7 @@ def _interpretation_section(summary: Summary, records: Records, plots: dict[str,
 
 def _checklist_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:
     rows = [[item.name, f"**{item.status}**", item.evidence] for item in evaluate_checklist(summary, records)]
-    return ["## Pre-launch checklist", "", *_table(["item", "status", "evidence"], rows)]
+    return ["## Pre-launch checklist", "", *md_table(["item", "status", "evidence"], rows)]
 
 
 def _stability_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:
@@ -385,7 +366,7 @@ def _stability_section(summary: Summary, records: Records, plots: dict[str, Path
 
 
 SECTIONS = (_conditions_section, _results_section, _task_section, _length_section, _time_section, _cost_section,
-            _memory_section, _quality_section, _interpretation_section, _checklist_section,
+            _memory_section, exactness_section, quality_section, _interpretation_section, _checklist_section,
             _stability_section)  # fmt: skip
 
 

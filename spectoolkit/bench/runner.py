@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from spectoolkit.bench.calibrate import calibration_context, calibration_widths, measure_verify_costs
 from spectoolkit.bench.conditions import host_rss_bytes, run_conditions
+from spectoolkit.bench.exactness import greedy_exactness
 from spectoolkit.bench.quality import quant_quality
 from spectoolkit.bench.setup import Arm, RunSetup, build
 from spectoolkit.bench.workloads import Request, encode_prompt, load_workload
@@ -53,11 +54,20 @@ def run(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
             _warm_up(setup, cfg, prompts)
             extra["verify_costs"] = _calibrate(setup, cfg, prompts)
             _measure(setup, cfg, requests, prompts, writer, progress)
+        extra["exactness"] = _exactness(cfg, setup, requests, prompts, out_dir)
         extra["quant_quality"] = _quality(cfg, setup)
         complete = True
     finally:  # Ctrl-C included: keep what was finished and say the run is incomplete
         summary = _write_summary(cfg, setup, out_dir, complete, extra)
     return summary
+
+
+def _exactness(cfg: RunConfig, setup: RunSetup, requests, prompts, out_dir: Path) -> dict[str, Any] | None:
+    """Greedy runs: the classified divergences of every drafting arm (sampling: the quality eval's job)."""
+    if not cfg.sampling.greedy or not any(arm.gamma for arm in setup.arms):
+        return None
+    by_case = {r.case_id: ids for r, ids in zip(requests, prompts, strict=True) if isinstance(ids, list)}
+    return greedy_exactness(read_records(out_dir / RECORDS_FILE), setup, by_case, cfg.kv.target)
 
 
 def _quality(cfg: RunConfig, setup: RunSetup) -> dict[str, Any] | None:

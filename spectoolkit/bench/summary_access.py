@@ -148,3 +148,10 @@ def primary_alpha(summary: Summary) -> tuple[str | None, float | None]:
     """The primary arm and its acceptance rate α (None when not measured)."""
     arm = primary_arm(summary)
     return arm, num(dig(arms_of(summary).get(arm or ""), "acceptance_rate"))
+
+
+def md_table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table (None cells as "n/a", pipes escaped) followed by a blank line."""
+    cell = lambda value: ("n/a" if value is None else str(value)).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows] + [""]

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from spectoolkit.bench import plots as plotting
-from spectoolkit.bench.report import REPORT_NAME, _first, _speed, _split, _table, write_report
+from spectoolkit.bench.report import REPORT_NAME, _first, _speed, _split, write_report
 from spectoolkit.bench.summary_access import (
     BASELINE,
     Summary,
@@ -22,6 +22,7 @@ from spectoolkit.bench.summary_access import (
     dig,
     fmt,
     load_summary,
+    md_table,
     num,
     primary_arm,
 )
@@ -99,7 +100,7 @@ def write_sweep_report(sweep_dir: Path) -> Path:
     headers = _split(SWEEP_HEADERS)
     plot = plotting.plot_sweep_speedup_vs_gamma(points, sweep_dir / "plots" / "sweep_speedup_vs_gamma.png")
     intro = f"{len(runs)} runs; each row: the run's primary arm vs its same-run baseline (conditions: its report)."
-    lines = [f"# Sweep report: {sweep_dir.name}", "", intro, "", *_table(headers, rows)]
+    lines = [f"# Sweep report: {sweep_dir.name}", "", intro, "", *md_table(headers, rows)]
     if plot:
         lines += [f"![speedup vs gamma across runs](plots/{plot.name})", ""]
     path = sweep_dir / SWEEP_REPORT_NAME

@@ -53,6 +53,8 @@ def test_four_groups_arms_and_references(four_groups) -> None:
     assert refs == {"baseline": None, "quant": None, "spec": "baseline", "quant+spec": "quant"}
     # Exactness is against the target at its own precision: each drafting arm vs its reference arm.
     assert summary["exact_match"] == {"spec": 1.0, "quant+spec": 1.0}
+    assert summary["exactness"]["verdict"] == "exact" and set(summary["exactness"]["arms"]) == {"spec", "quant+spec"}
+    assert summary["exactness"]["arms"]["quant+spec"]["threshold"] == 0.1  # int8 target: activation rounding
     assert summary["conditions"]["memory"]["arms"]["quant"]["delta_bytes"] < 0  # int8 weights are smaller
     assert set(summary["cost_model"]) == {"spec", "quant+spec"}
 

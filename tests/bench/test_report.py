@@ -295,6 +295,24 @@ def test_greedy_divergence_fails_exactness_and_names_the_first_divergence():
     assert cl.first_divergence(records, "spec", "baseline") is None
 
 
+def test_near_tie_divergence_passes_exactness_and_is_shown(tmp_path):
+    summary, records = make_run("four_groups")
+    summary["exact_match"]["quant+spec"] = 0.875
+    tie = {"arm": "quant+spec", "case_id": "case/2", "repeat_idx": 0, "position": 25, "reference_token": 29,
+           "spec_token": 731, "margin": 0.0304, "threshold": 0.1, "classification": "near_tie"}  # fmt: skip
+    summary["exactness"] = {"verdict": "exact up to near-ties", "passed": True, "pairs": 24, "identical": 23,
+                            "near_ties": 1, "unexplained": 0, "divergences": [tie],
+                            "arms": {"quant+spec": {"verdict": "exact up to near-ties", "pairs": 12, "identical": 11,
+                                                    "near_ties": 1, "unexplained": 0, "threshold": 0.1}}}  # fmt: skip
+    item = next(i for i in cl.evaluate_checklist(summary, records) if i.name == "exactness")
+    assert item.status == "PASS" and "1 near-tie, 0 unexplained" in item.evidence and "margin 0.0304" in item.evidence
+    text = write_report(write_run(tmp_path / "run", summary, records)).read_text(encoding="utf-8")
+    assert "**Verdict: exact up to near-ties**" in text
+    assert "| quant+spec | case/2 | 0 | 25 | 29 | 731 | 0.0304 | near_tie |" in text
+    summary["exactness"].update(verdict="unexplained divergence", passed=False, unexplained=1)
+    assert next(i for i in cl.evaluate_checklist(summary, records) if i.name == "exactness").status == "FAIL"
+
+
 def test_run_without_successful_records_does_not_crash(tmp_path):
     summary, records = make_run()
     for record in records:

@@ -14,6 +14,7 @@ from spectoolkit.bench.setup import eos_ids_of
 from spectoolkit.bench.workloads import Request, encode_prompt
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.eval.exactness import divergence, near_tie_threshold
 from spectoolkit.models import load_model, load_tokenizer
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.sampling import GreedyChooser
@@ -42,16 +43,6 @@ def setup():
     return target, runner, eos, prompts, references, drafts
 
 
-def _margin_report(runner: CachedModel, prompt: list[int], ref: list[int], got: list[int]) -> str:
-    """Position of the first divergence and the reference's top-2 logit margin there."""
-    pos = next(i for i, (a, b) in enumerate(zip(ref, got, strict=False)) if a != b)
-    runner.reset()
-    logits = runner.forward(prompt + ref[:pos], last_only=True).float()
-    top2 = torch.topk(logits, 2).values
-    margin = float(top2[0] - top2[1])
-    return f"diverged at output position {pos}: ref {ref[pos]} vs spec {got[pos]}, top-2 margin {margin:.2e}"
-
-
 @pytest.mark.parametrize("drafter_kind", ["bf16", "fp16", "ngram"])
 def test_greedy_spec_equals_baseline_for_all_gammas(setup, drafter_kind):
     target, runner, eos, prompts, references, drafts = setup
@@ -65,7 +56,7 @@ def test_greedy_spec_equals_baseline_for_all_gammas(setup, drafter_kind):
         for prompt, reference in zip(prompts, references, strict=True):
             out = engine.generate(prompt, MAX_NEW, None)
             if out.output_ids != reference:
-                report = _margin_report(runner, prompt, reference, out.output_ids)
-                pytest.fail(f"{drafter_kind} gamma={gamma}: {report}")
+                found = divergence(runner, prompt, reference, out.output_ids, near_tie_threshold("fp32"))
+                pytest.fail(f"{drafter_kind} gamma={gamma}: {found}")
             accepted += out.accepted_tokens
     assert accepted > 0  # the drafter really proposed tokens the target accepted

@@ -19,6 +19,7 @@ from spectoolkit.bench.setup import eos_ids_of
 from spectoolkit.bench.workloads import Request, encode_prompt
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.eval.exactness import NEAR_TIE, divergence, near_tie_threshold
 from spectoolkit.models import load_model, load_tokenizer
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.sampling import GreedyChooser
@@ -47,14 +48,6 @@ TARGETS = ("fp32", "bf16", "int8", "nf4", "int4", "rtn-int4")
 DRAFTS = ("int4", "rtn-int4", "int8", "bf16", "ngram")
 KVS = ("bf16", "fp8", "int8", "int4")
 FULL = [c for c in itertools.product(TARGETS, DRAFTS, KVS) if c not in REPRESENTATIVE]
-# Largest top-2 logit margin a 1-token vs k-token rounding difference can flip, per target / KV.
-TARGET_TIE = {"fp32": 1e-3, "bf16": 0.5}  # bf16 logits of ~20 have an ulp of 0.125
-QUANT_TARGET_TIE = 0.1  # activations rounded to bf16/int8 inside the quantized matmuls
-KV_TIE = {"auto": 0.0, "fp32": 0.0, "bf16": 0.05, "fp16": 0.01, "int8": 0.25, "fp8": 0.5, "int4": 0.5}
-
-
-def near_tie_threshold(target: str, kv: str) -> float:
-    return max(TARGET_TIE.get(target, QUANT_TARGET_TIE), KV_TIE[kv])
 
 
 @cache
@@ -87,20 +80,10 @@ def _check(target_precision: str, draft: str, kv: str) -> None:
     for prompt in _prompts():
         reference = baseline.generate(list(prompt), MAX_NEW, None).output_ids
         out = spec.generate(list(prompt), MAX_NEW, None)
-        if out.output_ids != reference:
-            pos, margin = _divergence(runner, list(prompt), reference, out.output_ids)
-            threshold = near_tie_threshold(target_precision, kv)
-            assert margin <= threshold, f"diverged at {pos}: top-2 margin {margin:.3e} > near-tie {threshold}"
-            print(f"near-tie divergence at {pos}: margin {margin:.3e} <= {threshold}")  # reported, explained
-
-
-def _divergence(runner: CachedModel, prompt: list[int], ref: list[int], got: list[int]) -> tuple[int, float]:
-    """First differing position and the reference's top-2 logit margin there (target alone)."""
-    pos = next((i for i, (a, b) in enumerate(zip(ref, got, strict=False)) if a != b), min(len(ref), len(got)))
-    runner.reset()
-    logits = runner.forward(prompt + ref[:pos], last_only=True).float()
-    top2 = torch.topk(logits, 2).values
-    return pos, float(top2[0] - top2[1])
+        found = divergence(runner, list(prompt), reference, out.output_ids, near_tie_threshold(target_precision, kv))
+        if found:
+            assert found.classification == NEAR_TIE, f"unexplained divergence: {found}"
+            print(f"near-tie divergence: {found}")  # reported, explained
 
 
 @pytest.mark.parametrize(("target", "draft", "kv"), REPRESENTATIVE)

@@ -1,0 +1,44 @@
+"""The ``exactness`` section of a greedy run: every drafting arm's records against its reference arm's.
+
+Each (case, repeat) output of a drafting arm is compared with the target-alone arm that has the same
+target (``Arm.reference``); a divergence is classified by the reference target's top-2 margin there
+(:mod:`spectoolkit.eval.exactness`). At most ``MAX_MARGINS`` margins are computed (one target
+forward each); further divergences count as unexplained until examined.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spectoolkit.eval.exactness import UNEXPLAINED, Divergence, divergence, near_tie_threshold, verdict
+
+MAX_MARGINS = 64
+
+
+def greedy_exactness(records: list[dict[str, Any]], setup, prompts: dict[str, list[int]], kv: str) -> dict[str, Any]:
+    """Verdict over all drafting arms, plus per-arm counts; ``prompts`` maps case_id -> prompt ids."""
+    outputs = {(r["arm"], r["case_id"], r["repeat_idx"]): r.get("output_ids") for r in records if not r.get("error")}
+    per_arm: dict[str, Any] = {}
+    found: list[Divergence] = []
+    pairs = 0
+    for arm in (arm for arm in setup.arms if arm.gamma and arm.reference):
+        runner = setup.arm(arm.reference).engine.target
+        threshold = near_tie_threshold(arm.target_precision, kv)
+        arm_found: list[Divergence] = []
+        keys = [key for key in outputs if key[0] == arm.name and (arm.reference, *key[1:]) in outputs]
+        for _, case_id, repeat_idx in keys:
+            reference, output = outputs[(arm.reference, case_id, repeat_idx)], outputs[(arm.name, case_id, repeat_idx)]
+            if reference == output:
+                continue
+            if len(found) + len(arm_found) < MAX_MARGINS:
+                item = divergence(runner, prompts[case_id], reference, output, threshold, arm=arm.name,
+                                  case_id=case_id, repeat_idx=repeat_idx)  # fmt: skip
+            else:
+                item = Divergence(arm.name, case_id, repeat_idx, -1, None, None, None, threshold, UNEXPLAINED)
+            arm_found.append(item)
+        section = verdict(len(keys), arm_found)
+        per_arm[arm.name] = {key: section[key] for key in ("verdict", "pairs", "identical", "near_ties", "unexplained")}
+        per_arm[arm.name]["threshold"] = threshold
+        found += arm_found
+        pairs += len(keys)
+    return {**verdict(pairs, found), "arms": per_arm}
