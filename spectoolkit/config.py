@@ -211,8 +211,8 @@ class EvalConfig:
     # exactness
     stochastic_temperature: float = 1.0  # for the stochastic tests when sampling is greedy
     analytic_positions: int = 16  # real positions per prompt scored by the analytic TV
-    samples: int = 400  # empirical: continuations per sampler (spec and target alone)
-    length: int = 3  # empirical: tokens per continuation
+    samples: int = 200  # empirical: continuations per sampler (target alone, spec, negative control)
+    length: int = 3  # empirical: tokens per continuation (>= 3: the first comes from the prefill)
     significance: float = 0.01  # empirical: reject equality when the smallest p-value is below this
     # lmeval
     tasks: tuple[str, ...] = ()
@@ -224,7 +224,7 @@ class EvalConfig:
         _require(self.stochastic_temperature > 0, "eval.stochastic_temperature must be > 0")
         _require(self.analytic_positions >= 1, "eval.analytic_positions must be >= 1")
         _require(self.samples >= 20, "eval.samples must be >= 20 (the distribution test needs counts)")
-        _require(self.length >= 1, "eval.length must be >= 1")
+        _require(self.length >= 3, "eval.length must be >= 3 (shorter continuations leave nothing to draft)")
         _require(0 < self.significance < 1, "eval.significance must be in (0, 1)")
         _require(self.limit is None or self.limit >= 1, "eval.limit must be >= 1 or null")
         tasks = self.tasks

@@ -1,0 +1,193 @@
+"""Empirical exactness of stochastic speculative decoding: same tokens, same distribution (DESIGN §1).
+
+One prompt is continued ``samples`` times by the target alone (:class:`BaselineEngine`) and by the
+real speculative sampler (:class:`SpeculativeEngine`), each run with its own seed. At every output
+position the two samples of tokens are compared with a two-sample Pearson chi-square test of
+homogeneity; tokens too rare for the chi-square approximation (expected count < 5 in an arm) are
+pooled into one "other" category. With ``length`` positions each p-value is compared with
+``significance / length`` (Bonferroni), so the whole test rejects a correct sampler with probability
+<= ``significance``. Position 0 comes from the prefill in both arms; the later ones are what
+speculation produces.
+
+A negative control shows the test has power at the chosen sample size: the same comparison with a
+drafter that proposes one token but reports another distribution (:func:`negative_control`: a model
+drafter proposing the argmax while reporting the softmax; an n-gram drafter reporting a uniform q
+for its deterministic proposal). It must be rejected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+from scipy import stats
+
+from spectoolkit.config import SamplingConfig
+from spectoolkit.drafting import ModelDrafter, NgramDrafter, Proposal
+from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.models.cached import CachedModel
+from spectoolkit.sampling import processed_probs
+from spectoolkit.verify import make_verifier
+
+MIN_EXPECTED = 5.0  # the usual validity condition of the chi-square approximation
+ENDED = -1  # the output stopped (EOS) before this position
+_ARM_SEED_STRIDE = 1_000_003  # arms draw from disjoint seed ranges: independent samples
+
+
+@dataclasses.dataclass(frozen=True)
+class ChiSquare:
+    """A two-sample test at one position."""
+
+    statistic: float
+    dof: int
+    p_value: float
+    categories: int  # after pooling rare tokens
+
+
+def pooled_table(first: Counter, second: Counter, min_expected: float = MIN_EXPECTED) -> list[list[int]]:
+    """[categories, 2] counts: outcomes whose expected count is < ``min_expected`` in either arm pooled.
+
+    The pooled "other" row is kept when it is itself large enough, else folded into the smallest row.
+    """
+    totals = first + second
+    size_first, size_second = sum(first.values()), sum(second.values())
+    smaller_share = min(size_first, size_second) / max(size_first + size_second, 1)
+    common = sorted((key for key in totals if totals[key] * smaller_share >= min_expected), key=repr)
+    rare = [key for key in totals if totals[key] * smaller_share < min_expected]
+    rows = [[first[key], second[key]] for key in common]
+    if rare:
+        other = [sum(first[key] for key in rare), sum(second[key] for key in rare)]
+        if sum(other) * smaller_share >= min_expected or not rows:
+            rows.append(other)
+        else:
+            smallest = min(range(len(rows)), key=lambda index: sum(rows[index]))
+            rows[smallest] = [rows[smallest][0] + other[0], rows[smallest][1] + other[1]]
+    return rows
+
+
+def chi_square_homogeneity(rows: list[list[int]]) -> ChiSquare:
+    """Pearson chi-square of a [categories, 2] table (no continuity correction); 1 category: p = 1."""
+    if len(rows) < 2:
+        return ChiSquare(0.0, 0, 1.0, len(rows))
+    column_totals = [sum(row[arm] for row in rows) for arm in range(2)]
+    total = sum(column_totals)
+    statistic = 0.0
+    for row in rows:
+        row_total = sum(row)
+        for arm in range(2):
+            expected = row_total * column_totals[arm] / total
+            statistic += (row[arm] - expected) ** 2 / expected
+    dof = len(rows) - 1
+    return ChiSquare(statistic, dof, float(stats.chi2.sf(statistic, dof)), len(rows))
+
+
+def two_sample_test(first: Counter, second: Counter) -> ChiSquare:
+    """Chi-square homogeneity test of two samples of outcomes, rare outcomes pooled."""
+    return chi_square_homogeneity(pooled_table(first, second))
+
+
+class ArgmaxReportingSoftmax:
+    """BUG on purpose (negative control): proposes the argmax but reports the softmax it did not sample."""
+
+    def __init__(self, sampling: SamplingConfig) -> None:
+        self.sampling = sampling
+
+    def choose(self, logits: torch.Tensor, generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
+        """logits [V] -> (argmax token, processed probs [V])."""
+        return int(torch.argmax(logits.float())), processed_probs(logits, self.sampling)
+
+
+class UniformReportingNgram(NgramDrafter):
+    """BUG on purpose (negative control): a deterministic n-gram proposal reported with a uniform q."""
+
+    def propose(self, tokens: list[int], budget: int, generator: torch.Generator | None) -> Proposal:
+        proposal = super().propose(tokens, budget, generator)
+        uniform = torch.full((len(proposal), self.target_vocab_size), 1.0 / self.target_vocab_size)  # [k, V]
+        return Proposal(proposal.draft_ids, uniform)
+
+
+def negative_control(drafter: ModelDrafter | NgramDrafter, sampling: SamplingConfig) -> ModelDrafter | NgramDrafter:
+    """A drafter like ``drafter`` (same model / lookup) that lies about its proposal distribution."""
+    if isinstance(drafter, ModelDrafter):
+        runner = drafter.runner
+        return ModelDrafter(
+            runner.model,
+            ArgmaxReportingSoftmax(sampling),
+            drafter.target_vocab_size,
+            drafter.shared_vocab_size,
+            drafter.eos_ids,
+            name=f"{drafter.name}-argmax-control",
+            kv_precision=runner.kv_precision,
+        )
+    if isinstance(drafter, NgramDrafter):
+        return UniformReportingNgram(drafter.max_n, drafter.min_n, drafter.target_vocab_size, one_hot_probs=True)
+    raise TypeError(f"no negative control for drafter {type(drafter).__name__}")
+
+
+def _position_counts(engine, prompt_ids: list[int], samples: int, length: int, seed: int) -> tuple[list, float | None]:
+    """Per output position, token counts over ``samples`` seeded generations (ENDED after EOS); acceptance rate."""
+    counts = [Counter() for _ in range(length)]
+    drafted = accepted = 0
+    for index in range(samples):
+        out = engine.generate(prompt_ids, length, torch.Generator().manual_seed(seed + index))
+        padded = out.output_ids + [ENDED] * (length - len(out.output_ids))
+        for position, token in enumerate(padded[:length]):
+            counts[position][token] += 1
+        drafted += out.drafted_tokens
+        accepted += out.accepted_tokens
+    return counts, accepted / drafted if drafted else None
+
+
+def _compare(baseline: list[Counter], other: list[Counter], threshold: float) -> dict:
+    tests = [two_sample_test(first, second) for first, second in zip(baseline, other, strict=True)]
+    min_p = min(test.p_value for test in tests)
+    positions = [{"position": index, **dataclasses.asdict(test)} for index, test in enumerate(tests)]
+    return {"positions": positions, "min_p_value": min_p, "rejected": min_p < threshold}
+
+
+def empirical_exactness(
+    target_runner: CachedModel,
+    make_drafter: Callable[[bool], object],
+    sampling: SamplingConfig,
+    gamma: int,
+    eos_ids: frozenset[int],
+    prompt_ids: list[int],
+    samples: int = 400,
+    length: int = 3,
+    seed: int = 0,
+    significance: float = 1e-3,
+) -> dict:
+    """Chi-square tests of baseline vs speculative tokens at each of ``length`` output positions.
+
+    ``make_drafter(False)`` is the drafter under test, ``make_drafter(True)`` the negative control
+    (e.g. ``lambda control: negative_control(real, sampling) if control else real``). Each arm runs
+    ``samples`` generations of ``length`` tokens; ``passed`` means no position is rejected at
+    ``significance`` (Bonferroni over positions); ``power_shown`` that the control is rejected.
+    """
+    if sampling.greedy:
+        raise ValueError("empirical exactness compares distributions: it needs sampling.temperature > 0")
+    verifier = make_verifier(sampling)
+    threshold = significance / length
+    baseline, _ = _position_counts(BaselineEngine(target_runner, verifier, eos_ids), prompt_ids, samples, length, seed)
+    arms = {}
+    for arm, control in (("spec", False), ("control", True)):
+        engine = SpeculativeEngine(target_runner, make_drafter(control), verifier, gamma, eos_ids)
+        arm_seed = seed + _ARM_SEED_STRIDE * (2 if control else 1)
+        counts, acceptance_rate = _position_counts(engine, prompt_ids, samples, length, arm_seed)
+        arms[arm] = {**_compare(baseline, counts, threshold), "acceptance_rate": acceptance_rate}
+    spec, control = arms["spec"], arms["control"]
+    return {
+        "positions": spec["positions"],
+        "min_p_value": spec["min_p_value"],
+        "rejected": spec["rejected"],
+        "passed": not spec["rejected"],
+        "acceptance_rate": spec["acceptance_rate"],
+        "threshold": threshold,
+        "significance": significance,
+        "samples": samples,
+        "length": length,
+        "control": control,
+        "power_shown": control["rejected"],
+    }
