@@ -1,0 +1,89 @@
+"""``model_args`` of the lm-eval model ``spectoolkit`` → a validated :class:`RunConfig`, and back.
+
+The keys (``lm_eval --model spectoolkit --model_args target=int4,draft=bf16,gamma=4``):
+
+=================  ==========================================================  ============
+key                meaning                                                     default
+=================  ==========================================================  ============
+target             target weight precision (fp32, bf16, fp16, int8, nf4, ...)  fp32
+draft              a draft precision (a draft model), ``ngram`` or ``none``    none
+gamma              draft length γ                                              4
+target_path        target checkpoint: local directory or hub id                embedded
+draft_path         draft checkpoint (a draft precision without it: self-draft) target's
+kv                 KV-cache precision of target and draft                      auto
+device             auto, cpu or cuda                                           auto
+temperature        0 is greedy; top_p / top_k / seed apply when sampling       0
+max_new_tokens     cap on the tokens generated per request                     the task's
+=================  ==========================================================  ============
+
+Building a :class:`RunConfig` and handing it to :func:`spectoolkit.bench.setup.build` keeps
+precisions, quantization and KV identical to the bench (DESIGN §4: one way to load a run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spectoolkit.config import DRAFT_KINDS, MODEL_PRECISIONS, RunConfig, run_config_from_dict
+from spectoolkit.errors import SpecToolkitError
+
+MODEL_ARG_KEYS = (
+    "target", "draft", "gamma", "target_path", "draft_path", "kv", "device",
+    "temperature", "top_p", "top_k", "seed", "max_new_tokens",
+)  # fmt: skip
+# Passed by lm-eval itself (create_from_arg_string's additional_config); batch size 1 is all we run.
+HARNESS_KEYS = ("batch_size", "max_batch_size")
+
+
+def run_config_from_model_args(model_args: dict[str, Any]) -> tuple[RunConfig, int | None]:
+    """``model_args`` (values as lm-eval parses them) → (RunConfig, max_new_tokens cap or None)."""
+    args = {key: value for key, value in model_args.items() if key not in HARNESS_KEYS}
+    unknown = sorted(set(args) - set(MODEL_ARG_KEYS))
+    if unknown:
+        raise SpecToolkitError(f"unknown spectoolkit model_args: {', '.join(unknown)}; use {', '.join(MODEL_ARG_KEYS)}")
+    draft = "none" if args.get("draft") is None else str(args["draft"])
+    if draft not in MODEL_PRECISIONS and draft not in DRAFT_KINDS:
+        choices = ", ".join((*MODEL_PRECISIONS, "ngram", "none"))
+        raise SpecToolkitError(f"model_args draft={draft!r} is not supported; use one of {choices}")
+    kv = str(args.get("kv") or "auto")
+    values: dict[str, Any] = {
+        "target": {"precision": str(args.get("target") or "fp32")},
+        "draft": {"kind": "model", "precision": draft} if draft in MODEL_PRECISIONS else {"kind": draft},
+        "model": {"target_path": _path(args.get("target_path")), "draft_path": _path(args.get("draft_path"))},
+        "speculate": {"gamma": args.get("gamma", 4)},
+        "kv": {"target": kv, "draft": kv},
+        "sampling": {
+            "temperature": float(args.get("temperature") or 0.0),
+            "top_p": float(args.get("top_p", 1.0)),
+            "top_k": int(args.get("top_k") or 0),
+            "seed": int(args.get("seed") or 0),
+        },
+        "device": _device(args.get("device")),
+    }
+    max_new_tokens = args.get("max_new_tokens")
+    if max_new_tokens is not None and (
+        not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1
+    ):
+        raise SpecToolkitError(f"model_args max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+    return run_config_from_dict(values), max_new_tokens
+
+
+def model_args_of(config: RunConfig, max_new_tokens: int | None = None) -> dict[str, Any]:
+    """``config``'s target, drafter, KV and sampling as model_args keys (``kv`` per model), for records."""
+    draft = config.draft.precision if config.draft.kind == "model" else config.draft.kind
+    args = {"target": config.target.precision, "draft": draft, "gamma": config.speculate.gamma}
+    args.update(target_path=config.model.target_path, draft_path=config.model.draft_path)
+    args["kv"] = {"target": config.kv.target, "draft": config.kv.draft}
+    sampling = config.sampling
+    args.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed)
+    return {**args, "device": config.device, "max_new_tokens": max_new_tokens}
+
+
+def _path(value: Any) -> str | None:
+    return None if value in (None, "", "embedded") else str(value)
+
+
+def _device(value: Any) -> str:
+    """lm-eval spells devices ``cuda:0``; we run on one device chosen by kind."""
+    device = str(value or "auto")
+    return "cuda" if device.startswith("cuda") else device
