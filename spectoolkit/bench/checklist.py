@@ -202,7 +202,9 @@ def exactness_text(section: dict[str, Any]) -> str:
     details = [
         f"{d.get('arm')} {d.get('case_id')} repeat {d.get('repeat_idx')} token {d.get('position')}: "
         f"{d.get('reference_token')} vs {d.get('spec_token')}, margin {fmt(d.get('margin'), '.3g')} "
-        f"(near-tie ≤ {fmt(d.get('threshold'), '.3g')}) → {d.get('classification')}"
+        f"(near-tie ≤ {fmt(d.get('threshold'), '.3g')}"
+        + (f"; the target flips at width {d['flip_width']}" if d.get("flip_width") else "")
+        + f") → {d.get('classification')}"
         for d in shown
     ]
     return text + (" — " + "; ".join(details) if details else "")

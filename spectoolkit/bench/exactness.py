@@ -32,7 +32,7 @@ def greedy_exactness(records: list[dict[str, Any]], setup, prompts: dict[str, li
                 continue
             if len(found) + len(arm_found) < MAX_MARGINS:
                 item = divergence(runner, prompts[case_id], reference, output, threshold, arm=arm.name,
-                                  case_id=case_id, repeat_idx=repeat_idx)  # fmt: skip
+                                  case_id=case_id, repeat_idx=repeat_idx, max_width=arm.gamma + 1)  # fmt: skip
             else:
                 item = Divergence(arm.name, case_id, repeat_idx, -1, None, None, None, threshold, UNEXPLAINED)
             arm_found.append(item)

@@ -25,10 +25,17 @@ def exactness_section(summary: Summary, records: Records, plots: dict[str, Path]
     lines += md_table(["arm", "pairs", "identical", "near-tie", "unexplained", "near-tie threshold", "verdict"], rows)
     divergences = [d for d in as_list(section.get("divergences")) if isinstance(d, dict)]
     if divergences:
-        headers = ["arm", "case", "repeat", "position", "reference token", "spec token", "top-2 margin", "class"]
+        headers = ["arm", "case", "repeat", "position", "reference token", "spec token", "top-2 margin",
+                   "target flips at width", "class"]  # fmt: skip
         keys = ("arm", "case_id", "repeat_idx", "position", "reference_token", "spec_token")
-        lines += md_table(headers, [[*(d.get(k) for k in keys), fmt(d.get("margin"), ".4g"), d.get("classification")]
-                                  for d in divergences])  # fmt: skip
+        lines += md_table(headers, [[*(d.get(k) for k in keys), fmt(d.get("margin"), ".4g"),
+                                     d.get("flip_width") or "—", d.get("classification")]
+                                    for d in divergences])  # fmt: skip
+        lines += [
+            "A width is the k-token forward in which the target alone, at the same precision, emits the "
+            "spec token there: the rounding difference of a verify round, shown rather than assumed.",
+            "",
+        ]
     return lines
 
 

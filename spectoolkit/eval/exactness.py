@@ -7,7 +7,10 @@ over prompt + reference prefix), and classifies it:
 - ``near_tie``: the margin is within the numerical resolution of the case — a verify forward over
   k tokens rounds differently from a 1-token step (bf16 logits, activations rounded inside quantized
   matmuls, K/V rounded to fp8/int8/int4), so a margin that small can flip the argmax legitimately;
-- ``unexplained``: a larger margin — speculation changed the output. It fails the verdict.
+- ``near_tie`` also when the margin is larger but the target alone, at the same precision, emits the
+  spec token when that position is scored inside a k-token forward (k = 2..γ+1, as verification
+  scores it): the rounding difference is then shown, not assumed (``flip_width`` = that k);
+- ``unexplained``: otherwise — speculation changed the output. It fails the verdict.
 
 The thresholds are dtype-aware (the largest of the target's and the KV format's) and stated in
 the report beside every margin.
@@ -61,6 +64,7 @@ class Divergence:
     margin: float | None  # None: not examined (past the cap of margins computed)
     threshold: float
     classification: str
+    flip_width: int | None = None  # a k-token forward of the target alone that emits the spec token
 
 
 @torch.inference_mode()
@@ -83,19 +87,40 @@ def divergence(
     arm: str = "spec",
     case_id: str = "",
     repeat_idx: int = 0,
+    max_width: int = 1,
 ) -> Divergence | None:
     """The classified first divergence of ``output`` from ``reference`` (None when identical).
 
     A length difference (one stopped at EOS earlier) is judged at the shorter end like a token: the
-    margin there decides whether EOS vs another token was a near-tie.
+    margin there decides whether EOS vs another token was a near-tie. ``max_width`` = γ + 1 enables
+    the flip check (1: margin only).
     """
     position = first_divergence(reference, output)
     if position is None:
         return None
     margin = top2_margin(runner, prompt_ids, reference[:position])
     token = lambda ids: int(ids[position]) if position < len(ids) else None  # noqa: E731
+    context = list(prompt_ids) + list(reference[:position])
+    flip = None
+    if margin > threshold and token(output) is not None:
+        flip = flip_width(runner, context, token(output), max_width)
+    classification = NEAR_TIE if flip else classify(margin, threshold)
     return Divergence(arm, case_id, repeat_idx, position, token(reference), token(output), margin, threshold,
-                      classify(margin, threshold))  # fmt: skip
+                      classification, flip)  # fmt: skip
+
+
+@torch.inference_mode()
+def flip_width(runner: CachedModel, context: Sequence[int], token: int, max_width: int) -> int | None:
+    """The smallest k in 2..``max_width`` for which the target alone, scoring the next position with the
+    last k context tokens in one forward (as a verify round does), picks ``token``; None if none does."""
+    for width in range(2, min(max_width, len(context) - 1) + 1):
+        runner.reset()
+        runner.forward(list(context[:-width]), last_only=True)
+        logits = runner.forward(list(context[-width:]))[-1]  # [V] the prediction after the whole context
+        runner.reset()
+        if int(torch.argmax(logits)) == token:
+            return width
+    return None
 
 
 def verdict(pairs: int, divergences: Iterable[Divergence]) -> dict[str, Any]:

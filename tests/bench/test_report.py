@@ -308,7 +308,7 @@ def test_near_tie_divergence_passes_exactness_and_is_shown(tmp_path):
     assert item.status == "PASS" and "1 near-tie, 0 unexplained" in item.evidence and "margin 0.0304" in item.evidence
     text = write_report(write_run(tmp_path / "run", summary, records)).read_text(encoding="utf-8")
     assert "**Verdict: exact up to near-ties**" in text
-    assert "| quant+spec | case/2 | 0 | 25 | 29 | 731 | 0.0304 | near_tie |" in text
+    assert "| quant+spec | case/2 | 0 | 25 | 29 | 731 | 0.0304 | — | near_tie |" in text
     summary["exactness"].update(verdict="unexplained divergence", passed=False, unexplained=1)
     assert next(i for i in cl.evaluate_checklist(summary, records) if i.name == "exactness").status == "FAIL"
 

@@ -24,10 +24,12 @@ from spectoolkit.eval.exactness import (
 
 
 class _FixedLogits:
-    """Stand-in target runner (unit test only): the same last-position logits for any input."""
+    """Stand-in target runner (unit test only): the same logits at every position, or ``wide`` ones
+    for forwards of several tokens (a width-dependent rounding difference)."""
 
-    def __init__(self, logits: list[float]) -> None:
+    def __init__(self, logits: list[float], wide: list[float] | None = None) -> None:
         self.logits = torch.tensor(logits)
+        self.wide = torch.tensor(wide) if wide is not None else self.logits
         self.fed: list[list[int]] = []
 
     def reset(self) -> None:
@@ -35,7 +37,9 @@ class _FixedLogits:
 
     def forward(self, ids: list[int], last_only: bool = False) -> torch.Tensor:
         self.fed.append(list(ids))
-        return self.logits
+        if last_only:
+            return self.logits  # [V]
+        return (self.wide if len(ids) > 1 else self.logits).expand(len(ids), -1)  # [w, V]
 
 
 def test_first_divergence() -> None:
@@ -63,6 +67,18 @@ def test_true_tie_is_a_near_tie_and_a_real_bug_is_unexplained() -> None:
     found = divergence(bug, [5, 6], reference=[0, 0], output=[1, 0], threshold=near_tie_threshold("fp32"))
     assert found.margin == pytest.approx(7.0) and found.classification == UNEXPLAINED
     assert divergence(bug, [5], [0, 0], [0, 0], 1e-3) is None
+
+
+def test_a_large_margin_is_a_near_tie_only_when_a_verify_width_flips_it() -> None:
+    # one-token scoring prefers token 0 by 0.3; a 3-token forward (as a γ=2 round) prefers token 1
+    flips = _FixedLogits([20.3, 20.0, 3.0], wide=[20.0, 20.2, 3.0])
+    found = divergence(flips, [5, 6], [0, 0, 0], [0, 1, 0], 0.1, max_width=3)
+    assert found.margin == pytest.approx(0.3, abs=1e-5)
+    assert found.flip_width == 2 and found.classification == NEAR_TIE
+    assert divergence(flips, [5, 6], [0, 0, 0], [0, 1, 0], 0.1, max_width=1).classification == UNEXPLAINED
+    steady = _FixedLogits([20.3, 20.0, 3.0])  # every width agrees: the spec token was never the target's
+    found = divergence(steady, [5, 6], [0, 0, 0], [0, 1, 0], 0.1, max_width=5)
+    assert found.flip_width is None and found.classification == UNEXPLAINED
 
 
 def test_verdict() -> None:
