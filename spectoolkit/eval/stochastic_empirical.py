@@ -13,6 +13,10 @@ A negative control shows the test has power at the chosen sample size: the same 
 drafter that proposes one token but reports another distribution (:func:`negative_control`: a model
 drafter proposing the argmax while reporting the softmax; an n-gram drafter reporting a uniform q
 for its deterministic proposal). It must be rejected.
+
+Every generation starts from the same prompt, so its KV (target and draft model) is computed once and
+kept (:class:`PromptKept`): a new generation truncates back to the prompt instead of prefilling it
+again. Truncation is exact for every KV format (DESIGN §2), so the samples are those of fresh runs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,43 @@ from spectoolkit.verify import make_verifier
 MIN_EXPECTED = 5.0  # the usual validity condition of the chi-square approximation
 ENDED = -1  # the output stopped (EOS) before this position
 _ARM_SEED_STRIDE = 1_000_003  # arms draw from disjoint seed ranges: independent samples
+
+
+class PromptKept:
+    """A :class:`CachedModel` that keeps the prompt's KV across generations (prefix caching).
+
+    ``reset`` truncates to the prompt (or to what of it is computed); a forward of exactly the prompt
+    on top of its kept KV returns the logits stored when it was first computed. Anything else is the
+    wrapped runner's own behaviour.
+    """
+
+    def __init__(self, runner: CachedModel, prompt_ids: list[int]) -> None:
+        self.runner = runner
+        self.prompt = list(prompt_ids)
+        self.prompt_logits: torch.Tensor | None = None
+        runner.reset()
+
+    def __getattr__(self, name: str):  # device, model, kv_precision, truncate, num_computed, …
+        return getattr(self.runner, name)
+
+    def reset(self) -> None:
+        self.runner.truncate(min(self.runner.num_computed, len(self.prompt)))
+
+    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        kept = self.runner.num_computed == len(self.prompt)
+        if kept and last_only and self.prompt_logits is not None and list(token_ids) == self.prompt:
+            return self.prompt_logits
+        logits = self.runner.forward(token_ids, last_only)
+        if last_only and self.runner.num_computed == len(self.prompt) and list(token_ids) == self.prompt:
+            self.prompt_logits = logits
+        return logits
+
+
+def _keep_prompt(drafter, prompt_ids: list[int]):
+    """``drafter`` with its draft model's prompt KV kept across generations (n-gram: unchanged)."""
+    if isinstance(getattr(drafter, "runner", None), CachedModel):
+        drafter.runner = PromptKept(drafter.runner, prompt_ids)
+    return drafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,10 +211,13 @@ def empirical_exactness(
         raise ValueError("empirical exactness compares distributions: it needs sampling.temperature > 0")
     verifier = make_verifier(sampling)
     threshold = significance / length
+    target_runner = PromptKept(target_runner, prompt_ids)
     baseline, _ = _position_counts(BaselineEngine(target_runner, verifier, eos_ids), prompt_ids, samples, length, seed)
     arms = {}
     for arm, control in (("spec", False), ("control", True)):
-        engine = SpeculativeEngine(target_runner, make_drafter(control), verifier, gamma, eos_ids)
+        engine = SpeculativeEngine(
+            target_runner, _keep_prompt(make_drafter(control), prompt_ids), verifier, gamma, eos_ids
+        )
         arm_seed = seed + _ARM_SEED_STRIDE * (2 if control else 1)
         counts, acceptance_rate = _position_counts(engine, prompt_ids, samples, length, arm_seed)
         arms[arm] = {**_compare(baseline, counts, threshold), "acceptance_rate": acceptance_rate}

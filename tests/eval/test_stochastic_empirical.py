@@ -18,8 +18,10 @@ from scipy import stats
 
 from spectoolkit.config import SamplingConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
+from spectoolkit.engine import SpeculativeEngine
 from spectoolkit.eval.stochastic_empirical import (
     ENDED,
+    PromptKept,
     chi_square_homogeneity,
     empirical_exactness,
     negative_control,
@@ -29,6 +31,7 @@ from spectoolkit.eval.stochastic_empirical import (
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import make_chooser
+from spectoolkit.verify import make_verifier
 
 VOCAB = 12
 EOS_IDS = frozenset({2})
@@ -109,3 +112,20 @@ def test_pooling_merges_rare_outcomes():
     assert two_sample_test(common + rare_first, common + rare_second).p_value > 0.5
     shifted = Counter({token: 100 + 100 * (token % 2) for token in range(6)})
     assert two_sample_test(common, shifted).p_value < 1e-3
+
+
+def test_prompt_kept_generations_equal_fresh_ones(target, draft_model):
+    """Prefix caching changes nothing: seeded generations are token for token those of fresh runs."""
+    sampling = TOP_K_P
+    prompt = [3, 1, 4, 1, 5]
+    verifier = make_verifier(sampling)
+    fresh_drafter = ModelDrafter(draft_model, make_chooser(sampling), VOCAB, VOCAB, EOS_IDS)
+    fresh = SpeculativeEngine(target, fresh_drafter, verifier, 2, EOS_IDS)
+    expected = [fresh.generate(prompt, 6, torch.Generator().manual_seed(s)).output_ids for s in range(5)]
+    kept_runner = PromptKept(CachedModel(target.model), prompt)
+    kept_drafter = ModelDrafter(draft_model, make_chooser(sampling), VOCAB, VOCAB, EOS_IDS)
+    kept_drafter.runner = PromptKept(kept_drafter.runner, prompt)
+    kept = SpeculativeEngine(kept_runner, kept_drafter, verifier, 2, EOS_IDS)
+    got = [kept.generate(prompt, 6, torch.Generator().manual_seed(s)).output_ids for s in range(5)]
+    assert got == expected
+    assert kept_runner.prompt_logits is not None and kept_drafter.runner.num_computed >= len(prompt)
