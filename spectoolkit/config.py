@@ -211,7 +211,7 @@ class EvalConfig:
     # exactness
     stochastic_temperature: float = 1.0  # for the stochastic tests when sampling is greedy
     analytic_positions: int = 16  # real positions per prompt scored by the analytic TV
-    samples: int = 200  # empirical: continuations per sampler (target alone, spec, negative control)
+    samples: int = 400  # empirical: continuations per sampler (target alone, spec, negative control)
     length: int = 3  # empirical: tokens per continuation (>= 3: the first comes from the prefill)
     significance: float = 0.01  # empirical: reject equality when the smallest p-value is below this
     # lmeval
