@@ -30,6 +30,8 @@ from spectoolkit.bench.summary_access import (
     primary_alpha,
     sampling_mode,
 )
+from spectoolkit.metrics.summary import first_divergence as first_token_diff
+from spectoolkit.metrics.summary import output_pairs
 
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 SPREAD_LIMIT = 0.10  # (max - min) / median of baseline throughput over repeats
@@ -212,21 +214,9 @@ def exactness_text(section: dict[str, Any]) -> str:
 
 def first_divergence(records: Records, arm: str, reference: str) -> tuple[Any, Any, int] | None:
     """(case_id, repeat_idx, output position) of the first record pair where ``arm``'s output differs."""
-    outputs = {
-        (hashable(r.get("case_id")), hashable(r.get("repeat_idx"))): r.get("output_ids")
-        for r in records
-        if r.get("arm") == reference and not r.get("error")
-    }
-    for record in records:
-        key = (hashable(record.get("case_id")), hashable(record.get("repeat_idx")))
-        ref, got = outputs.get(key), record.get("output_ids")
-        if record.get("arm") != arm or record.get("error") or not isinstance(ref, list) or not isinstance(got, list):
-            continue
-        if ref != got:
-            position = next(
-                (i for i, (a, b) in enumerate(zip(ref, got, strict=False)) if a != b), min(len(ref), len(got))
-            )
-            return key[0], key[1], position
+    for case_id, repeat_idx, ref, out in output_pairs(records, arm, reference):
+        if ref != out:
+            return case_id, repeat_idx, first_token_diff(ref, out)
     return None
 
 

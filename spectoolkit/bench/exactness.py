@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from spectoolkit.eval.exactness import UNEXPLAINED, Divergence, divergence, near_tie_threshold, verdict
+from spectoolkit.metrics.summary import output_pairs
 
 MAX_MARGINS = 64
 
 
 def greedy_exactness(records: list[dict[str, Any]], setup, prompts: dict[str, list[int]], kv: str) -> dict[str, Any]:
     """Verdict over all drafting arms, plus per-arm counts; ``prompts`` maps case_id -> prompt ids."""
-    outputs = {(r["arm"], r["case_id"], r["repeat_idx"]): r.get("output_ids") for r in records if not r.get("error")}
     per_arm: dict[str, Any] = {}
     found: list[Divergence] = []
     pairs = 0
@@ -25,9 +25,8 @@ def greedy_exactness(records: list[dict[str, Any]], setup, prompts: dict[str, li
         runner = setup.arm(arm.reference).engine.target
         threshold = near_tie_threshold(arm.target_precision, kv)
         arm_found: list[Divergence] = []
-        keys = [key for key in outputs if key[0] == arm.name and (arm.reference, *key[1:]) in outputs]
-        for _, case_id, repeat_idx in keys:
-            reference, output = outputs[(arm.reference, case_id, repeat_idx)], outputs[(arm.name, case_id, repeat_idx)]
+        pairs_of_arm = output_pairs(records, arm.name, arm.reference)
+        for case_id, repeat_idx, reference, output in pairs_of_arm:
             if reference == output:
                 continue
             if len(found) + len(arm_found) < MAX_MARGINS:
@@ -36,9 +35,9 @@ def greedy_exactness(records: list[dict[str, Any]], setup, prompts: dict[str, li
             else:
                 item = Divergence(arm.name, case_id, repeat_idx, -1, None, None, None, threshold, UNEXPLAINED)
             arm_found.append(item)
-        section = verdict(len(keys), arm_found)
+        section = verdict(len(pairs_of_arm), arm_found)
         per_arm[arm.name] = {key: section[key] for key in ("verdict", "pairs", "identical", "near_ties", "unexplained")}
         per_arm[arm.name]["threshold"] = threshold
         found += arm_found
-        pairs += len(keys)
+        pairs += len(pairs_of_arm)
     return {**verdict(pairs, found), "arms": per_arm}

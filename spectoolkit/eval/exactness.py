@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from spectoolkit.metrics.summary import first_divergence
 from spectoolkit.models.cached import CachedModel
 
 # Largest top-2 logit margin a 1-token vs k-token rounding difference can flip, per target precision.
@@ -37,14 +38,6 @@ EXACT, EXACT_UP_TO_TIES, FAILED = "exact", "exact up to near-ties", "unexplained
 def near_tie_threshold(target_precision: str, kv: str = "auto") -> float:
     """The largest top-2 margin that counts as a numerical near-tie for this target and KV format."""
     return max(TARGET_TIE.get(target_precision, QUANT_TARGET_TIE), KV_TIE.get(kv, 0.5))
-
-
-def first_divergence(reference: Sequence[int], output: Sequence[int]) -> int | None:
-    """Index of the first differing token (a length difference counts at the shorter end), or None."""
-    for index, (a, b) in enumerate(zip(reference, output, strict=False)):
-        if a != b:
-            return index
-    return None if len(reference) == len(output) else min(len(reference), len(output))
 
 
 def classify(margin: float, threshold: float) -> str:

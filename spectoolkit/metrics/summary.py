@@ -100,16 +100,31 @@ def group_stats(records: list[dict[str, Any]], arm_names: list[str]) -> dict[str
     return {"arms": arms, "speedups": speedups}
 
 
+def output_pairs(records: list[dict[str, Any]], arm: str, reference: str) -> list[tuple[Any, Any, list, list]]:
+    """(case_id, repeat_idx, reference output_ids, ``arm`` output_ids) for every (case, repeat) both
+    arms finished, in the order of ``arm``'s records. Error records and non-list outputs are skipped."""
+    key = lambda r: tuple(v if isinstance(v, str | int | float | None) else repr(v) for v in  # noqa: E731
+                          (r.get("case_id"), r.get("repeat_idx")))  # fmt: skip
+    usable = [r for r in records if not r.get("error") and isinstance(r.get("output_ids"), list)]
+    references = {key(r): r["output_ids"] for r in usable if r.get("arm") == reference}
+    return [(*key(r), references[key(r)], r["output_ids"]) for r in usable
+            if r.get("arm") == arm and key(r) in references]  # fmt: skip
+
+
+def first_divergence(reference: list[int], output: list[int]) -> int | None:
+    """Index of the first differing token (a length difference counts at the shorter end), or None."""
+    for index, (a, b) in enumerate(zip(reference, output, strict=False)):
+        if a != b:
+            return index
+    return None if len(reference) == len(output) else min(len(reference), len(output))
+
+
 def exact_match(records: list[dict[str, Any]], arm: str, reference: str) -> float | None:
     """Fraction of (case, repeat) pairs whose ``arm`` output_ids equal ``reference``'s (None: no pairs)."""
-    outputs: dict[tuple[str, int], dict[str, list[int]]] = defaultdict(dict)
-    for record in records:
-        if record["arm"] in (arm, reference):
-            outputs[(record["case_id"], record["repeat_idx"])][record["arm"]] = record["output_ids"]
-    pairs = [found for found in outputs.values() if arm in found and reference in found]
+    pairs = output_pairs(records, arm, reference)
     if not pairs:
         return None
-    return sum(found[arm] == found[reference] for found in pairs) / len(pairs)
+    return sum(ref == out for _, _, ref, out in pairs) / len(pairs)
 
 
 def greedy_exact_match(records: list[dict[str, Any]], arm: str = "spec", reference: str = BASELINE) -> float | None:
