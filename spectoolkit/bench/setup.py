@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spectoolkit.config import QUANT_PRECISIONS, RunConfig
+from spectoolkit.config import QUANT_PRECISIONS, RunConfig, SamplingConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.errors import SpecToolkitError
@@ -104,15 +104,8 @@ def build(cfg: RunConfig) -> RunSetup:
     tokenizer = load_tokenizer(cfg.model.target_path)
     target = load_model(cfg.model.target_path, cfg.target.precision, device, group_size=cfg.target.group_size)
     eos_ids = eos_ids_of(tokenizer, target.model)
-    draft, warnings, drafter = None, [], None
-    if cfg.draft.kind == "model":
-        draft, warnings, shared = _load_draft(cfg, target, device)
-        chooser = make_chooser(cfg.sampling)
-        name = f"model-{cfg.draft.precision}"
-        drafter = ModelDrafter(draft.model, chooser, target.vocab_size, shared, eos_ids, name, cfg.kv.draft)
-    elif cfg.draft.kind == "ngram":
-        one_hot = not cfg.sampling.greedy
-        drafter = NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, one_hot)
+    draft, warnings = _load_draft(cfg, target, device) if cfg.draft.kind == "model" else (None, [])
+    drafter = make_drafter(cfg, cfg.sampling, target, draft, eos_ids)
     runner = CachedModel(target.model, cfg.kv.target)
     parts = _Parts(cfg, device, target, runner, make_verifier(cfg.sampling), eos_ids, drafter, draft)
     arms, primary = _ARM_SETS[cfg.bench.arms](parts)
@@ -122,6 +115,23 @@ def build(cfg: RunConfig) -> RunSetup:
         device, tokenizer, target, draft, arms, primary, drafter.name if drafter else "none",
         eos_ids, max_positions, warnings, compat_checked=separate_draft and cfg.draft.kind == "model",
     )  # fmt: skip
+
+
+def make_drafter(
+    cfg: RunConfig, sampling: SamplingConfig, target: LoadedModel, draft: LoadedModel | None, eos_ids: frozenset[int]
+) -> ModelDrafter | NgramDrafter | None:
+    """The drafter ``cfg.draft`` asks for, proposing under ``sampling`` (None for draft=none).
+
+    A draft model proposes only the ids it shares with the target; n-gram lookup reports a one-hot q
+    when sampling (stochastic verification needs the distribution its proposal came from).
+    """
+    if cfg.draft.kind == "model":
+        shared = min(target.vocab_size, draft.vocab_size)
+        name = f"model-{cfg.draft.precision}"
+        return ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name, cfg.kv.draft)
+    if cfg.draft.kind == "ngram":
+        return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not sampling.greedy)
+    return None
 
 
 def _check_arm_set(cfg: RunConfig) -> None:
@@ -184,5 +194,4 @@ def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
         if not report.compatible:
             raise SpecToolkitError(report.message())
         warnings = report.warnings
-    draft = load_model(draft_path, cfg.draft.precision, device, group_size=cfg.draft.group_size)
-    return draft, warnings, min(target.vocab_size, draft.vocab_size)
+    return load_model(draft_path, cfg.draft.precision, device, group_size=cfg.draft.group_size), warnings

@@ -26,16 +26,14 @@ from typing import Any
 
 from spectoolkit.bench.exactness import greedy_exactness
 from spectoolkit.bench.quality import quant_quality
-from spectoolkit.bench.setup import RunSetup, build
+from spectoolkit.bench.setup import RunSetup, build, make_drafter
 from spectoolkit.bench.workloads import encode_prompt, load_workload
 from spectoolkit.config import RunConfig, SamplingConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
 from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
 from spectoolkit.metrics.records import write_json_atomic
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.sampling import make_chooser
 
 RESULT_FILE = "exactness.json"
 PAIRS_FILE = "exactness_records.jsonl"
@@ -116,16 +114,10 @@ def _analytic(cfg: RunConfig, setup: RunSetup, prompts: dict[str, list[int]], sa
 
 
 def _empirical(cfg: RunConfig, setup: RunSetup, prompt: list[int], sampling: SamplingConfig) -> dict:
-    greedy_drafter = setup.arm("spec").engine.drafter
-    if isinstance(greedy_drafter, ModelDrafter):
-        vocab, shared = greedy_drafter.target_vocab_size, greedy_drafter.shared_vocab_size
-        chooser = make_chooser(sampling)
-        real = ModelDrafter(setup.draft.model, chooser, vocab, shared, setup.eos_ids, greedy_drafter.name, cfg.kv.draft)
-    else:
-        real = NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, setup.target.vocab_size, one_hot_probs=True)
-    make_drafter = lambda control: negative_control(real, sampling) if control else real  # noqa: E731
+    real = make_drafter(cfg, sampling, setup.target, setup.draft, setup.eos_ids)
+    drafter_for = lambda control: negative_control(real, sampling) if control else real  # noqa: E731
     return empirical_exactness(
-        CachedModel(setup.target.model, cfg.kv.target), make_drafter, sampling, cfg.speculate.gamma, setup.eos_ids,
+        CachedModel(setup.target.model, cfg.kv.target), drafter_for, sampling, cfg.speculate.gamma, setup.eos_ids,
         prompt, samples=cfg.eval.samples, length=cfg.eval.length, seed=cfg.sampling.seed,
         significance=cfg.eval.significance,
     )  # fmt: skip
