@@ -19,9 +19,10 @@ from scipy import stats
 from spectoolkit.config import SamplingConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.eval.stochastic_empirical import ArgmaxReportingSoftmax
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.sampling import make_chooser, processed_probs
+from spectoolkit.sampling import make_chooser
 from spectoolkit.verify import make_verifier
 
 VOCAB = 12
@@ -45,16 +46,6 @@ def target() -> CachedModel:
 @pytest.fixture(scope="module")
 def draft_model() -> torch.nn.Module:
     return tiny_llama(vocab_size=VOCAB, seed=1, num_layers=1, hidden=32, scale=3.0)
-
-
-class ArgmaxReportingSoftmax:
-    """BUG on purpose: proposes the argmax but reports the softmax it did not sample from."""
-
-    def __init__(self, sampling: SamplingConfig) -> None:
-        self.sampling = sampling
-
-    def choose(self, logits: torch.Tensor, generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
-        return int(torch.argmax(logits)), processed_probs(logits, self.sampling)
 
 
 def _tokens_2_and_3(output_ids: list[int]) -> tuple[int, int]:
