@@ -119,9 +119,7 @@ class SpecToolkitLM(TemplateLM):
     def _score(self, context_ids: list[int], continuation_ids: list[int]) -> tuple[float, bool]:
         """Sum of the target's log-probs of ``continuation_ids`` after ``context_ids``, and whether
         each continuation token is the argmax (lm-eval's ``is_greedy``)."""
-        input_ids = (context_ids + continuation_ids)[-(self.setup.max_positions + 1) :][
-            :-1
-        ]  # last one is never an input
+        input_ids = (context_ids + continuation_ids)[:-1][-self.setup.max_positions :]  # the last is never an input
         ids = torch.tensor([input_ids], dtype=torch.long, device=self._device)  # [1, n]
         num_scored = len(continuation_ids)  # the last m positions predict the continuation
         logits = self.setup.target.model(input_ids=ids, use_cache=False, logits_to_keep=num_scored).logits[0]  # [m, V]
