@@ -1,0 +1,132 @@
+"""kv_attention (Triton) against dequantize + fp32 SDPA, over formats, head shapes, windows and dtypes.
+
+Stored KV comes from the real formats.py quantizers applied to random states, in buffers larger than
+the valid prefix (as the cache layer keeps them). Tolerances per query dtype, because kernel and
+reference dequantize the same codes and differ only in rounding:
+
+- fp32: scores and P·V in fp32 on both sides (``ieee`` dots); only summation order differs -> 2e-5.
+- fp16: the kernel feeds q, the dequantized K/V (int4 / float formats) and the probabilities P to the
+  dot in fp16 (10-bit mantissa, ~5e-4 relative each) and rounds the output to fp16 -> 4e-3.
+- bf16: the same with an 8-bit mantissa (~4e-3 relative each) -> 3e-2.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from spectoolkit.kvcache.formats import KV_FORMATS
+
+FORMATS = ("fp8", "int8", "int4", "bf16")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+HEADS = ((4, 4), (8, 2))  # (H, H_kv)
+
+
+@pytest.fixture(scope="module")
+def kva():
+    """The kernel module, imported after conftest chose the interpreter (CPU) or CUDA."""
+    from spectoolkit.kernels import kv_attention
+
+    return kv_attention
+
+
+def _stored(fmt: str, states: torch.Tensor) -> dict[str, torch.Tensor]:
+    """states [B, H_kv, cap, D] -> the fields the cache layer would hold for them."""
+    if fmt == "bf16":
+        return {"data": states.bfloat16()}
+    return KV_FORMATS[fmt].quantize(states)
+
+
+def _case(fmt, heads, q_len, head_dim, contexts, dtype, device, seed=0):
+    """(query [B, H, Q, D], key fields, value fields, prefix lengths) for total KV lengths ``contexts``."""
+    gen = torch.Generator().manual_seed(seed)
+    num_heads, kv_heads = heads
+    batch, capacity = len(contexts), max(contexts) + 11
+    query = torch.randn(batch, q_len, num_heads, head_dim, generator=gen).transpose(1, 2)  # strided, as HF makes it
+    keys, values = (torch.randn(batch, kv_heads, capacity, head_dim, generator=gen) for _ in range(2))
+    fields = [{k: t.to(device) for k, t in _stored(fmt, states).items()} for states in (keys, values)]
+    prefix_lens = [context - q_len for context in contexts]
+    return query.to(device, dtype), *fields, prefix_lens
+
+
+def _check(kva, fmt, heads, q_len, head_dim, contexts, dtype, device, num_splits=None, softmax_scale=None):
+    query, key_fields, value_fields, prefix_lens = _case(fmt, heads, q_len, head_dim, contexts, dtype, device)
+    out = kva.kv_attention(query, key_fields, value_fields, fmt, prefix_lens, softmax_scale, num_splits)
+    ref = kva.kv_attention_reference(query, key_fields, value_fields, fmt, prefix_lens, softmax_scale)
+    assert out.shape == query.shape and out.dtype == dtype
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+_FAST = [
+    (*combo, DTYPES[i % 3]) for i, combo in enumerate(itertools.product(FORMATS, HEADS, (1, 5), (64, 128)))
+]  # fmt: skip  (every dtype meets every format and head shape across the cycle)
+
+
+@pytest.mark.parametrize(("fmt", "heads", "q_len", "head_dim", "dtype"), _FAST)
+def test_matches_reference(kva, device, fmt, heads, q_len, head_dim, dtype):
+    _check(kva, fmt, heads, q_len, head_dim, (37, 130), dtype, device)  # B = 2, different lengths
+    _check(kva, fmt, heads, q_len, head_dim, (max(1, q_len),), dtype, device)  # B = 1, empty prefix
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_split_merge_matches_reference(kva, device, fmt):
+    """Several KV splits per request, merged by the second kernel (short splits, one empty for the short request)."""
+    _check(kva, fmt, (8, 2), 5, 64, (1 + 5, 130), torch.float32, device, num_splits=4, softmax_scale=0.3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fmt", "heads", "q_len", "head_dim", "dtype"), itertools.product(FORMATS, HEADS, (1, 5), (64, 128), DTYPES)
+)
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_matches_reference_full_grid(kva, device, fmt, heads, q_len, head_dim, dtype, num_splits):
+    for contexts in ((5,), (37,), (130,), (37, 130), (300, 64)):
+        _check(kva, fmt, heads, q_len, head_dim, contexts, dtype, device, num_splits)
+
+
+def test_decode_step_equals_verify_row(kva, device):
+    """Query i of a verify window attends exactly like a decode step at its position (same slots, fp32)."""
+    query, key_fields, value_fields, _ = _case("int8", (8, 2), 5, 64, (40,), torch.float32, device)
+    window = kva.kv_attention(query, key_fields, value_fields, "int8", 35)  # [1, 8, 5, 64]
+    for i in range(5):
+        step = kva.kv_attention(query[:, :, i : i + 1], key_fields, value_fields, "int8", 35 + i)
+        torch.testing.assert_close(step, window[:, :, i : i + 1], atol=2e-6, rtol=2e-6)
+
+
+def test_rejects_bad_input(kva, device):
+    query, key_fields, value_fields, prefix_lens = _case("int4", (8, 2), 5, 64, (37, 130), torch.float16, device)
+    call = kva.kv_attention
+    with pytest.raises(ValueError, match="unknown KV format"):
+        call(query, key_fields, value_fields, "nf4", prefix_lens)
+    with pytest.raises(ValueError, match="fields for int8"):
+        call(query, key_fields, value_fields, "int8", prefix_lens)
+    with pytest.raises(ValueError, match="query must be"):
+        call(query[0], key_fields, value_fields, "int4", prefix_lens)
+    with pytest.raises(ValueError, match="query must be"):
+        call(query.to(torch.float64), key_fields, value_fields, "int4", prefix_lens)
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        call(query[:, :7], key_fields, value_fields, "int4", prefix_lens)
+    with pytest.raises(ValueError, match="head_dim"):
+        call(query[..., :48], key_fields, value_fields, "int4", prefix_lens)
+    with pytest.raises(ValueError, match="key scale"):
+        call(query, {**key_fields, "scale": key_fields["scale"].half()}, value_fields, "int4", prefix_lens)
+    with pytest.raises(ValueError, match="value data"):
+        call(query, key_fields, {**value_fields, "data": value_fields["data"][:1]}, "int4", prefix_lens)
+    with pytest.raises(ValueError, match="exceeds the KV capacity"):
+        call(query, key_fields, value_fields, "int4", [37, 137])
+    with pytest.raises(ValueError, match="prefix_lens"):
+        call(query, key_fields, value_fields, "int4", [3])
+    with pytest.raises(ValueError, match="is on meta"):
+        call(
+            query, {**key_fields, "zero": torch.empty_like(key_fields["zero"], device="meta")}, value_fields, "int4", 3
+        )
+
+
+def test_kernel_supports(kva):
+    assert kva.kernel_supports(128, "int4") and kva.kernel_supports(64, "fp8")
+    assert not kva.kernel_supports(48, "int8") and not kva.kernel_supports(8, "int8")
+    assert not kva.kernel_supports(64, "nf4")
