@@ -7,6 +7,7 @@ A thin wrapper (lightning-hydra-template style): all work happens in
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -19,29 +20,76 @@ def config_from_hydra(cfg: DictConfig):
     """Turn a composed Hydra config into a validated :class:`RunConfig`."""
     from spectoolkit.config import run_config_from_dict
 
+    return run_config_from_dict(_resolved(cfg))
+
+
+def _resolved(cfg: DictConfig) -> dict:
+    """The composed config as plain values (what identifies a job; see spectoolkit.bench.jobs)."""
     try:
-        values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as exc:
         raise SpecToolkitError(f"{exc.full_key} must be set (e.g. {exc.full_key}=VALUE on the command line)") from None
-    return run_config_from_dict(values)
 
 
 @hydra.main(version_base=None, config_path="pkg://spectoolkit.conf", config_name="config")
 def _app(cfg: DictConfig) -> None:
+    _quiet_transformers()
+    try:
+        values = _resolved(cfg)
+        config = config_from_hydra(cfg)
+    except SpecToolkitError as exc:
+        _fail(str(exc))
+        return
+    text = _run_job(config, values)
+    if text is not None:
+        print(text)
+
+
+def _run_job(config, values: dict) -> str | None:
+    """Run one job unless its directory already holds it, complete; keep job.json up to date."""
+    from spectoolkit.bench.jobs import COMPLETE, config_hash, end_job, finished_before, start_job
+
+    out_dir, digest = Path(config.output_dir), config_hash(values)
+    done = finished_before(out_dir, digest) if config.resume else None
+    if done:
+        return f"skipped: {out_dir} already holds this job, complete since {done['finished']} (resume=false reruns it)"
+    job = start_job(out_dir, digest, "bench" if config.eval.kind == "none" else config.eval.kind, values)
+    try:
+        text = _eval_job(config) if config.eval.kind != "none" else _bench_job(config)
+    except SpecToolkitError as exc:
+        end_job(out_dir, job, "failed", str(exc))
+        _fail(str(exc))
+        return None
+    except KeyboardInterrupt:
+        end_job(out_dir, job, "interrupted")
+        print("interrupted: finished records and summary.json (complete: false) were kept", file=sys.stderr)
+        sys.exit(130)
+    except BaseException as exc:
+        end_job(out_dir, job, "failed", f"{type(exc).__name__}: {exc}")
+        raise
+    end_job(out_dir, job, COMPLETE)
+    return text
+
+
+def _bench_job(config) -> str:
     from spectoolkit.bench.runner import run
     from spectoolkit.bench.table import format_summary
 
-    _quiet_transformers()
-    try:
-        config = config_from_hydra(cfg)
-        text = _eval_job(config) if config.eval.kind != "none" else format_summary(run(config))
-    except SpecToolkitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    return format_summary(run(config))
+
+
+def _fail(message: str) -> None:
+    """One clear line for a user mistake; a sweep goes on with its other jobs (job.json: failed)."""
+    print(f"error: {message}", file=sys.stderr)
+    if not _in_multirun():
         sys.exit(1)
-    except KeyboardInterrupt:
-        print("interrupted: finished records and summary.json (complete: false) were kept", file=sys.stderr)
-        sys.exit(130)
-    print(text)
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _eval_job(config) -> str:

@@ -30,7 +30,7 @@ STABILITY_MIN_RECORDS = 20
 TIME_PARTS = ("prefill", "draft", "verify", "overhead")
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_png(fig: Any, path: Path) -> Path:
     """Write ``fig`` atomically as PNG and close it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,22 +82,7 @@ def plot_speedup_vs_gamma(summary: dict[str, Any], plots_dir: Path) -> Path | No
     ax.axhline(1.0, color="grey", linewidth=1)
     ax.set(xlabel="draft length γ", ylabel="speedup vs baseline (×)", title="Speedup vs γ")
     ax.legend()
-    return _save(fig, plots_dir / "speedup_vs_gamma.png")
-
-
-def plot_sweep_speedup_vs_gamma(points: list[tuple[str, float, float]], path: Path) -> Path | None:
-    """Speedup vs γ across sweep runs, one line per series label; None unless γ varies."""
-    points = [(label, g, s) for label, g, s in points if num(g) is not None and num(s) is not None]
-    if len({g for _, g, _ in points}) < 2:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label in sorted({label for label, _, _ in points}):
-        series = sorted((g, s) for name, g, s in points if name == label)
-        ax.plot([g for g, _ in series], [s for _, s in series], "-o", label=label)
-    ax.axhline(1.0, color="grey", linewidth=1)
-    ax.set(xlabel="draft length γ", ylabel="speedup vs baseline (×)", title="Speedup vs γ across runs")
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_png(fig, plots_dir / "speedup_vs_gamma.png")
 
 
 def plot_acceptance_histogram(summary: dict[str, Any], plots_dir: Path) -> Path | None:
@@ -116,7 +101,7 @@ def plot_acceptance_histogram(summary: dict[str, Any], plots_dir: Path) -> Path 
     ax.set_xticks([k + 0.4 - width / 2 for k in range(longest)], [str(k) for k in range(longest)])
     ax.set(xlabel="accepted drafts per round K", ylabel="share of rounds", title="Acceptance length")
     ax.legend()
-    return _save(fig, plots_dir / "acceptance_histogram.png")
+    return save_png(fig, plots_dir / "acceptance_histogram.png")
 
 
 def plot_latency_cdf(summary: dict[str, Any], plots_dir: Path) -> Path | None:
@@ -133,7 +118,7 @@ def plot_latency_cdf(summary: dict[str, Any], plots_dir: Path) -> Path | None:
         ax.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=arm)
     ax.set(xlabel="request latency (s)", ylabel="fraction of requests", title="Latency CDF")
     ax.legend()
-    return _save(fig, plots_dir / "latency_cdf.png")
+    return save_png(fig, plots_dir / "latency_cdf.png")
 
 
 def plot_alpha_by_task(summary: dict[str, Any], plots_dir: Path) -> Path | None:
@@ -151,7 +136,7 @@ def plot_alpha_by_task(summary: dict[str, Any], plots_dir: Path) -> Path | None:
     ax.set_xticks([t + 0.4 - width / 2 for t in range(len(tasks))], list(tasks))
     ax.set(ylabel="acceptance rate α", ylim=(0, 1), title="α by task type")
     ax.legend()
-    return _save(fig, plots_dir / "alpha_by_task.png")
+    return save_png(fig, plots_dir / "alpha_by_task.png")
 
 
 def plot_time_split(summary: dict[str, Any], plots_dir: Path) -> Path | None:
@@ -169,7 +154,7 @@ def plot_time_split(summary: dict[str, Any], plots_dir: Path) -> Path | None:
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     ax.set(ylabel="seconds (sum over requests)", title="Time split")
     ax.legend(fontsize=8, loc="upper right", framealpha=0.7)
-    return _save(fig, plots_dir / "time_split.png")
+    return save_png(fig, plots_dir / "time_split.png")
 
 
 def _rolling_ratio(numerators: list[float], denominators: list[float], window: int) -> list[float]:
@@ -207,7 +192,7 @@ def plot_stability(records: list[dict[str, Any]], plots_dir: Path) -> Path | Non
     axes[1].set(ylabel="rolling rollback rate")
     axes[2].set(ylabel="host RSS (MiB)", xlabel="seconds since measurement start" if use_time else "request index")
     axes[0].legend()
-    return _save(fig, plots_dir / "stability.png")
+    return save_png(fig, plots_dir / "stability.png")
 
 
 def run_plots(summary: dict[str, Any], records: list[dict[str, Any]], plots_dir: Path) -> dict[str, Path]:

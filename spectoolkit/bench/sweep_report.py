@@ -1,108 +1,86 @@
-"""The sweep report (``sweep_report.md``): one row per run below a sweep directory, plus speedup vs γ.
+"""The sweep report (``sweep_report.md``) and ``sweep_summary.csv`` of a sweep directory.
 
-Also ``report_path_for``: the report that fits a directory (a run's own, or the sweep's).
+One row per job (``bench.sweep_table``): its swept axes, status and headline metrics, linked to the
+job's own report; then plots (``bench.sweep_plots``): speedup vs γ per draft, α by task type, and
+quality vs speed. Also ``report_path_for``: the report that fits a directory (a run's, or a sweep's).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from spectoolkit.bench import plots as plotting
-from spectoolkit.bench.report import REPORT_NAME, _first, _speed, _split, write_report
-from spectoolkit.bench.summary_access import (
-    BASELINE,
-    Summary,
-    arms_of,
-    as_dict,
-    atomic_write,
-    dig,
-    fmt,
-    load_summary,
-    md_table,
-    num,
-    primary_arm,
-)
+from spectoolkit.bench import sweep_plots
+from spectoolkit.bench.report import REPORT_NAME, _speed, write_report
+from spectoolkit.bench.summary_access import atomic_write, fmt, load_summary, md_table
+from spectoolkit.bench.sweep_table import SWEEP_CSV_NAME, SWEEP_DEPTH, axis_key, sweep_rows, write_sweep_csv
 from spectoolkit.errors import SpecToolkitError
 
 SWEEP_REPORT_NAME = "sweep_report.md"
-SWEEP_DEPTH = 3  # run directories up to this many levels below a sweep directory
-SWEEP_HEADERS = "run|arm|target precision|draft|γ|kv|speedup|α|E|predicted speedup|P95 s|P99 s|exact match|complete"
+METRIC_HEADERS = ["arm", "speedup", "predicted", "α", "E", "P95 s", "exact match", "exactness", "quant top-1"]
 
 
-# ---- sweep ---------------------------------------------------------------------------------------
+def _summaries(sweep_dir: Path, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Readable summaries by job; each job's own report.md is written when missing."""
+    found = {}
+    for row in rows:
+        job_dir = sweep_dir / row["job"]
+        try:
+            found[row["job"]] = load_summary(job_dir)
+        except SpecToolkitError:
+            continue
+        if not (job_dir / REPORT_NAME).is_file():
+            write_report(job_dir)
+    return found
 
 
-def _natural_key(path: Path) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.as_posix())]
+def varying(axes: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    """The swept axes whose value differs between jobs (all of them for a single job)."""
+    if len(rows) < 2:
+        return axes
+    return [axis for axis in axes if len({str(row.get(axis)) for row in rows}) > 1]
 
 
-def find_runs(sweep_dir: Path) -> list[Path]:
-    """Run directories (with summary.json) 1..SWEEP_DEPTH levels below ``sweep_dir``, in natural order."""
-    found = {
-        p.parent
-        for depth in range(1, SWEEP_DEPTH + 1)
-        for p in Path(sweep_dir).glob("*/" * depth + "summary.json")
-        if not any(part.startswith(".") for part in p.relative_to(sweep_dir).parts)
-    }
-    return sorted(found, key=lambda p: _natural_key(p.relative_to(sweep_dir)))
+def _common(axes: list[str], shown: list[str], rows: list[dict[str, Any]]) -> str:
+    """``key=value`` of every override all jobs share (not a column of the table)."""
+    return ", ".join(f"`{axis}={rows[0].get(axis)}`" for axis in axes if axis not in shown)
 
 
-def run_label(run_dir: Path, sweep_dir: Path) -> str:
-    """The run's Hydra overrides (``.hydra/overrides.yaml``) or its directory relative to the sweep."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    try:
-        overrides = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
-    except (OSError, yaml.YAMLError):
-        overrides = None
-    if isinstance(overrides, list) and overrides:
-        return " ".join(map(str, overrides))
-    return run_dir.relative_to(sweep_dir).as_posix()
-
-
-def _sweep_row(summary: Summary, label: str, link: str) -> list[Any]:
-    arm = primary_arm(summary) or BASELINE
-    stats, cond = arms_of(summary).get(arm, {}), as_dict(summary.get("conditions"))
-    kv = f"{_first(dig(cond, 'kv', 'target'), 'n/a')}/{_first(dig(cond, 'kv', 'draft'), 'n/a')}"
-    exact = dig(summary, "exact_match", arm) if arm != BASELINE else None
-    return [f"[{label}]({link})", arm, _first(stats.get("target_precision"), dig(cond, "target", "precision")),
-            _first(stats.get("draft"), dig(cond, "draft", "name")), _first(stats.get("gamma"), dig(cond, "gamma")),
-            kv, _speed(summary.get("speedup")), fmt(stats.get("acceptance_rate")),
-            fmt(stats.get("tokens_per_verify"), ".2f"),
-            _speed(dig(summary, "cost_model", arm, "predicted_speedup")),
-            fmt(dig(stats, "latency", "p95")), fmt(dig(stats, "latency", "p99")), fmt(exact, ".1%"),
-            summary.get("complete")]  # fmt: skip
+def _table_row(row: dict[str, Any], axes: list[str], has_summary: bool) -> list[Any]:
+    label = " ".join(o for o in row["overrides"].split() if axis_key(o) in axes) or row["job"]
+    name = f"[{label}]({row['job']}/{REPORT_NAME})" if has_summary else label
+    return [name, row["status"] or "n/a", *(row.get(axis) for axis in axes), row["arm"] or "n/a",
+            _speed(row["speedup"]), _speed(row["predicted_speedup"]), fmt(row["alpha"]),
+            fmt(row["tokens_per_verify"], ".2f"), fmt(row["latency_p95"]), fmt(row["exact_match"], ".1%"),
+            row["exactness"] or "n/a", fmt(row["quant_top1_agreement"])]  # fmt: skip
 
 
 def write_sweep_report(sweep_dir: Path) -> Path:
-    """Write ``sweep_dir/sweep_report.md``: one row per run (and each run's own report.md if missing)."""
+    """Write ``sweep_summary.csv`` and ``sweep_report.md`` (with plots) in ``sweep_dir``; returns the report."""
     sweep_dir = Path(sweep_dir)
-    runs = find_runs(sweep_dir) if sweep_dir.is_dir() else []
-    if not runs:
-        raise SpecToolkitError(f"no summary.json in {sweep_dir} or up to {SWEEP_DEPTH} levels below it")
-    rows, points = [], []
-    for run_dir in runs:
-        label, rel = run_label(run_dir, sweep_dir), run_dir.relative_to(sweep_dir).as_posix()
-        try:
-            summary = load_summary(run_dir)
-        except SpecToolkitError as exc:
-            rows.append([label, *["n/a"] * 12, f"unreadable: {exc}"])
-            continue
-        if not (run_dir / REPORT_NAME).is_file():
-            write_report(run_dir)
-        rows.append(_sweep_row(summary, label, f"{rel}/{REPORT_NAME}"))
-        stats = arms_of(summary).get(primary_arm(summary) or "", {})
-        series = f"{stats.get('target_precision')} ← {stats.get('draft')}"
-        points.append((series, num(stats.get("gamma")), num(summary.get("speedup"))))
-    headers = _split(SWEEP_HEADERS)
-    plot = plotting.plot_sweep_speedup_vs_gamma(points, sweep_dir / "plots" / "sweep_speedup_vs_gamma.png")
-    intro = f"{len(runs)} runs; each row: the run's primary arm vs its same-run baseline (conditions: its report)."
-    lines = [f"# Sweep report: {sweep_dir.name}", "", intro, "", *md_table(headers, rows)]
-    if plot:
-        lines += [f"![speedup vs gamma across runs](plots/{plot.name})", ""]
+    axes, rows = sweep_rows(sweep_dir) if sweep_dir.is_dir() else ([], [])
+    if not rows:
+        raise SpecToolkitError(f"no job (job.json or summary.json) in {sweep_dir} or up to {SWEEP_DEPTH} levels below")
+    write_sweep_csv(sweep_dir)
+    summaries = _summaries(sweep_dir, rows)
+    plots_dir = sweep_dir / "plots"
+    series = varying(axes, rows) if len(rows) > 1 else []
+    figures = [
+        ("speedup vs γ per draft", sweep_plots.plot_speedup_by_gamma(rows, series, plots_dir / "speedup_vs_gamma.png")),
+        ("α by task type", sweep_plots.plot_alpha_by_task(
+            sweep_plots.alpha_by_task(rows, summaries, series), plots_dir / "alpha_by_task.png")),
+        ("quality vs speed", sweep_plots.plot_quality_vs_speed(rows, plots_dir / "quality_vs_speed.png")),
+    ]  # fmt: skip
+    counts = {status: sum(r["status"] == status for r in rows) for status in {r["status"] for r in rows}}
+    status = ", ".join(f"{n} {s or 'unknown'}" for s, n in sorted(counts.items(), key=lambda kv: str(kv[0])))
+    intro = (f"{len(rows)} jobs ({status}); each row: the job's primary arm vs its same-run baseline "
+             f"(conditions: its report). All rows: [{SWEEP_CSV_NAME}]({SWEEP_CSV_NAME}).")  # fmt: skip
+    shown = varying(axes, rows)
+    headers = ["job", "status", *shown, *METRIC_HEADERS]
+    table = md_table(headers, [_table_row(r, shown, r["job"] in summaries) for r in rows])
+    common = _common(axes, shown, rows)
+    lines = [f"# Sweep report: {sweep_dir.name}", "", intro, *([f"Every job: {common}."] if common else []), "", *table]
+    lines += [f"![{title}](plots/{path.name})\n" for title, path in figures if path]
     path = sweep_dir / SWEEP_REPORT_NAME
     atomic_write(path, "\n".join(lines).rstrip() + "\n")
     return path

@@ -505,7 +505,6 @@ def test_plots_return_none_without_data(tmp_path):
     assert plots.plot_speedup_vs_gamma(summary, tmp_path) is None
     assert plots.plot_acceptance_histogram(summary, tmp_path) is None
     assert plots.plot_alpha_by_task(summary, tmp_path) is None
-    assert plots.plot_sweep_speedup_vs_gamma([("a", 4, 1.1), ("b", 4, 1.2)], tmp_path / "s.png") is None
 
 
 # ---- sweep, dispatch, CLI ------------------------------------------------------------------------
@@ -529,11 +528,14 @@ def test_sweep_report_has_a_row_per_run_and_a_gamma_plot(tmp_path):
     path = write_sweep_report(sweep)
     text = path.read_text(encoding="utf-8")
     assert path == sweep / "sweep_report.md"
+    assert "| job | status | draft | speculate.gamma | arm | speedup |" in text
     rows = [line for line in text.splitlines() if line.startswith("| [")]
     assert len(rows) == 3
-    assert rows[0].startswith("| [speculate.gamma=2 +draft=rtn-int4](2026-11-30/12-00-00/0/report.md) | spec | fp32 |")
+    assert rows[0].startswith("| [speculate.gamma=2 +draft=rtn-int4](2026-11-30/12-00-00/0/report.md) | complete |")
+    assert "| rtn-int4 | 2 | spec | 1.10× |" in rows[0]
     assert "| 1.20× |" in rows[1] and rows[2].startswith("| [2026-11-30/12-00-00/10]")
-    assert_png(sweep / "plots" / "sweep_speedup_vs_gamma.png")
+    assert_png(sweep / "plots" / "speedup_vs_gamma.png")
+    assert (sweep / "sweep_summary.csv").is_file()
     assert all((sweep / "2026-11-30" / "12-00-00" / job / "report.md").is_file() for job in ("0", "1", "10"))
 
 
