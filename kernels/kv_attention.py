@@ -83,14 +83,14 @@ def _dot(a, b, DOT_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr):
 
 @triton.jit
 def _kv_attention_kernel(
-    q_ptr, out_ptr, part_acc_ptr, part_ml_ptr, prefix_lens_ptr,
+    q_ptr, out_ptr, part_acc_ptr, part_ml_ptr, prefix_lens_ptr, mask_ptr, s_mb, s_mq,
     kd_ptr, ks_ptr, kz_ptr, vd_ptr, vs_ptr, vz_ptr,
     s_qb, s_qh, s_qq, s_ob, s_oh, s_oq,
     s_kb, s_kh, s_kn, s_ksb, s_ksh, s_ksn,
     s_vb, s_vh, s_vn, s_vsb, s_vsh, s_vsn,
     qk_scale, H_KV, split_len,
     Q: tl.constexpr, N_REP: tl.constexpr, D: tl.constexpr, G: tl.constexpr, FORMAT: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Program (b * H_KV + kv_head, split, row block): online softmax over its KV slots, in fp32.
@@ -126,6 +126,9 @@ def _kv_attention_kernel(
         scores = _dot(q, tl.trans(k), DOT_DTYPE, FP32_DOT)  # [BLOCK_M, BLOCK_N] fp32
         scores = scores * (k_scale * qk_scale)[None, :]
         visible = offs_n[None, :] <= last_visible[:, None]
+        if HAS_MASK:  # an extra key mask (e.g. padding), slot-aligned: [B|1, Q, slots] bytes
+            mask_off = b * s_mb + pos[:, None] * s_mq + offs_n[None, :]
+            visible &= tl.load(mask_ptr + mask_off, mask=row_ok[:, None] & n_ok[None, :], other=0) != 0
         scores = tl.where(visible & n_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -165,7 +168,8 @@ def _merge_splits_kernel(
     offs_d = tl.arange(0, D)
     acc_s = tl.load(part_acc_ptr + part[:, None] * D + offs_d[None, :], mask=split_ok[:, None], other=0.0)
     weight = tl.exp2(m_s - tl.max(m_s, 0))  # [SPLITS_P2]
-    out = tl.sum(acc_s * weight[:, None], 0) / tl.sum(l_s * weight, 0)  # [D]
+    denom = tl.sum(l_s * weight, 0)
+    out = tl.sum(acc_s * weight[:, None], 0) / tl.where(denom > 0, denom, 1.0)  # [D]; a fully masked row gives 0
     head, pos = kv_head * N_REP + row // Q, row % Q
     tl.store(out_ptr + b * s_ob + head * s_oh + pos * s_oq + offs_d, out.to(out_ptr.dtype.element_ty))
 
@@ -208,7 +212,9 @@ def kv_attention(
     fmt: str,
     prefix_lens: int | Sequence[int] | torch.Tensor,
     softmax_scale: float | None = None,
+    *,
     num_splits: int | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of query [B, H, Q, D] over stored KV fields [B, H_kv, cap, width] -> [B, H, Q, D] in q's dtype.
 
@@ -216,6 +222,8 @@ def kv_attention(
     in :mod:`spectoolkit.kvcache.formats`; ``{"data": ...}`` for bf16/fp16/fp32). ``prefix_lens``: L_b, the
     positions before the window per request (an int for all); query i of request b sees slots
     [0, L_b + i]. ``softmax_scale`` defaults to D**-0.5; ``num_splits`` overrides the KV split count.
+    ``key_mask``: optional bool [B|1, Q, N] (N ≥ max L_b + Q, slot n at index n) further restricting what
+    query i sees, e.g. left padding; a row that sees nothing gets zeros.
     """
     head_dim = _check_inputs(query, key_fields, value_fields, fmt)
     batch, num_heads, q_len, _ = query.shape
@@ -236,15 +244,16 @@ def kv_attention(
     group = int4_group_size(head_dim) if fmt == "int4" else 1
     launch = _kv_attention_kernel if interpreting() else _kv_attention_autotuned
     extra = _INTERPRETER_CONFIG if interpreting() else {}
+    mask = _check_mask(key_mask, batch, q_len, max_prefix + q_len, query.device)  # [B|1, Q, N] uint8
     launch[(batch * kv_heads, splits, m_blocks)](
-        query, out, part_acc, part_ml, prefix,
+        query, out, part_acc, part_ml, prefix, mask, mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1),
         keys["data"], keys["scale"], keys["zero"], values["data"], values["scale"], values["zero"],
         *query.stride()[:3], *out.stride()[:3],
         *_strides(keys), *_strides(values),
         scale * _LOG2E, kv_heads, split_len,
         Q=q_len, N_REP=n_rep, D=head_dim, G=group, FORMAT=_FORMAT_CODES[fmt],
         NUM_SPLITS=splits, DOT_DTYPE=_DOT_DTYPES[query.dtype], FP32_DOT=_fp32_dot(query.dtype),
-        BLOCK_M=block_m, **extra,
+        HAS_MASK=key_mask is not None, BLOCK_M=block_m, **extra,
     )  # fmt: skip
     if splits > 1:
         _merge_splits_kernel[(batch * kv_heads, n_rep * q_len)](
@@ -296,10 +305,23 @@ def _check_inputs(query, key_fields, value_fields, fmt: str) -> int:
     return head_dim
 
 
+def _check_mask(key_mask, batch: int, q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """key_mask bool [B|1, Q, N] -> the same as uint8 with unit last stride (a 1-element dummy when None)."""
+    if key_mask is None:
+        return torch.ones((1, 1, 1), dtype=torch.uint8, device=device)
+    if key_mask.dtype != torch.bool or key_mask.dim() != 3 or key_mask.shape[0] not in (1, batch):
+        raise ValueError(f"key_mask must be bool [B|1, Q, N], got {key_mask.dtype} {tuple(key_mask.shape)}")
+    if key_mask.shape[1] != q_len or key_mask.shape[2] < kv_len or key_mask.device != device:
+        raise ValueError(f"key_mask must be [B|1, {q_len}, >= {kv_len}] on {device}, got {tuple(key_mask.shape)}")
+    return key_mask.contiguous().view(torch.uint8)
+
+
 def _prefix_tensor(prefix_lens, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """L_b as int32 [B] on ``device`` and its maximum (a tensor argument costs one host sync)."""
     if isinstance(prefix_lens, int):
-        values = [prefix_lens] * batch
+        if prefix_lens < 0:
+            raise ValueError(f"prefix_lens must be non-negative, got {prefix_lens}")
+        return torch.full((batch,), prefix_lens, dtype=torch.int32, device=device), prefix_lens  # no host sync
     elif isinstance(prefix_lens, torch.Tensor):
         values = prefix_lens.tolist()
     else:
@@ -358,6 +380,8 @@ def kv_attention_reference(
     fmt: str,
     prefix_lens: int | Sequence[int] | torch.Tensor,
     softmax_scale: float | None = None,
+    *,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`kv_attention` as dequantize + fp32 SDPA with the causal-window mask, one request at a time."""
     batch, num_heads, q_len, _ = query.shape
@@ -370,6 +394,8 @@ def kv_attention_reference(
         n_rep = num_heads // keys.shape[1]
         keys, values = keys.repeat_interleave(n_rep, dim=1), values.repeat_interleave(n_rep, dim=1)  # [1, H, end, D]
         mask = torch.ones(q_len, end, dtype=torch.bool, device=query.device).tril(prefix)  # query i sees [0, prefix+i]
+        if key_mask is not None:
+            mask = mask & key_mask[b if key_mask.shape[0] > 1 else 0, :, :end]
         out = F.scaled_dot_product_attention(
             query[b : b + 1].float(), keys, values, attn_mask=mask, scale=softmax_scale
         )

@@ -52,10 +52,11 @@ def _case(fmt, heads, q_len, head_dim, contexts, dtype, device, seed=0):
     return query.to(device, dtype), *fields, prefix_lens
 
 
-def _check(kva, fmt, heads, q_len, head_dim, contexts, dtype, device, num_splits=None, softmax_scale=None):
+def _check(kva, fmt, heads, q_len, head_dim, contexts, dtype, device, num_splits=None, softmax_scale=None, mask=None):
     query, key_fields, value_fields, prefix_lens = _case(fmt, heads, q_len, head_dim, contexts, dtype, device)
-    out = kva.kv_attention(query, key_fields, value_fields, fmt, prefix_lens, softmax_scale, num_splits)
-    ref = kva.kv_attention_reference(query, key_fields, value_fields, fmt, prefix_lens, softmax_scale)
+    args = (query, key_fields, value_fields, fmt, prefix_lens, softmax_scale)
+    out = kva.kv_attention(*args, num_splits=num_splits, key_mask=mask)
+    ref = kva.kv_attention_reference(*args, key_mask=mask)
     assert out.shape == query.shape and out.dtype == dtype
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
@@ -86,6 +87,14 @@ def test_split_merge_matches_reference(kva, device, fmt):
 def test_matches_reference_full_grid(kva, device, fmt, heads, q_len, head_dim, dtype, num_splits):
     for contexts in ((5,), (37,), (130,), (37, 130), (300, 64)):
         _check(kva, fmt, heads, q_len, head_dim, contexts, dtype, device, num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_key_mask_matches_reference(kva, device, num_splits):
+    """An extra key mask (left padding of 3 and 20 slots, one hole) on top of the causal window."""
+    mask = torch.ones(2, 5, 140, dtype=torch.bool)
+    mask[0, :, :3], mask[1, :, :20], mask[1, 2, 60] = False, False, False
+    _check(kva, "int4", (8, 2), 5, 64, (37, 130), torch.float32, device, num_splits, mask=mask.to(device))
 
 
 def test_decode_step_equals_verify_row(kva, device):
@@ -120,6 +129,10 @@ def test_rejects_bad_input(kva, device):
         call(query, key_fields, value_fields, "int4", [37, 137])
     with pytest.raises(ValueError, match="prefix_lens"):
         call(query, key_fields, value_fields, "int4", [3])
+    with pytest.raises(ValueError, match="key_mask"):
+        call(query, key_fields, value_fields, "int4", prefix_lens, key_mask=torch.ones(2, 5, 100, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_mask"):
+        call(query, key_fields, value_fields, "int4", prefix_lens, key_mask=torch.ones(2, 5, 140))
     with pytest.raises(ValueError, match="is on meta"):
         call(
             query, {**key_fields, "zero": torch.empty_like(key_fields["zero"], device="meta")}, value_fields, "int4", 3
