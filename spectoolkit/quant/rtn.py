@@ -28,9 +28,12 @@ fp32, so every kernel sees bit-identical weights. An all-zero group gets the sma
 group-wise int8 split into two int4 halves) or ``_weight_int8pack_mm`` (per-channel int8). Those are
 vectorized for bf16 activations only, so fp32 inputs are rounded to bf16 on the way in, accumulated
 in fp32 and returned as bf16 → input dtype. Anything else (other devices, fp16, shapes the kernels
-reject) runs :meth:`RtnLinear.reference_forward`: dequantize, then ``F.linear``. Each variant is one
-subclass with its own storage, chosen once at construction; the quantized bytes are held once
-(canonical codes are recovered from a kernel layout by an exact, checked unpacking).
+reject) runs :meth:`RtnLinear.reference_forward`: dequantize, then ``F.linear``. On CUDA (when
+Triton imports) a layer holds the K-major packed weight of ``spectoolkit.kernels.quant_matmul`` and
+runs its Triton kernel (codes dequantized in registers, fp32 accumulation, output in the input
+dtype) for fp16/bf16/fp32 inputs and the group sizes it takes. Each variant is one subclass with
+its own storage, chosen once at construction; the quantized bytes are held once (canonical codes
+are recovered from a kernel layout by an exact, checked unpacking).
 
 ``quantize_model_rtn`` leaves ``lm_head`` in float by default: in most small LMs (SmolLM2 included)
 it is tied to the input embedding, so a quantized copy *adds* memory instead of saving it, and the
@@ -47,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kernels.runtime import kernels_usable
 from spectoolkit.quant import rtn_kernels as kernels
 
 PRECISION_BITS = {"rtn-int8": 8, "rtn-int4": 4}
@@ -154,6 +158,10 @@ class RtnLinear(nn.Module):
         """Quantize ``linear`` (RTN) into the fastest variant available for its device and shape."""
         quantized = quantize_weight(linear.weight, cfg)
         bias = None if linear.bias is None else linear.bias.detach().clone()
+        if kernels_usable(linear.weight.device):
+            layer = _TritonCuda.build(quantized, bias)
+            if layer is not None:
+                return layer
         if linear.weight.device.type == "cpu":
             for variant in (_Int8ChannelCpu, _Int4Cpu, _Int8SplitCpu):
                 if variant.fits(quantized):
@@ -277,6 +285,46 @@ class _Int8SplitCpu(RtnLinear):
 
     def _fast_matmul(self, rows: torch.Tensor) -> torch.Tensor:
         return kernels.int8_split_matmul(rows, self.packed, self.group_size, self.scales_and_zeros)
+
+
+class _TritonCuda(RtnLinear):
+    """CUDA: the Triton weight-only matmul on its K-major packed weight (``spectoolkit.kernels.quant_matmul``).
+
+    The kernel module is imported only here, when a layer is built on a GPU: importing it decorates
+    its kernels, which must stay interpreted in a CPU test session.
+    """
+
+    _kernels = None  # spectoolkit.kernels.quant_matmul, set by the first build
+
+    @classmethod
+    def build(cls, q: QuantizedWeight, bias: torch.Tensor | None) -> RtnLinear | None:
+        """The layer, or None when the kernel does not take this group size (then the caller falls back)."""
+        from spectoolkit.kernels import quant_matmul
+
+        if quant_matmul.unsupported_reason(q) is not None:
+            return None
+        packed = quant_matmul.pack_for_kernel(q)
+        layer = cls(q.shape[1], q.shape[0], q.bits, q.group_size, bias)
+        layer.register_buffer("qweight", packed.qweight)  # int4: int32 [ceil(K/8), N]; int8: int8 [K, N]
+        layer.register_buffer("scales", packed.scales)  # bf16 [G, N]
+        layer.register_buffer("zeros", packed.zeros)  # bf16 [G, N] or None
+        cls._kernels = quant_matmul  # a class attribute: a module object in the instance would not deepcopy
+        return layer
+
+    def packed(self):
+        """The kernel-layout weight (``quant_matmul.PackedWeight``) over this layer's buffers."""
+        return self._kernels.PackedWeight(
+            self.qweight, self.scales, self.zeros, self.group_size, self.bits, self.in_features
+        )
+
+    def quantized(self) -> QuantizedWeight:
+        return self._kernels.unpack_from_kernel(self.packed())
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs [..., K] -> [..., N]: the Triton kernel for fp16/bf16/fp32, else the reference."""
+        if inputs.dtype not in self._kernels.ACTIVATION_DTYPES:
+            return self.reference_forward(inputs)
+        return self._kernels.quant_matmul(inputs, self.packed(), self.bias)
 
 
 def quantize_model_rtn(model: nn.Module, cfg: RtnConfig, skip: tuple[str, ...] = ("lm_head",)) -> dict[str, int]:

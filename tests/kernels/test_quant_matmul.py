@@ -1,0 +1,209 @@
+"""Triton int4/int8 weight-only matmul against the plain-torch reference; packing round trip; RtnLinear on it.
+
+Tolerance: kernel and reference both sum the exact canonical weights in fp32 (the kernel as
+``scale·Σ x·code + zero·Σ x`` per group, the reference as ``Σ x·w``), so before the final rounding
+they differ by fp32 reordering only: at most ~K·2^-24 of ``|x| @ |W|ᵀ`` (bounded here by
+:data:`SUM_TOL`). Rounding that sum once to the output dtype can then land one ulp apart when the two
+straddle a rounding boundary: :data:`ULP` relative to ``|reference|`` (bf16: 8 significant bits,
+fp16: 11, fp32: no second rounding).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from spectoolkit.quant.rtn import RtnConfig, RtnLinear, dequantize_weight, quantize_weight
+
+ULP = {torch.float32: 0.0, torch.float16: 2**-10, torch.bfloat16: 2**-7}
+SUM_TOL = 2**-14  # >= K·2^-24 for K <= 1024
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+GROUPS = (32, 64, 128, -1)
+SHAPES = ((48, 128), (96, 256))  # (N, K): N = 48 is not a multiple of BLOCK_N = 64
+# Fast grid: every (bits, group, dtype) once, M / shape / bias cycled over it so each value recurs.
+FAST_GRID = [
+    (bits, group, dtype, (1, 2, 5, 9)[i % 4], SHAPES[i // 4 % 2], i % 3 == 0)
+    for i, (bits, group, dtype) in enumerate(itertools.product((4, 8), GROUPS, DTYPES))
+]
+FULL_GRID = list(itertools.product((4, 8), GROUPS, DTYPES, (1, 2, 5, 9), SHAPES, (False, True)))
+
+
+@pytest.fixture(scope="module")
+def qm():
+    """The kernel module, imported after conftest has chosen interpreter or CUDA."""
+    from spectoolkit.kernels import quant_matmul
+
+    return quant_matmul
+
+
+def _weight(rows: int, cols: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """Gaussian weights with an outlier, an all-zero row and a one-sided group (as in test_rtn)."""
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(rows, cols, generator=gen) * 0.05
+    weight[0, 3] = 1.5
+    weight[1] = 0.0
+    weight[2, :32] = weight[2, :32].abs() + 0.3
+    return weight.to(device)
+
+
+def _inputs(m: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(m, cols, generator=gen).to(device=device, dtype=dtype)  # [M, K]
+
+
+def _assert_close(out: torch.Tensor, x: torch.Tensor, q, bias: torch.Tensor | None, qm) -> None:
+    """|out - reference| <= ULP·|reference| + SUM_TOL·(|x| @ |W|ᵀ) elementwise (module docstring)."""
+    expected = qm.reference_quant_matmul(x, q, bias)
+    assert out.dtype == x.dtype and out.shape == expected.shape
+    magnitude = x.float().abs() @ dequantize_weight(q).abs().t()  # [M, N]
+    bound = ULP[x.dtype] * expected.float().abs() + SUM_TOL * magnitude + 1e-30
+    error = (out.float() - expected.float()).abs()
+    assert (error <= bound).all(), f"max error {error.max().item():.3g}, worst ratio {(error / bound).max():.3g}"
+
+
+def _check_case(qm, device, bits, group, dtype, m, shape, with_bias, config=None):
+    rows, cols = shape
+    q = quantize_weight(_weight(rows, cols, device), RtnConfig(bits, group))
+    x = _inputs(m, cols, dtype, device)
+    bias = torch.randn(rows, generator=torch.Generator().manual_seed(2)).to(device) if with_bias else None
+    _assert_close(qm.quant_matmul(x, qm.pack_for_kernel(q), bias, config=config), x, q, bias, qm)
+
+
+@pytest.mark.parametrize(("bits", "group", "dtype", "m", "shape", "with_bias"), FAST_GRID)
+def test_matches_reference(qm, device, bits, group, dtype, m, shape, with_bias):
+    _check_case(qm, device, bits, group, dtype, m, shape, with_bias)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("bits", "group", "dtype", "m", "shape", "with_bias"), FULL_GRID)
+def test_matches_reference_full_grid(qm, device, bits, group, dtype, m, shape, with_bias):
+    _check_case(qm, device, bits, group, dtype, m, shape, with_bias)
+
+
+SPLIT_CONFIGS = [
+    {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 3},  # GEMV, three splits over 8 K tiles
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 8},  # more splits than tiles: empty splits
+    {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "SPLIT_K": 2},
+]
+
+
+@pytest.mark.parametrize("config", SPLIT_CONFIGS, ids=lambda c: f"M{c['BLOCK_M']}-K{c['BLOCK_K']}-S{c['SPLIT_K']}")
+@pytest.mark.parametrize(("bits", "group"), [(4, 64), (8, -1), (4, -1)])
+def test_split_k_matches_reference_and_is_deterministic(qm, device, config, bits, group):
+    rows, cols, m = 48, 256, 1 if config["BLOCK_M"] == 1 else 5
+    q = quantize_weight(_weight(rows, cols, device), RtnConfig(bits, group))
+    packed = qm.pack_for_kernel(q)
+    x = _inputs(m, cols, torch.bfloat16, device)
+    bias = torch.randn(rows).to(device)
+    first = qm.quant_matmul(x, packed, bias, config=config)
+    _assert_close(first, x, q, bias, qm)
+    # the arrival counters were reset: a second call reduces again, in the same order
+    assert torch.equal(qm.quant_matmul(x, packed, bias, config=config), first)
+
+
+@pytest.mark.parametrize(("bits", "cols"), [(4, 100), (4, 200), (8, 100)])
+def test_per_channel_with_a_ragged_k_tail(qm, device, bits, cols):
+    """Per channel, K need not be a multiple of BLOCK_K (nor of 8 for int4: the last word is padded)."""
+    _check_case(qm, device, bits, -1, torch.float32, 2, (48, cols), True)
+    _check_case(qm, device, bits, -1, torch.bfloat16, 1, (48, cols), False)
+
+
+@pytest.mark.parametrize(("bits", "group", "cols"), [(4, 32, 128), (4, -1, 100), (4, -1, 6), (8, 64, 256), (8, -1, 5)])
+def test_pack_round_trip_is_exact(qm, bits, group, cols):
+    q = quantize_weight(_weight(40, cols, torch.device("cpu")), RtnConfig(bits, group))
+    packed = qm.pack_for_kernel(q)
+    back = qm.unpack_from_kernel(packed)
+    assert packed.shape == q.shape
+    assert torch.equal(back.qweight, q.qweight) and torch.equal(back.scales, q.scales)
+    assert back.zeros is None if bits == 8 else torch.equal(back.zeros, q.zeros)
+    assert (back.group_size, back.bits) == (q.group_size, q.bits)
+    assert packed.nbytes <= q.qweight.numel() + 4 * q.shape[0] + 2 * (q.scales.numel() + q.scales.numel())
+
+
+def test_int4_word_layout(qm):
+    """Word (r, n) holds column 8r + s of row n in bits 4s..4s+3."""
+    codes = torch.arange(16, dtype=torch.uint8).repeat(3, 1)  # [N=3, K=16]: column k has code k
+    from spectoolkit.quant.rtn import QuantizedWeight, pack_int4
+
+    scales = torch.ones(3, 1, dtype=torch.bfloat16)
+    packed = qm.pack_for_kernel(QuantizedWeight(pack_int4(codes), scales, scales, 16, 4))
+    assert packed.qweight.shape == (2, 3) and packed.qweight.dtype == torch.int32
+    assert packed.qweight[0, 0].item() == 0x76543210
+    assert packed.qweight[1, 0].item() == 0xFEDCBA98 - 2**32
+
+
+def test_leading_batch_dims(qm, device):
+    q = quantize_weight(_weight(48, 128, device), RtnConfig(4, 32))
+    x = _inputs(6, 128, torch.float16, device).view(2, 3, 128)
+    out = qm.quant_matmul(x, qm.pack_for_kernel(q))
+    assert out.shape == (2, 3, 48)
+    _assert_close(out.view(6, 48), x.view(6, 128), q, None, qm)
+
+
+def test_wrapper_rejects_bad_input(qm, device):
+    q = quantize_weight(_weight(48, 128, device), RtnConfig(4, 64))
+    packed = qm.pack_for_kernel(q)
+    x = _inputs(2, 128, torch.bfloat16, device)
+    with pytest.raises(ValueError, match="K=128"):
+        qm.quant_matmul(_inputs(2, 64, torch.bfloat16, device), packed)
+    with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
+        qm.quant_matmul(x.double(), packed)
+    with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
+        qm.quant_matmul(x.to(torch.int32), packed)
+    with pytest.raises(ValueError, match="bias"):
+        qm.quant_matmul(x, packed, torch.zeros(47, device=device))
+    with pytest.raises(ValueError, match="one device"):
+        qm.quant_matmul(x, packed, torch.zeros(48, device="meta"))
+    with pytest.raises(ValueError, match="scales"):
+        qm.quant_matmul(x, qm.PackedWeight(packed.qweight, packed.scales.t(), packed.zeros, 64, 4, 128))
+    with pytest.raises(ValueError, match="needs zeros"):
+        qm.quant_matmul(x, qm.PackedWeight(packed.qweight, packed.scales, None, 64, 4, 128))
+    with pytest.raises(ValueError, match="qweight"):
+        qm.quant_matmul(x, qm.PackedWeight(packed.qweight.to(torch.int8), packed.scales, packed.zeros, 64, 4, 128))
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        qm.quant_matmul(x, packed, config={"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 16})
+    odd_group = quantize_weight(_weight(48, 96, device), RtnConfig(4, 48))
+    assert qm.unsupported_reason(odd_group) is not None
+    with pytest.raises(ValueError, match="group_size"):
+        qm.pack_for_kernel(odd_group)
+
+
+def test_rtn_linear_triton_variant_matches_reference_forward(qm, device):
+    """The CUDA RtnLinear subclass, built directly (on the CPU it runs under the interpreter)."""
+    from spectoolkit.quant.rtn import _TritonCuda
+
+    for bits, group in ((4, 64), (8, -1)):
+        q = quantize_weight(_weight(96, 128, device), RtnConfig(bits, group))
+        layer = _TritonCuda.build(q, torch.randn(96).to(device))
+        assert isinstance(layer, RtnLinear)
+        back = layer.quantized()
+        assert torch.equal(back.qweight, q.qweight) and torch.equal(back.scales, q.scales)
+        for dtype in DTYPES:
+            x = _inputs(10, 128, dtype, device).view(2, 5, 128)
+            out = layer(x)
+            assert out.shape == (2, 5, 96) and out.dtype == dtype
+            expected = layer.reference_forward(x.float()).to(dtype)  # the reference in fp32, rounded once
+            magnitude = x.float().abs() @ layer.dequantized_weight().abs().t() + layer.bias.abs()
+            bound = ULP[dtype] * expected.float().abs() + SUM_TOL * magnitude
+            assert ((out.float() - expected.float()).abs() <= bound).all()
+    assert _TritonCuda.build(quantize_weight(_weight(48, 96, device), RtnConfig(8, 48)), None) is None
+
+
+@pytest.mark.parametrize("m", [1, 5, 100])
+@pytest.mark.parametrize(("group", "cols"), [(32, 4096), (64, 4096), (128, 4096), (-1, 14336)])
+def test_autotune_configs_are_pruned_to_valid_tiles(qm, m, group, cols):
+    """Every (M, g) the CUDA path meets keeps some configs, all with the right BLOCK_M and BLOCK_K | g."""
+    group_size = cols if group == -1 else group
+    kept = qm._prune_configs(qm.AUTOTUNE_CONFIGS, {"M": m, "group_size": group_size}, PER_CHANNEL=group == -1)
+    assert kept
+    for config in kept:
+        assert (config.kwargs["BLOCK_M"] == 1) == (m == 1)
+        assert group == -1 or group_size % config.kwargs["BLOCK_K"] == 0
+
+
+def test_prefill_sized_tiles(qm, device):
+    config = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1}
+    _check_case(qm, device, 4, 64, torch.float16, 70, (48, 128), True, config=config)
+    _check_case(qm, device, 8, -1, torch.bfloat16, 70, (48, 128), False, config=config)
