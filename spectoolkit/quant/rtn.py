@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.kernels.runtime import kernels_usable
+from spectoolkit.kernels.runtime import interpreting, kernels_usable
 from spectoolkit.quant import rtn_kernels as kernels
 
 PRECISION_BITS = {"rtn-int8": 8, "rtn-int4": 4}
@@ -322,7 +322,8 @@ class _TritonCuda(RtnLinear):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs [..., K] -> [..., N]: the Triton kernel for fp16/bf16/fp32, else the reference."""
-        if inputs.dtype not in self._kernels.ACTIVATION_DTYPES:
+        # Off CUDA (a model moved to the CPU) the kernel runs only in the interpreter (tests).
+        if inputs.dtype not in self._kernels.ACTIVATION_DTYPES or not (inputs.is_cuda or interpreting()):
             return self.reference_forward(inputs)
         return self._kernels.quant_matmul(inputs, self.packed(), self.bias)
 

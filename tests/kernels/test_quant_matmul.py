@@ -188,6 +188,8 @@ def test_rtn_linear_triton_variant_matches_reference_forward(qm, device):
             magnitude = x.float().abs() @ layer.dequantized_weight().abs().t() + layer.bias.abs()
             bound = ULP[dtype] * expected.float().abs() + SUM_TOL * magnitude
             assert ((out.float() - expected.float()).abs() <= bound).all()
+        x = _inputs(3, 128, torch.float64, device)  # no kernel for fp64: the reference
+        torch.testing.assert_close(layer(x), layer.reference_forward(x), rtol=0, atol=0)
     assert _TritonCuda.build(quantize_weight(_weight(48, 96, device), RtnConfig(8, 48)), None) is None
 
 
@@ -207,3 +209,18 @@ def test_prefill_sized_tiles(qm, device):
     config = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1}
     _check_case(qm, device, 4, 64, torch.float16, 70, (48, 128), True, config=config)
     _check_case(qm, device, 8, -1, torch.bfloat16, 70, (48, 128), False, config=config)
+
+
+def test_bench_cases_time_the_kernel_and_the_torch_path(qm, device, monkeypatch):
+    """At toy shapes (the Llama ones are for the GPU): both callables agree, bytes count what is streamed."""
+    monkeypatch.setattr(qm, "LLAMA_8B_SHAPES", ((48, 128, "toy"),))
+    cases = qm.bench_cases(device)
+    assert len(cases) == 4  # int4 g128 / int8 per channel × M = 1, 5
+    for case in cases:
+        fast, slow = case.run_triton(), case.run_torch()
+        assert fast.shape == slow.shape and fast.dtype == slow.dtype == torch.bfloat16
+        torch.testing.assert_close(fast.float(), slow.float(), rtol=2**-6, atol=2**-6)
+    m = 5
+    int4_bytes = 48 * 128 // 2 + 2 * 2 * 48 + 2 * m * 128 + 2 * m * 48  # codes, scales+zeros (G=1), x, y
+    assert cases[1].bytes_moved == int4_bytes
+    assert cases[3].bytes_moved == 48 * 128 + 2 * 48 + 2 * m * 128 + 2 * m * 48
