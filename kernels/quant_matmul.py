@@ -22,10 +22,13 @@ and a weight element costs a shift, a mask and a convert. Per channel the scale 
 after the K loop.
 
 Two paths, picked by the config's BLOCK_M: M = 1 (decode) is a GEMV — an FMA tile reduced over K,
-no tensor cores; M > 1 uses ``tl.dot`` with BLOCK_M = 16. Both split K over SPLIT_K programs when N
-alone gives too few tiles to fill the GPU; the partial sums are then added in a fixed order by the
-last program of each tile to arrive (a per-tile arrival counter), so results are deterministic and
-the call is one launch. Reference: :func:`reference_quant_matmul` (dequantize, ``F.linear`` in fp32).
+no tensor cores; M > 1 uses ``tl.dot`` (BLOCK_M = 16 up to M = 16, wider for prefill). Both split K
+over SPLIT_K programs when N alone gives too few tiles to fill the GPU; the partial sums are then
+added in a fixed order by the last program of each tile to arrive (a per-tile arrival counter,
+reset by that program), so results are deterministic and the call is one launch. The counters are
+shared per device: calls on two concurrent streams of one device could collide. The M = 1 and
+M > 1 paths sum in different orders, so a row's output may differ in the last bit between a decode
+and a verify call (not batch-invariant). Reference: :func:`reference_quant_matmul`.
 """
 
 from __future__ import annotations
