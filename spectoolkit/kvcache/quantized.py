@@ -8,7 +8,10 @@ cache is bit-identical to one that never saw the rejected tokens.
 
 Reads return slots [0, end) converted back to the compute dtype of the incoming states. For the
 quantized formats this dequantizes the whole valid prefix on every call: the plain-torch reference
-path; a fused kernel attends over the stored codes directly (layouts in :mod:`.formats`).
+path. On CUDA with Triton (:func:`~spectoolkit.kernels.runtime.kernels_usable`), chosen once when a
+layer first allocates, a quantized layer instead returns :class:`~.stored.StoredKV` stand-ins and
+the attention functions of :mod:`spectoolkit.models.attention` run :meth:`QuantizedKVLayer.attend`,
+the Triton kernel of :mod:`spectoolkit.kernels.kv_attention`, on the stored codes.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kvcache.cache import PositionalKVCache, PositionalKVLayer
 from spectoolkit.kvcache.formats import KV_FORMATS, KVFormat
+from spectoolkit.kvcache.stored import StoredKV
 
 KV_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")
 _CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,11 +66,16 @@ class QuantizedKVLayer(_ConvertingKVLayer):
     Buffers are ``_{key,value}_{field}`` with the layouts of :mod:`spectoolkit.kvcache.formats`, e.g.
     int4: ``_key_data`` uint8 [B, H_kv, capacity, D/2], ``_key_scale``/``_key_zero`` fp32
     [B, H_kv, capacity, D/32]. :meth:`storage` returns them for the valid slots.
+
+    ``attend_from_codes``: reads return :class:`StoredKV` stand-ins and attention runs :meth:`attend` on
+    the codes. ``None`` (the default) decides once, at the first write: on CUDA where the kernel runs
+    (Triton present, head_dim supported); dequantize + SDPA elsewhere.
     """
 
-    def __init__(self, fmt: KVFormat) -> None:
+    def __init__(self, fmt: KVFormat, attend_from_codes: bool | None = None) -> None:
         super().__init__()
         self.format = fmt
+        self.attend_from_codes = attend_from_codes
         self._fields: tuple[str, ...] = ()
         self._buffer_names = ()
 
@@ -79,6 +88,9 @@ class QuantizedKVLayer(_ConvertingKVLayer):
                 setattr(self, f"_{kind}_{field}", buf)
         self._fields = tuple(fields)
         self._buffer_names = tuple(f"_{kind}_{field}" for kind in ("key", "value") for field in fields)
+        self._head_dim = key_states.shape[-1]
+        if self.attend_from_codes is None:
+            self.attend_from_codes = _kernel_runs(key_states.device, self._head_dim, self.format.name)
 
     def _write(self, start: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         end = start + key_states.shape[-2]
@@ -87,12 +99,53 @@ class QuantizedKVLayer(_ConvertingKVLayer):
                 getattr(self, f"_{kind}_{field}")[:, :, start:end] = stored
 
     def _read(self, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        keys = self.format.dequantize(self._stored("key", end), dtype)  # [B, H_kv, end, D]
-        values = self.format.dequantize(self._stored("value", end), dtype)
-        return keys, values
+        if self.attend_from_codes:
+            shape = (*self._key_data.shape[:2], end, self._head_dim)  # [B, H_kv, end, D]
+            return StoredKV(self, "key", shape, dtype), StoredKV(self, "value", shape, dtype)
+        return self.dequantized("key", end, dtype), self.dequantized("value", end, dtype)
+
+    def dequantized(self, kind: str, end: int, dtype: torch.dtype) -> torch.Tensor:
+        """Slots [0, end) of ``kind`` ("key"/"value") dequantized: [B, H_kv, end, D] in ``dtype``."""
+        return self.format.dequantize(self._stored(kind, end), dtype)
+
+    def valid(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The committed keys and values [B, H_kv, length, D], dequantized (on either path)."""
+        keys = self.dequantized("key", self.length, self._compute_dtype)  # [B, H_kv, length, D]
+        return keys, self.dequantized("value", self.length, self._compute_dtype)
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        scaling: float | None = None,
+        key_mask: torch.Tensor | None = None,
+        end: int | None = None,
+    ) -> torch.Tensor:
+        """Attention of the window query [B, H, Q, D] at slots [end-Q, end) over slots [0, end), causally.
+
+        Runs the Triton kernel on the stored codes (never dequantizing the history); ``end`` defaults
+        to ``length``; ``key_mask`` bool [B|1, Q, >= end] may further restrict keys (padding).
+        Returns [B, H, Q, D] in the query's dtype. Needs CUDA, or the CPU interpreter in tests.
+        """
+        from spectoolkit.kernels.kv_attention import kv_attention  # lazy: decorating kernels needs CUDA
+
+        end = self.length if end is None else end
+        keys, values = self._stored("key", end), self._stored("value", end)
+        prefix = end - query.shape[2]
+        return kv_attention(query, keys, values, self.format.name, prefix, scaling, key_mask=key_mask)
 
     def _stored(self, kind: str, end: int) -> dict[str, torch.Tensor]:
         return {field: getattr(self, f"_{kind}_{field}")[:, :, :end] for field in self._fields}
+
+
+def _kernel_runs(device: torch.device, head_dim: int, fmt: str) -> bool:
+    """Whether attention over this layer runs the Triton kernel: CUDA, Triton, and a head_dim it takes."""
+    from spectoolkit.kernels.runtime import kernels_usable
+
+    if not kernels_usable(device):
+        return False
+    from spectoolkit.kernels.kv_attention import kernel_supports  # only on CUDA: importing decorates kernels
+
+    return kernel_supports(head_dim, fmt)
 
 
 def make_kv_cache(num_layers: int, precision: str) -> PositionalKVCache:

@@ -14,12 +14,18 @@ packed query against the keys up to it), so a k-token verify forward gives the s
 output as k decode steps, bit for bit. fp32 SDPA for 1 and k queries differ by ~1e-7, which is
 harmless in float models but becomes whole quantization steps once a quantized linear rounds the
 activations (see :mod:`spectoolkit.quant.bnb`); it costs k small SDPA calls instead of one.
+
+Keys/values that are :class:`~spectoolkit.kvcache.stored.StoredKV` stand-ins (a quantized KV layer on
+CUDA) are attended by the layer's Triton kernel on the stored codes for decode steps and verify
+windows; prefills, training and masks the kernel does not take dequantize them and run SDPA.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from spectoolkit.kvcache.stored import StoredKV
 
 ATTN_NAME = "spectoolkit_sdpa"
 # Calls with at most this many query rows (verify windows up to γ = 32) run row by row; longer
@@ -42,6 +48,11 @@ def packed_gqa_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """query [B, Hq, q, D], key/value [B, Hkv, L, D], mask [B|1, 1, q, L] or None -> ([B, q, Hq, D], None)."""
+    if isinstance(key, StoredKV):
+        out = _attend_stored(module, query, key, value, attention_mask, scaling)
+        if out is not None:
+            return out, None
+        key, value = key.materialize(), value.materialize()  # [B, Hkv, L, D]
     batch, num_heads, q_len, head_dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     rep = num_heads // kv_heads
@@ -57,6 +68,28 @@ def packed_gqa_attention(
         packed, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0, scale=scaling
     )  # [B, Hkv, rep*q, D]
     return out.reshape(batch, num_heads, q_len, head_dim).transpose(1, 2).contiguous(), None
+
+
+def _attend_stored(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: StoredKV,
+    value: StoredKV,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor | None:
+    """[B, q, Hq, D] from the layer's kernel on its stored codes, or None where the kernel does not apply."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if module.training or q_len > MAX_ROWWISE_ROWS or value.layer is not key.layer or value.end != key.end:
+        return None  # a prefill would compile a kernel per prompt length; dequantizing once is as cheap
+    key_mask = None
+    if attention_mask is not None:
+        shape_ok = attention_mask.dim() == 4 and attention_mask.shape[1] == 1 and attention_mask.shape[2] == q_len
+        if attention_mask.dtype != torch.bool or not shape_ok or attention_mask.shape[-1] < kv_len:
+            return None
+        key_mask = attention_mask[:, 0, :, -kv_len:]  # [B|1, q, L]
+    out = key.layer.attend(query, scaling, key_mask, end=kv_len)  # [B, Hq, q, D]
+    return out.transpose(1, 2).contiguous()
 
 
 def rowwise_gqa_attention(
@@ -82,11 +115,17 @@ def rowwise_gqa_attention(
     rows = []
     for i in range(q_len):
         end = kv_len - q_len + i + 1
+        row_keys, row_values = _prefix(key, end), _prefix(value, end)  # [B, Hkv, end, D]
         row, _ = packed_gqa_attention(
-            module, query[:, :, i : i + 1], key[:, :, :end], value[:, :, :end], row_masks[i], dropout, scaling, **kwargs
+            module, query[:, :, i : i + 1], row_keys, row_values, row_masks[i], dropout, scaling, **kwargs
         )  # [B, 1, Hq, D]
         rows.append(row)
     return torch.cat(rows, dim=1), None  # [B, q, Hq, D]
+
+
+def _prefix(states: torch.Tensor, end: int) -> torch.Tensor:
+    """states [B, Hkv, L, D] -> slots [0, end) (a stand-in stays one: slicing it would dequantize)."""
+    return states.truncated(end) if isinstance(states, StoredKV) else states[:, :, :end]
 
 
 def _row_masks(attention_mask: torch.Tensor | None, q_len: int, kv_len: int) -> list[torch.Tensor | None]:

@@ -81,7 +81,7 @@ def test_split_merge_matches_reference(kva, device, fmt):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("fmt", "heads", "q_len", "head_dim", "dtype"), itertools.product(FORMATS, HEADS, (1, 5), (64, 128), DTYPES)
+    ("fmt", "heads", "q_len", "head_dim", "dtype"), list(itertools.product(FORMATS, HEADS, (1, 5), (64, 128), DTYPES))
 )
 @pytest.mark.parametrize("num_splits", [None, 3])
 def test_matches_reference_full_grid(kva, device, fmt, heads, q_len, head_dim, dtype, num_splits):
@@ -143,3 +143,83 @@ def test_kernel_supports(kva):
     assert kva.kernel_supports(128, "int4") and kva.kernel_supports(64, "fp8")
     assert not kva.kernel_supports(48, "int8") and not kva.kernel_supports(8, "int8")
     assert not kva.kernel_supports(64, "nf4")
+
+
+# ---- the pipeline hook: a quantized cache layer attending from its stored codes ---------------------------
+
+
+def _layer(fmt: str, attend_from_codes: bool):
+    from spectoolkit.kvcache.quantized import QuantizedKVLayer
+
+    return QuantizedKVLayer(KV_FORMATS[fmt], attend_from_codes=attend_from_codes)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "int4"])
+def test_layer_attends_from_codes_after_prefill_rejection_and_commit(device, fmt):
+    """After a prefill, a verify window rolled back to 2 accepted, and a new window: attend == dequantize + SDPA."""
+    from spectoolkit.kvcache.stored import StoredKV
+    from spectoolkit.models.attention import packed_gqa_attention
+
+    gen = torch.Generator().manual_seed(1)
+    layer = _layer(fmt, attend_from_codes=True)
+    for n in (40, 5):  # prefill, then a γ = 4 verify window
+        keys, values = layer.update(*(torch.randn(1, 2, n, 64, generator=gen).to(device) for _ in range(2)))
+    assert isinstance(keys, StoredKV) and keys.shape == (1, 2, 45, 64)
+    layer.truncate(42)  # 2 of 4 drafts accepted: slots 42..44 are rejected and overwritten next
+    keys, values = layer.update(*(torch.randn(1, 2, 5, 64, generator=gen).to(device) for _ in range(2)))
+    query = torch.randn(1, 8, 5, 64, generator=gen).to(device)  # the new window, slots [42, 47)
+    out = layer.attend(query, scaling=0.125)  # [1, 8, 5, 64]
+    committed_keys, committed_values = layer.valid()  # [1, 2, 47, 64], dequantized
+    torch.testing.assert_close(keys.materialize(), committed_keys)
+    module = torch.nn.Module().eval()
+    ref, _ = packed_gqa_attention(module, query, committed_keys, committed_values, None, scaling=0.125)
+    torch.testing.assert_close(out.transpose(1, 2), ref, atol=2e-5, rtol=2e-5)
+    via_stand_in, _ = packed_gqa_attention(module, query, keys, values, None, scaling=0.125)  # the kernel path
+    torch.testing.assert_close(via_stand_in, out.transpose(1, 2))
+
+
+def _runner(model, fmt: str, attend_from_codes: bool):
+    from functools import partial
+
+    from spectoolkit.kvcache import PositionalKVCache
+    from spectoolkit.kvcache.quantized import QuantizedKVLayer
+    from spectoolkit.models.cached import CachedModel
+
+    runner = CachedModel(model, kv_precision=fmt)
+    make_layer = partial(QuantizedKVLayer, KV_FORMATS[fmt], attend_from_codes=attend_from_codes)
+    runner.cache = PositionalKVCache(runner.num_layers, make_layer)
+    return runner
+
+
+@pytest.mark.parametrize("use", ["packed", "rowwise", "sdpa"])
+def test_model_logits_with_kernel_path_match_torch_path(use, monkeypatch):
+    """A tiny GQA Llama (D = 16) through prefill, decode, verify, rollback: kernel path vs dequantize + SDPA.
+
+    Our packed / row-wise attention run the kernel; transformers' own sdpa is unaware of the stand-ins
+    and gets them dequantized, so it must match bit for bit. CPU only: the interpreter runs the kernel.
+    """
+    from spectoolkit.kvcache.quantized import QuantizedKVLayer
+    from spectoolkit.models.attention import use_packed_attention, use_rowwise_attention
+    from spectoolkit.models.tiny import tiny_llama
+
+    calls = []
+    attend = QuantizedKVLayer.attend
+
+    def counting_attend(self, query, *args, **kwargs):
+        calls.append(query.shape[2])  # window length of each kernel call
+        return attend(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(QuantizedKVLayer, "attend", counting_attend)
+
+    model = tiny_llama(vocab_size=128, seed=1)
+    {"packed": use_packed_attention, "rowwise": use_rowwise_attention, "sdpa": lambda m: True}[use](model)
+    kernel, torch_path = _runner(model, "int4", True), _runner(model, "int4", False)
+    tol = 0 if use == "sdpa" else 1e-4
+    for chunk in ([*range(3, 40)], [5], [6, 7, 8, 9, 11], [10]):  # prefill, decode, verify window, decode
+        torch.testing.assert_close(kernel.forward(chunk), torch_path.forward(chunk), atol=tol, rtol=tol)
+    for runner in (kernel, torch_path):
+        runner.truncate(41)  # reject the tail of the window
+    torch.testing.assert_close(kernel.forward([1, 2, 3]), torch_path.forward([1, 2, 3]), atol=tol, rtol=tol)
+    layers = model.config.num_hidden_layers  # the prefill dequantizes; decode steps and windows run the kernel
+    per_forward = {"packed": [1, 5, 1, 3], "rowwise": [1, 5 * [1], 1, 3 * [1]], "sdpa": []}[use]
+    assert calls == [q for qs in per_forward for _ in range(layers) for q in (qs if isinstance(qs, list) else [qs])]
