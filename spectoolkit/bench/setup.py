@@ -107,7 +107,7 @@ def build(cfg: RunConfig) -> RunSetup:
     draft, warnings = _load_draft(cfg, target, device) if cfg.draft.kind == "model" else (None, [])
     drafter = make_drafter(cfg, cfg.sampling, target, draft, eos_ids)
     runner = CachedModel(target.model, cfg.kv.target)
-    parts = _Parts(cfg, device, target, runner, make_verifier(cfg.sampling), eos_ids, drafter, draft)
+    parts = _Parts(cfg, device, target, runner, make_verifier(cfg.sampling, device), eos_ids, drafter, draft)
     arms, primary = _ARM_SETS[cfg.bench.arms](parts)
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
     separate_draft = bool(cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path)

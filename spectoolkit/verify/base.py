@@ -52,9 +52,20 @@ def leading_true(mask: torch.Tensor) -> int:
     return int(mask.long().cumprod(dim=0).sum().item())
 
 
-def make_verifier(sampling: SamplingConfig) -> Verifier:
-    """The verifier for ``sampling``: greedy when ``temperature == 0``, exact stochastic otherwise."""
-    # Imported here: greedy/stochastic import this module for VerifyResult.
+def make_verifier(sampling: SamplingConfig, device: torch.device | str | None = None) -> Verifier:
+    """The verifier for ``sampling``: greedy when ``temperature == 0``, exact stochastic otherwise.
+
+    On a ``device`` where the Triton kernels run (CUDA, ``kernels_usable``) both rules run as one
+    kernel launch (:class:`~spectoolkit.verify.fused.FusedVerifier`, same tokens); elsewhere in torch.
+    """
+    # Imported here: greedy/stochastic import this module for VerifyResult, and the kernel module must
+    # only be imported (its kernels decorated) where it will run.
+    from spectoolkit.kernels.runtime import kernels_usable
+
+    if device is not None and kernels_usable(device):
+        from spectoolkit.verify.fused import FusedVerifier
+
+        return FusedVerifier(sampling)
     from spectoolkit.verify.greedy import GreedyVerifier
     from spectoolkit.verify.stochastic import StochasticVerifier
 
