@@ -28,7 +28,7 @@ import triton.language as tl
 
 from spectoolkit.kvcache.formats import KV_FORMATS, int4_group_size
 
-from .runtime import interpreting, require_launchable
+from .runtime import BenchCase, interpreting, require_launchable
 
 _FLOAT, _INT8, _FP8, _INT4 = 0, 1, 2, 3
 _FORMAT_CODES = {"bf16": _FLOAT, "fp16": _FLOAT, "fp32": _FLOAT, "int8": _INT8, "fp8": _FP8, "int4": _INT4}
@@ -401,3 +401,64 @@ def kv_attention_reference(
         )
         rows.append(out)  # [1, H, Q, D]
     return torch.cat(rows).to(query.dtype)
+
+
+# ---- benchmark cases ---------------------------------------------------------------------------------
+
+_LLAMA_8B = {"num_heads": 32, "kv_heads": 8, "head_dim": 128}  # Llama-3.1-8B attention
+
+
+def bench_cases(device: torch.device) -> list[BenchCase]:
+    """Llama-3.1-8B decode (Q=1) and γ=4 verify (Q=5) attention over int8 / fp8 / int4 KV, bf16 queries.
+
+    Contexts 1024 / 4096 / 16384 (total KV length, window included) × B in {1, 8}; cases whose stored KV
+    would take more than a quarter of free memory are skipped, and off CUDA only the smallest is kept.
+    ``run_torch`` is today's path: dequantize the history to bf16, then packed-GQA SDPA.
+    """
+    contexts, batches = ((1024, 4096, 16384), (1, 8)) if device.type == "cuda" else ((1024,), (1,))
+    cases = []
+    for fmt in ("int8", "fp8", "int4"):
+        for batch in batches:
+            for context in contexts:
+                if not _fits(device, batch * context * 2 * _LLAMA_8B["kv_heads"] * _LLAMA_8B["head_dim"] * 2):
+                    continue
+                key_fields, value_fields = _bench_kv(fmt, batch, context, device)
+                cases += [_bench_case(fmt, key_fields, value_fields, q_len, device) for q_len in (1, 5)]
+    return cases
+
+
+def _fits(device: torch.device, nbytes: int) -> bool:
+    """Whether ``nbytes`` (here: the bf16 history run_torch materializes) is under a quarter of free memory."""
+    return device.type != "cuda" or nbytes < torch.cuda.mem_get_info(device)[0] // 4
+
+
+def _bench_kv(fmt: str, batch: int, context: int, device: torch.device) -> tuple[dict, dict]:
+    """Stored key and value fields [B, H_kv, context, width] of random states, quantized by formats.py."""
+    shape = (batch, _LLAMA_8B["kv_heads"], context, _LLAMA_8B["head_dim"])
+    return tuple(KV_FORMATS[fmt].quantize(torch.randn(shape, device=device, dtype=torch.bfloat16)) for _ in range(2))
+
+
+def _bench_case(fmt: str, key_fields: dict, value_fields: dict, q_len: int, device: torch.device) -> BenchCase:
+    from spectoolkit.models.attention import packed_gqa_attention
+
+    batch, _, context, _ = key_fields["data"].shape
+    head_dim = _LLAMA_8B["head_dim"]
+    query = torch.randn(batch, _LLAMA_8B["num_heads"], q_len, head_dim, device=device, dtype=torch.bfloat16)
+    module = torch.nn.Module().eval()
+
+    def run_torch() -> torch.Tensor:
+        keys = KV_FORMATS[fmt].dequantize(key_fields, torch.bfloat16)  # [B, H_kv, context, D]
+        values = KV_FORMATS[fmt].dequantize(value_fields, torch.bfloat16)
+        return packed_gqa_attention(module, query, keys, values, None)[0].transpose(1, 2)  # [B, H, Q, D] view
+
+    def run_triton() -> torch.Tensor:
+        return kv_attention(query, key_fields, value_fields, fmt, context - q_len)
+
+    stored = sum(t.numel() * t.element_size() for t in (*key_fields.values(), *value_fields.values()))
+    return BenchCase(
+        kernel=f"kv attention {fmt}",
+        shape=f"B={batch} H=32 H_kv=8 D=128 ctx={context} Q={q_len}",
+        bytes_moved=stored + 2 * query.numel() * query.element_size(),  # codes + scales, q in, out
+        run_triton=run_triton,
+        run_torch=run_torch,
+    )

@@ -223,3 +223,15 @@ def test_model_logits_with_kernel_path_match_torch_path(use, monkeypatch):
     layers = model.config.num_hidden_layers  # the prefill dequantizes; decode steps and windows run the kernel
     per_forward = {"packed": [1, 5, 1, 3], "rowwise": [1, 5 * [1], 1, 3 * [1]], "sdpa": []}[use]
     assert calls == [q for qs in per_forward for _ in range(layers) for q in (qs if isinstance(qs, list) else [qs])]
+
+
+def test_bench_cases_run_and_agree(kva, device):
+    """Every bench case's kernel agrees with its torch path (bf16 tolerance); bytes count codes, scales, q and out."""
+    cases = kva.bench_cases(device)
+    assert {case.kernel for case in cases} == {"kv attention int8", "kv attention fp8", "kv attention int4"}
+    small = [case for case in cases if "B=1 " in case.shape and "ctx=1024 " in case.shape]
+    assert len(small) == 6
+    for case in small if device.type == "cuda" else (small[0], small[-1]):  # interpreter: int8 decode, int4 verify
+        torch.testing.assert_close(case.run_triton().float(), case.run_torch().float(), atol=3e-2, rtol=3e-2)
+    int8_decode = next(case for case in small if case.kernel.endswith("int8") and case.shape.endswith("Q=1"))
+    assert int8_decode.bytes_moved == 2 * 8 * 1024 * (128 + 4) + 2 * 32 * 128 * 2
