@@ -2,7 +2,8 @@
 
 transformers dequantizes the GGUF once (about 20 s); we save the result as a normal HF directory
 (config, safetensors, tokenizer) in the cache so later loads take about a second. The directory is
-built in a temporary sibling and renamed into place, so a concurrent job never sees half of it.
+built once under a file lock, in a temporary sibling renamed into place, so a concurrent job never
+sees half of it.
 
 ``python -m spectoolkit.embedded`` prints the directory (creating it if needed).
 """
@@ -15,6 +16,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from filelock import FileLock
 
 from spectoolkit.errors import SpecToolkitError
 
@@ -49,22 +52,23 @@ def gguf_path() -> Path:
 def cached_directory(target: Path, marker: str, build: Callable[[Path], None]) -> Path:
     """``target``, built once by ``build(tmp_dir)`` in a temporary sibling and renamed into place.
 
-    ``marker`` is a file that exists only in a complete directory. Concurrent jobs never see half a
-    directory; when two build at once, the first rename wins and the other's copy is dropped.
+    ``marker`` is a file that exists only in a complete directory. Concurrent jobs (a parallel sweep,
+    SLURM jobs on a shared filesystem) never see half a directory: the build runs under a file lock
+    beside the target, so the second job waits and reuses the first one's result instead of building
+    it again; the rename keeps even lock-less readers from a half-written directory.
     """
     if (target / marker).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        build(tmp)
+    with FileLock(target.parent / f".{target.name}.lock"):
+        if (target / marker).is_file():  # built by another job while this one waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
+            build(tmp)
             os.rename(tmp, target)
-        except OSError:  # another job finished first: its directory is complete, keep it
-            if not (target / marker).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
