@@ -11,12 +11,15 @@ from spectoolkit.models.fast_linear import GemmLinear
 from spectoolkit.models.tiny import save_tiny_llama
 
 
-def test_resolve_path_errors(tmp_path):
+def test_resolve_path_errors(tmp_path, monkeypatch):
     with pytest.raises(SpecToolkitError, match="does not exist"):
         resolve_path(str(tmp_path / "missing"))
     with pytest.raises(SpecToolkitError, match="no config.json"):
         resolve_path(str(tmp_path))
-    assert resolve_path("org/name") == "org/name"  # a hub id is passed through
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *args, **kwargs: "/cache/config.json")
+    assert resolve_path("org/name") == "org/name"  # a cached hub id is passed through
 
 
 def test_load_tiny_checkpoint_at_each_precision(tmp_path):
