@@ -100,7 +100,8 @@ def test_bad_precision_raises(tiny_float: Path) -> None:
 
 
 def test_missing_hub_model_is_a_clear_error(cache_env: Path) -> None:
-    with pytest.raises(SpecToolkitError, match="local Hugging Face cache"):
+    # Offline: "not cached here and the hub cannot be reached"; online: "not a model on the hub".
+    with pytest.raises(SpecToolkitError, match="'nobody-here/no-such-model' is not"):
         gptq.quantized_checkpoint("nobody-here/no-such-model", TINY_CFG)
 
 
@@ -129,7 +130,8 @@ def test_quantized_checkpoint_is_gptq_and_cached(tiny_quantized: Path, gptq_cach
     settings = json.loads((tiny_quantized / "quantize_config.json").read_text())
     assert (settings["bits"], settings["group_size"], settings["sym"]) == (4, 32, False)
     assert (tiny_quantized / "quantize.log").is_file()  # GPTQModel's console output, not the user's terminal
-    assert [p.name for p in tiny_quantized.parent.iterdir() if p.name.startswith(".")] == []  # no temp dir left
+    leftovers = [p.name for p in tiny_quantized.parent.iterdir() if p.name.startswith(".") and p.suffix != ".lock"]
+    assert leftovers == []  # no temp dir left (the build's lock file stays: removing one is racy)
 
 
 def test_cache_hit_does_not_requantize(
@@ -156,7 +158,7 @@ def test_failed_quantization_leaves_no_checkpoint(
     cfg = GptqConfig(group_size=16, num_samples=4)
     with pytest.raises(RuntimeError, match="mid-way"):
         gptq.quantized_checkpoint(str(tiny_float), cfg)
-    assert not [p for p in (cache_env / "gptq").iterdir() if "-g16-" in p.name]
+    assert not [p for p in (cache_env / "gptq").iterdir() if "-g16-" in p.name and p.suffix != ".lock"]
 
 
 # --- loading and decoding -----------------------------------------------------------------------
