@@ -46,26 +46,34 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _load_kv_block(
     data_ptr, scale_ptr, zero_ptr, s_n, s_sc, offs_n, offs_d, n_ok,
-    FORMAT: tl.constexpr, G: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    FORMAT: tl.constexpr, G: tl.constexpr, DOT_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
-    """Codes of one KV block -> ([BLOCK_N, D] in DOT_DTYPE, per-token scale [BLOCK_N] or None-like 1.0).
+    """Codes of one KV block -> ([BLOCK_N, D] in DOT_DTYPE, per-token scale [BLOCK_N] to apply after).
 
     int8 / fp8 keep their codes (exact in fp16/bf16) and return the row scale for the caller to apply
     after the dot; int4 and float formats return the dequantized values and a unit scale.
     """
     ok = n_ok[:, None]
-    if FORMAT == 3:
-        packed = tl.load(data_ptr + offs_n[:, None] * s_n + (offs_d // 2)[None, :], mask=ok, other=0)
-        codes = ((packed.to(tl.int32) >> ((offs_d % 2) * 4)[None, :]) & 0xF).to(tl.float32)
-        group = offs_n[:, None] * s_sc + (offs_d // G)[None, :]
-        scale = tl.load(scale_ptr + group, mask=ok, other=0.0)
-        zero = tl.load(zero_ptr + group, mask=ok, other=0.0)
-        return (codes * scale + zero).to(DOT_DTYPE), tl.full(offs_n.shape, 1.0, tl.float32)
-    values = tl.load(data_ptr + offs_n[:, None] * s_n + offs_d[None, :], mask=ok, other=0.0)
-    if FORMAT == 0:
-        return values.to(DOT_DTYPE), tl.full(offs_n.shape, 1.0, tl.float32)
-    row_scale = tl.load(scale_ptr + offs_n * s_sc, mask=n_ok, other=0.0)
-    return values.to(tl.float32).to(DOT_DTYPE), row_scale
+    row_scale = tl.full(offs_n.shape, 1.0, tl.float32)
+    if FORMAT == 3:  # each byte and each group's scale/zero is loaded once, then expanded in registers
+        packed = tl.load(data_ptr + offs_n[:, None] * s_n + tl.arange(0, D // 2)[None, :], mask=ok, other=0)
+        codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_N, D)).to(tl.float32)  # low nibble first
+        group = offs_n[:, None] * s_sc + tl.arange(0, D // G)[None, :]  # [BLOCK_N, D/G]
+        scale = _per_element(tl.load(scale_ptr + group, mask=ok, other=0.0), BLOCK_N, D, G)
+        zero = _per_element(tl.load(zero_ptr + group, mask=ok, other=0.0), BLOCK_N, D, G)
+        values = (codes * scale + zero).to(DOT_DTYPE)
+    else:
+        values = tl.load(data_ptr + offs_n[:, None] * s_n + offs_d[None, :], mask=ok, other=0.0)
+        values = values.to(tl.float32).to(DOT_DTYPE)  # int8 / fp8 codes are exact in fp16 and bf16
+        if FORMAT != 0:
+            row_scale = tl.load(scale_ptr + offs_n * s_sc, mask=n_ok, other=0.0)
+    return values, row_scale  # one return: the compiler traces every return of a jit function
+
+
+@triton.jit
+def _per_element(per_group, BLOCK_N: tl.constexpr, D: tl.constexpr, G: tl.constexpr):
+    """[BLOCK_N, D/G] -> [BLOCK_N, D]: each group's value repeated over its G elements."""
+    return tl.reshape(tl.broadcast_to(per_group[:, :, None], (BLOCK_N, D // G, G)), (BLOCK_N, D))
 
 
 @triton.jit
@@ -121,7 +129,19 @@ def _kv_attention_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         n_ok = offs_n < hi
         k, k_scale = _load_kv_block(
-            k_base, ks_ptr + ks_off, kz_ptr + ks_off, s_kn, s_ksn, offs_n, offs_d, n_ok, FORMAT, G, DOT_DTYPE
+            k_base,
+            ks_ptr + ks_off,
+            kz_ptr + ks_off,
+            s_kn,
+            s_ksn,
+            offs_n,
+            offs_d,
+            n_ok,
+            FORMAT,
+            G,
+            DOT_DTYPE,
+            BLOCK_N,
+            D,
         )
         scores = _dot(q, tl.trans(k), DOT_DTYPE, FP32_DOT)  # [BLOCK_M, BLOCK_N] fp32
         scores = scores * (k_scale * qk_scale)[None, :]
@@ -135,7 +155,19 @@ def _kv_attention_kernel(
         p = tl.exp2(scores - m_new[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
         v, v_scale = _load_kv_block(
-            v_base, vs_ptr + vs_off, vz_ptr + vs_off, s_vn, s_vsn, offs_n, offs_d, n_ok, FORMAT, G, DOT_DTYPE
+            v_base,
+            vs_ptr + vs_off,
+            vz_ptr + vs_off,
+            s_vn,
+            s_vsn,
+            offs_n,
+            offs_d,
+            n_ok,
+            FORMAT,
+            G,
+            DOT_DTYPE,
+            BLOCK_N,
+            D,
         )
         v = (v.to(tl.float32) * v_scale[:, None]).to(DOT_DTYPE)  # V is dequantized before the dot
         acc = acc * alpha[:, None] + _dot(p, v, DOT_DTYPE, FP32_DOT)
@@ -193,9 +225,15 @@ _INTERPRETER_CONFIG = {"BLOCK_N": 64, "num_warps": 4}  # one fixed config keeps 
 # ---- launch wrapper ----------------------------------------------------------------------------------
 
 
-def kernel_supports(head_dim: int, fmt: str) -> bool:
-    """Whether :func:`kv_attention` takes this head_dim and storage format (power-of-two D in [16, 256])."""
-    return fmt in _FORMAT_CODES and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+def kernel_supports(head_dim: int, fmt: str, device: torch.device | None = None) -> bool:
+    """Whether :func:`kv_attention` takes this head_dim (a power of two in [16, 256]) and format on ``device``.
+
+    fp8 (e4m3) needs a CUDA device of compute capability 8.9 or newer (Triton has no e4m3 before Ada).
+    """
+    shape_ok = fmt in _FORMAT_CODES and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+    if fmt == "fp8" and device is not None and torch.device(device).type == "cuda":
+        return shape_ok and torch.cuda.get_device_capability(device) >= (8, 9)
+    return shape_ok
 
 
 def expected_fields(fmt: str, head_dim: int) -> dict[str, tuple[int, torch.dtype]]:
@@ -277,6 +315,8 @@ def _check_inputs(query, key_fields, value_fields, fmt: str) -> int:
     batch, num_heads, _, head_dim = query.shape
     if not kernel_supports(head_dim, fmt):
         raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
+    if not kernel_supports(head_dim, fmt, query.device):
+        raise ValueError(f"{fmt} KV needs a GPU of compute capability 8.9 or newer ({query.device} is older)")
     if query.stride(-1) != 1:
         raise ValueError("query must be contiguous in its last dimension")
     require_launchable(query)

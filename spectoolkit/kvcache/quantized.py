@@ -138,14 +138,14 @@ class QuantizedKVLayer(_ConvertingKVLayer):
 
 
 def _kernel_runs(device: torch.device, head_dim: int, fmt: str) -> bool:
-    """Whether attention over this layer runs the Triton kernel: CUDA, Triton, and a head_dim it takes."""
+    """Whether attention over this layer runs the Triton kernel: CUDA, Triton, a head_dim and format it takes."""
     from spectoolkit.kernels.runtime import kernels_usable
 
     if not kernels_usable(device):
         return False
     from spectoolkit.kernels.kv_attention import kernel_supports  # only on CUDA: importing decorates kernels
 
-    return kernel_supports(head_dim, fmt)
+    return kernel_supports(head_dim, fmt, device)
 
 
 def make_kv_cache(num_layers: int, precision: str) -> PositionalKVCache:
