@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from spectoolkit.kernels.runtime import BenchCase, interpreting, require_launchable
 
+from spectoolkit.kernels.runtime import BenchCase, interpreting, require_launchable
 from spectoolkit.quant.rtn import QuantizedWeight, dequantize_weight, pack_int4, unpack_int4
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -30,7 +30,11 @@ def kernels_usable(device: torch.device | str) -> bool:
     """Whether the product path should launch Triton kernels for tensors on ``device``.
 
     Only on CUDA: the interpreter is exact but far slower than the torch path, so it is for tests.
+    ``SPECTOOLKIT_KERNELS=0`` keeps the torch path on CUDA too (to compare the two, or to rule the
+    kernels out when a result looks wrong).
     """
+    if os.environ.get("SPECTOOLKIT_KERNELS", "1") == "0":
+        return False
     return torch.device(device).type == "cuda" and triton_installed() and torch.cuda.is_available()
 
 

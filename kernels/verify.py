@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from spectoolkit.kernels.runtime import BenchCase, interpreting, require_launchable
 
+from spectoolkit.kernels.runtime import BenchCase, interpreting, require_launchable
 from spectoolkit.verify.greedy import GreedyVerifier
 from spectoolkit.verify.stochastic import verify_with_uniforms
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from spectoolkit.config import RunConfig
+from spectoolkit.kernels.runtime import kernels_usable
 
 
 def hardware(device: torch.device) -> dict[str, Any]:
@@ -101,6 +102,7 @@ def run_conditions(cfg: RunConfig, setup) -> dict[str, Any]:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "python": platform.python_version(),
+            "triton_kernels": kernels_usable(setup.device),  # verify, rtn-* matmul, quantized-KV attention
         },  # fmt: skip
         "target": {"path": setup.target.path, "precision": cfg.target.precision, "group_size": cfg.target.group_size},
         "draft": {

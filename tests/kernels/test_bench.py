@@ -22,3 +22,13 @@ def test_without_a_gpu_the_benchmark_says_so(capsys) -> None:
     assert bench.main([]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: the kernel benchmark needs a CUDA GPU") and "TRITON_INTERPRET=1" in err
+
+
+def test_kernels_run_only_on_cuda_and_can_be_switched_off(monkeypatch) -> None:
+    from spectoolkit.kernels.runtime import kernels_usable
+
+    assert not kernels_usable("cpu")  # the interpreter is for tests, never the product path
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert kernels_usable("cuda")
+    monkeypatch.setenv("SPECTOOLKIT_KERNELS", "0")
+    assert not kernels_usable("cuda")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from spectoolkit.config import SamplingConfig
 from spectoolkit.kernels.verify import (
     BatchVerifyResult,
     bench_cases,
@@ -18,8 +20,6 @@ from spectoolkit.kernels.verify import (
     verify_stochastic,
     verify_stochastic_reference,
 )
-
-from spectoolkit.config import SamplingConfig
 from spectoolkit.sampling import processed_probs
 from spectoolkit.verify import GreedyVerifier, StochasticVerifier, make_verifier
 from spectoolkit.verify.fused import FusedVerifier
