@@ -12,7 +12,7 @@ from spectoolkit.errors import SpecToolkitError
 __all__ = ["SpecToolkitError", "job_dir_name"]
 __version__ = "0.1.0"
 
-_MAX_DIR_NAME = 80
+_MAX_DIR_NAME = 160  # well under the 255 bytes a file name may have
 
 
 def job_dir_name(override_dirname: str) -> str:

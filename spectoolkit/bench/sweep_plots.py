@@ -36,6 +36,7 @@ def plot_speedup_by_gamma(rows: list[dict[str, Any]], axes: list[str], path: Pat
         series = sorted((g, s) for name, g, s in points if name == label)
         ax.plot([g for g, _ in series], [s for _, s in series], "-o", label=label)
     ax.axhline(1.0, color="grey", linewidth=1)
+    ax.set_xticks(sorted({g for _, g, _ in points}))
     ax.set(xlabel="draft length γ", ylabel="speedup vs same-run baseline (×)", title="Speedup vs γ per draft")
     ax.legend(fontsize=7)
     return save_png(fig, path)
@@ -78,17 +79,21 @@ def quality_of(row: dict[str, Any]) -> float | None:
     return 1.0 if row.get("target.precision") in FLOAT_PRECISIONS else None
 
 
-def plot_quality_vs_speed(rows: list[dict[str, Any]], path: Path) -> Path | None:
-    """Each job at (speedup, quality): the upper right wins; None without any such point."""
-    points = [(num(r.get("speedup")), quality_of(r), r["job"]) for r in rows]
-    points = [(s, q, job) for s, q, job in points if s is not None and q is not None]
+def plot_quality_vs_speed(rows: list[dict[str, Any]], axes: list[str], path: Path) -> Path | None:
+    """Each job at (speedup, quality), one colour per series, γ written beside the point; the upper right wins."""
+    points = [(series_label(r, axes), num(r.get("speedup")), quality_of(r), r.get(GAMMA)) for r in rows]
+    points = [p for p in points if p[1] is not None and p[2] is not None]
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot([s for s, _, _ in points], [q for _, q, _ in points], "o")
-    for speedup, quality, job in points:
-        ax.annotate(job, (speedup, quality), textcoords="offset points", xytext=(4, 4), fontsize=6)
+    for label in sorted({p[0] for p in points}):
+        series = [p for p in points if p[0] == label]
+        ax.plot([p[1] for p in series], [p[2] for p in series], "o", label=label)
+        for _, speedup, quality, gamma in series:
+            if gamma is not None:
+                ax.annotate(f"γ={gamma}", (speedup, quality), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.axvline(1.0, color="grey", linewidth=1)
     ax.set(xlabel="speedup vs same-run baseline (×)", ylabel="top-1 agreement with float reference",
-           title="Quality vs speed (greedy outputs are exact; quality is the target's quantization)")  # fmt: skip
+           title="Quality vs speed (float target = 1; greedy outputs are exact)")  # fmt: skip
+    ax.legend(fontsize=7)
     return save_png(fig, path)

@@ -69,7 +69,7 @@ def write_sweep_report(sweep_dir: Path) -> Path:
         ("speedup vs γ per draft", sweep_plots.plot_speedup_by_gamma(rows, series, plots_dir / "speedup_vs_gamma.png")),
         ("α by task type", sweep_plots.plot_alpha_by_task(
             sweep_plots.alpha_by_task(rows, summaries, series), plots_dir / "alpha_by_task.png")),
-        ("quality vs speed", sweep_plots.plot_quality_vs_speed(rows, plots_dir / "quality_vs_speed.png")),
+        ("quality vs speed", sweep_plots.plot_quality_vs_speed(rows, series, plots_dir / "quality_vs_speed.png")),
     ]  # fmt: skip
     counts = {status: sum(r["status"] == status for r in rows) for status in {r["status"] for r in rows}}
     status = ", ".join(f"{n} {s or 'unknown'}" for s, n in sorted(counts.items(), key=lambda kv: str(kv[0])))

@@ -59,8 +59,8 @@ def test_job_dir_name_is_stable_readable_and_safe() -> None:
     slashed = job_dir_name("model.target_path=/data/llama,+draft=bf16")
     assert "/" not in slashed and slashed == job_dir_name("model.target_path=/data/llama,+draft=bf16")
     assert slashed != job_dir_name("model.target_path=_data_llama,+draft=bf16")  # sanitizing never merges two jobs
-    long_a, long_b = "x=" + "a" * 200, "x=" + "a" * 199 + "b"
-    assert len(job_dir_name(long_a)) < 100 and job_dir_name(long_a) != job_dir_name(long_b)
+    long_a, long_b = "x=" + "a" * 300, "x=" + "a" * 299 + "b"
+    assert len(job_dir_name(long_a)) < 200 and job_dir_name(long_a) != job_dir_name(long_b)
 
 
 def test_axis_key() -> None:
