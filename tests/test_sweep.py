@@ -129,3 +129,16 @@ def test_parallel_launchers_run_a_two_job_sweep(launcher: str, tiny_checkpoint: 
     assert sorted(int(row["speculate.gamma"]) for row in rows) == [2, 4]
     assert all(row["status"] == "complete" and row["speedup"] for row in rows)
     assert (sweep_dir / "sweep_report.md").is_file()
+
+
+def test_slurm_preset_composes_onto_submitit_slurm() -> None:
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    with initialize_config_module(config_module="spectoolkit.conf", version_base=None):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)  # fmt: skip
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.gpus_per_node, launcher.partition, launcher.max_num_timeout) == (1, "gpu", 1)
+    assert OmegaConf.to_container(cfg.hydra.sweep)["subdir"].startswith("${spectoolkit_job_dir:")
