@@ -52,6 +52,27 @@ def leading_true(mask: torch.Tensor) -> int:
     return int(mask.long().cumprod(dim=0).sum().item())
 
 
+def check_round(
+    gamma: int, target_logits: torch.Tensor, draft_probs: torch.Tensor | None, greedy: bool
+) -> torch.Tensor | None:
+    """Every verifier's input check for one round; returns ``draft_probs`` (stochastic, γ = 0: an empty [0, V]).
+
+    target_logits must be [γ+1, V]; in stochastic mode draft_probs must be [γ, V_draft] (None only when
+    nothing was drafted). Raises ValueError naming the expected shape.
+    """
+    if target_logits.dim() != 2 or target_logits.shape[0] != gamma + 1:
+        raise ValueError(f"target_logits must be [γ+1, V] = [{gamma + 1}, V], got {list(target_logits.shape)}")
+    if greedy:
+        return draft_probs
+    if draft_probs is None and gamma == 0:
+        return torch.zeros(0, target_logits.shape[-1])
+    if draft_probs is None:
+        raise ValueError("stochastic verification needs draft_probs: the distributions drafts came from")
+    if draft_probs.dim() != 2 or draft_probs.shape[0] != gamma:
+        raise ValueError(f"expected draft_probs [{gamma}, V_draft], got {list(draft_probs.shape)}")
+    return draft_probs
+
+
 def make_verifier(sampling: SamplingConfig, device: torch.device | str | None = None) -> Verifier:
     """The verifier for ``sampling``: greedy when ``temperature == 0``, exact stochastic otherwise.
 

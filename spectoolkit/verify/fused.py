@@ -16,7 +16,7 @@ import torch
 
 from spectoolkit.config import SamplingConfig
 from spectoolkit.sampling import processed_probs
-from spectoolkit.verify.base import VerifyResult
+from spectoolkit.verify.base import VerifyResult, check_round
 from spectoolkit.verify.stochastic import _uniforms
 
 
@@ -44,29 +44,15 @@ class FusedVerifier:
         """draft_ids: [γ] long; target_logits: [γ+1, V]; draft_probs: [γ, V_draft] fp32 (None if greedy or γ = 0)."""
         gamma = draft_ids.shape[0]
         device = target_logits.device
-        _check_rows(gamma, target_logits, draft_probs, self.sampling.greedy)
+        draft_probs = check_round(gamma, target_logits, draft_probs, self.sampling.greedy)
         draft_ids = draft_ids.to(device=device, dtype=torch.long)  # [γ]
         cu_draft_lens = torch.tensor([0, gamma], dtype=torch.long, device=device)  # [2]
         if self.sampling.greedy:
             result = self._kernel.verify_greedy(draft_ids, cu_draft_lens, target_logits)
         else:
             target_probs = processed_probs(target_logits, self.sampling)  # [γ+1, V] fp32
-            if draft_probs is None:  # γ == 0 (checked)
-                draft_probs = torch.zeros(0, target_probs.shape[-1])
             draft_probs = draft_probs.to(device=device, dtype=torch.float32)  # [γ, V_draft]
             uniforms = _uniforms(gamma + 1, generator, device)  # [γ+1], the torch verifier's stream
             result = self._kernel.verify_stochastic(draft_ids, cu_draft_lens, draft_probs, target_probs, uniforms)
         num_accepted, next_token = torch.cat([result.num_accepted, result.next_token]).tolist()  # one sync
         return VerifyResult(num_accepted, next_token)
-
-
-def _check_rows(gamma: int, target_logits: torch.Tensor, draft_probs: torch.Tensor | None, greedy: bool) -> None:
-    """The torch verifiers' shape checks, with the same messages."""
-    if target_logits.dim() != 2 or target_logits.shape[0] != gamma + 1:
-        raise ValueError(f"target_logits must be [γ+1, V] = [{gamma + 1}, V], got {list(target_logits.shape)}")
-    if greedy:
-        return
-    if draft_probs is None and gamma > 0:
-        raise ValueError("stochastic verification needs draft_probs: the distributions drafts came from")
-    if draft_probs is not None and (draft_probs.dim() != 2 or draft_probs.shape[0] != gamma):
-        raise ValueError(f"expected draft_probs [{gamma}, V_draft], got {list(draft_probs.shape)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from spectoolkit.verify.base import VerifyResult, leading_true
+from spectoolkit.verify.base import VerifyResult, check_round, leading_true
 
 
 def _argmax_ids(logits: torch.Tensor) -> torch.Tensor:
@@ -32,14 +32,8 @@ class GreedyVerifier:
     ) -> VerifyResult:
         """draft_ids: [γ] long; target_logits: [γ+1, V]. ``draft_probs`` and ``generator`` are unused."""
         gamma = draft_ids.shape[0]
-        _check_rows(gamma, target_logits)
+        check_round(gamma, target_logits, None, greedy=True)
         target_ids = _argmax_ids(target_logits)  # [γ+1]
         matches = draft_ids.to(target_ids.device) == target_ids[:gamma]  # [γ]
         num_accepted = leading_true(matches)
         return VerifyResult(num_accepted, int(target_ids[num_accepted].item()))
-
-
-def _check_rows(gamma: int, target_logits: torch.Tensor) -> None:
-    if target_logits.dim() != 2 or target_logits.shape[0] != gamma + 1:
-        shape = list(target_logits.shape)
-        raise ValueError(f"target_logits must be [γ+1, V] = [{gamma + 1}, V], got {shape}")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from spectoolkit.config import SamplingConfig
 from spectoolkit.sampling import processed_probs, sample_from
-from spectoolkit.verify.base import VerifyResult, leading_true
+from spectoolkit.verify.base import VerifyResult, check_round, leading_true
 
 
 def verify_with_uniforms(
@@ -111,15 +111,7 @@ class StochasticVerifier:
         ``draft_probs`` may be None only when γ == 0 (nothing was drafted).
         """
         gamma = draft_ids.shape[0]
-        if draft_probs is None and gamma == 0:
-            draft_probs = torch.zeros(0, target_logits.shape[-1])
-        if draft_probs is None:
-            raise ValueError("stochastic verification needs draft_probs: the distributions drafts came from")
-        if target_logits.dim() != 2 or target_logits.shape[0] != gamma + 1 or draft_probs.shape[0] != gamma:
-            raise ValueError(
-                f"expected target_logits [{gamma + 1}, V] and draft_probs [{gamma}, V_draft], got "
-                f"{list(target_logits.shape)} and {list(draft_probs.shape)}"
-            )
+        draft_probs = check_round(gamma, target_logits, draft_probs, greedy=False)  # [γ, V_draft]
         target_probs = processed_probs(target_logits, self.sampling)  # [γ+1, V] fp32
         uniforms = _uniforms(gamma + 1, generator, target_probs.device)  # [γ+1]
         return verify_with_uniforms(draft_ids, draft_probs, target_probs, uniforms)
