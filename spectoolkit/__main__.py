@@ -33,10 +33,12 @@ def _resolved(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base=None, config_path="pkg://spectoolkit.conf", config_name="config")
 def _app(cfg: DictConfig) -> None:
+    from spectoolkit.config import run_config_from_dict
+
     _quiet_transformers()
     try:
         values = _resolved(cfg)
-        config = config_from_hydra(cfg)
+        config = run_config_from_dict(values)
     except SpecToolkitError as exc:
         _fail(str(exc))
         return

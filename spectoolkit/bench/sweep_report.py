@@ -12,8 +12,8 @@ from typing import Any
 
 from spectoolkit.bench import sweep_plots
 from spectoolkit.bench.report import REPORT_NAME, _speed, write_report
-from spectoolkit.bench.summary_access import atomic_write, fmt, load_summary, md_table
-from spectoolkit.bench.sweep_table import SWEEP_CSV_NAME, SWEEP_DEPTH, axis_key, sweep_rows, write_sweep_csv
+from spectoolkit.bench.summary_access import atomic_write, fmt, md_table
+from spectoolkit.bench.sweep_table import SWEEP_CSV_NAME, SWEEP_DEPTH, axis_key, sweep_rows, write_csv
 from spectoolkit.errors import SpecToolkitError
 
 SWEEP_REPORT_NAME = "sweep_report.md"
@@ -22,15 +22,10 @@ METRIC_HEADERS = ["arm", "speedup", "predicted", "α", "E", "P95 s", "exact matc
 
 def _summaries(sweep_dir: Path, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Readable summaries by job; each job's own report.md is written when missing."""
-    found = {}
-    for row in rows:
-        job_dir = sweep_dir / row["job"]
-        try:
-            found[row["job"]] = load_summary(job_dir)
-        except SpecToolkitError:
-            continue
-        if not (job_dir / REPORT_NAME).is_file():
-            write_report(job_dir)
+    found = {row["job"]: row["_summary"] for row in rows if row["_summary"] is not None}
+    for job in found:
+        if not (sweep_dir / job / REPORT_NAME).is_file():
+            write_report(sweep_dir / job)
     return found
 
 
@@ -61,7 +56,7 @@ def write_sweep_report(sweep_dir: Path) -> Path:
     axes, rows = sweep_rows(sweep_dir) if sweep_dir.is_dir() else ([], [])
     if not rows:
         raise SpecToolkitError(f"no job (job.json or summary.json) in {sweep_dir} or up to {SWEEP_DEPTH} levels below")
-    write_sweep_csv(sweep_dir)
+    write_csv(sweep_dir, axes, rows)
     summaries = _summaries(sweep_dir, rows)
     plots_dir = sweep_dir / "plots"
     series = varying(axes, rows) if len(rows) > 1 else []

@@ -129,7 +129,7 @@ def job_row(job_dir: Path, sweep_dir: Path) -> dict[str, Any]:
         row["speculate.gamma"] = dig(arms_of(summary).get(row["arm"]), "gamma")
     if row["status"] is None and summary is not None:  # a run made without job.json (library use)
         row["status"] = "complete" if summary.get("complete") else "incomplete"
-    row["_config"] = config
+    row["_config"], row["_summary"] = config, summary  # private: not CSV columns (the writer ignores them)
     return row
 
 
@@ -152,7 +152,11 @@ def columns_for(axes: list[str]) -> list[str]:
 
 
 def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """(swept axes, rows) for every job below ``sweep_dir``; an axis is a key some job overrode."""
+    """(swept axes, rows) for every job below ``sweep_dir``; an axis is a key some job overrode.
+
+    Each row also carries its job's summary (or None) under ``_summary``, read once for the table and
+    the report.
+    """
     sweep_dir = Path(sweep_dir)
     rows = [job_row(job_dir, sweep_dir) for job_dir in find_jobs(sweep_dir)]
     axes = sorted({key for row in rows for o in row["overrides"].split() if (key := axis_key(o))})
@@ -164,7 +168,11 @@ def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
 
 def write_sweep_csv(sweep_dir: Path) -> Path:
     """Write ``sweep_dir/sweep_summary.csv`` atomically (one row per job) and return its path."""
-    axes, rows = sweep_rows(sweep_dir)
+    return write_csv(sweep_dir, *sweep_rows(sweep_dir))
+
+
+def write_csv(sweep_dir: Path, axes: list[str], rows: list[dict[str, Any]]) -> Path:
+    """Write the rows of :func:`sweep_rows` as ``sweep_dir/sweep_summary.csv`` (atomically)."""
     if not rows:
         raise SpecToolkitError(f"no job (job.json or summary.json) in {sweep_dir} or up to {SWEEP_DEPTH} levels below")
     buffer = io.StringIO()
