@@ -18,13 +18,13 @@ import time
 
 import torch
 
-from spectoolkit.bench.workloads import encode_prompt, load_workload
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.drafting import NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models import load_model, load_tokenizer
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.verify import GreedyVerifier
+from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 
 def _hf_generate(model, ids: list[int], max_new: int, eos: int, **kwargs) -> tuple[list[int], float]:

@@ -20,11 +20,11 @@ import time
 
 import torch
 
-from spectoolkit.bench.workloads import encode_prompt, load_workload
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.models import load_model, load_tokenizer
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.quant.rtn import load_quantized
+from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 CPU = torch.device("cpu")
 PREFILL = 200

@@ -1,7 +1,7 @@
 """spectoolkit: exact speculative decoding with quantized models, measured honestly.
 
 The library works without Hydra: build a :class:`spectoolkit.config.RunConfig` and call
-:func:`spectoolkit.bench.runner.run`. ``python -m spectoolkit`` is a thin Hydra wrapper around it.
+:func:`spectoolkit.bench.protocol.runner.run`. ``python -m spectoolkit`` is a thin Hydra wrapper around it.
 """
 
 import hashlib

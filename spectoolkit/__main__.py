@@ -1,7 +1,7 @@
 """``python -m spectoolkit``: compose the Hydra config, run the protocol, print the summary table.
 
 A thin wrapper (lightning-hydra-template style): all work happens in
-:func:`spectoolkit.bench.runner.run`, which tests call directly with a typed config.
+:func:`spectoolkit.bench.protocol.runner.run`, which tests call directly with a typed config.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def config_from_hydra(cfg: DictConfig):
 
 
 def _resolved(cfg: DictConfig) -> dict:
-    """The composed config as plain values (what identifies a job; see spectoolkit.bench.jobs)."""
+    """The composed config as plain values (what identifies a job; see spectoolkit.bench.sweep.jobs)."""
     try:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as exc:
@@ -49,7 +49,7 @@ def _app(cfg: DictConfig) -> None:
 
 def _run_job(config, values: dict) -> str | None:
     """Run one job unless its directory already holds it, complete; keep job.json up to date."""
-    from spectoolkit.bench.jobs import COMPLETE, config_hash, end_job, finished_before, start_job
+    from spectoolkit.bench.sweep.jobs import COMPLETE, config_hash, end_job, finished_before, start_job
 
     out_dir, digest = Path(config.output_dir), config_hash(values)
     done = finished_before(out_dir, digest) if config.resume else None
@@ -74,8 +74,8 @@ def _run_job(config, values: dict) -> str | None:
 
 
 def _bench_job(config) -> str:
-    from spectoolkit.bench.runner import run
-    from spectoolkit.bench.table import format_summary
+    from spectoolkit.bench.protocol.runner import run
+    from spectoolkit.bench.protocol.table import format_summary
 
     return format_summary(run(config))
 

@@ -251,7 +251,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     device: str = "auto"
     output_dir: str = "."
-    resume: bool = True  # skip when output_dir holds a complete job of this config (spectoolkit.bench.jobs)
+    resume: bool = True  # skip when output_dir holds a complete job of this config (spectoolkit.bench.sweep.jobs)
 
     def __post_init__(self) -> None:
         _one_of("device", self.device, DEVICES)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from spectoolkit.bench.sweep_report import report_path_for
+from spectoolkit.bench.sweep.report import report_path_for
 from spectoolkit.errors import SpecToolkitError
 
 HINT = "point it at a run directory with summary.json or a sweep directory"

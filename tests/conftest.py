@@ -21,7 +21,7 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-# ---- tests/bench/test_runner.py, tests/test_cli.py: tiny checkpoints loadable by path ----------
+# ---- tests/bench/protocol/test_runner.py, tests/test_cli.py: tiny checkpoints loadable by path ----------
 # A random 2-layer Llama with the embedded SmolLM2 tokenizer (vocab 49152): the real loading,
 # chat-template and engine paths in well under a second per generation. `scale` sharpens the
 # next-token distributions so greedy decoding is not dominated by near-ties.

@@ -24,16 +24,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench.exactness import greedy_exactness
-from spectoolkit.bench.quality import quant_quality
-from spectoolkit.bench.setup import RunSetup, build, make_drafter
-from spectoolkit.bench.workloads import encode_prompt, load_workload
+from spectoolkit.bench.protocol.exactness import greedy_exactness
+from spectoolkit.bench.protocol.quality import quant_quality
+from spectoolkit.bench.protocol.setup import RunSetup, build, make_drafter
 from spectoolkit.config import RunConfig, SamplingConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
 from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
 from spectoolkit.metrics.records import write_json_atomic
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 RESULT_FILE = "exactness.json"
 PAIRS_FILE = "exactness_records.jsonl"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from spectoolkit.bench.workloads import encode_prompt, load_workload
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.eval.quant_quality import HeldText
+from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 
 def held_texts(tokenizer, workload: WorkloadConfig, num_texts: int, max_tokens: int) -> list[HeldText]:

@@ -3,7 +3,7 @@ on the same tasks, scores side by side.
 
 The reference is the target alone at its own precision (DESIGN §1: the exact reference of a
 quantized target is the quantized target); the speculative configuration adds the run's drafter,
-γ, KV and sampling. Both are arms of one :func:`spectoolkit.bench.setup.build`, so they share the
+γ, KV and sampling. Both are arms of one :func:`spectoolkit.bench.protocol.setup.build`, so they share the
 loaded target. In greedy mode every score (and every generated text) must be identical; a
 difference is flagged in the table and in ``lmeval.json`` as a bug to explain.
 """
@@ -26,7 +26,7 @@ RESULT_FILE = "lmeval.json"
 
 def run_lmeval_job(config: RunConfig) -> str:
     """Run ``config.eval.tasks`` for both configurations; writes ``<output_dir>/lmeval.json``, returns the table."""
-    from spectoolkit.bench.setup import build
+    from spectoolkit.bench.protocol.setup import build
     from spectoolkit.eval.lmeval import SpecToolkitLM
     from spectoolkit.eval.lmeval_args import model_args_of
 

@@ -15,7 +15,7 @@ k + 1 tokens [pending, d1..dk]) + C (acceptance test, KV commit, loop), and
 
 with T₁ one target-alone decode step. Worked example: α=0.8, γ=4 → E=3.36; T₁=10 ms, D_γ=4, V_γ=14,
 C=1 ms → 1.77x; with D_γ=25 ms → 0.84x. V_γ is not T₁: a wider forward does more attention, KV and
-logits work, which is why V is calibrated per width (:mod:`spectoolkit.bench.calibrate`).
+logits work, which is why V is calibrated per width (:mod:`spectoolkit.bench.protocol.calibrate`).
 
 Whole-request prediction: both arms pay the prefill P, which also yields the first token, so for a
 request of n output tokens baseline = P + (n-1)·T₁ and speculative = P + (n-1)/E · round_cost.

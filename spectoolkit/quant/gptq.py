@@ -89,9 +89,14 @@ def calibration_texts(num_samples: int) -> list[str]:
     (signature and docstring) plus its canonical solution. The two alternate, chat first; at most
     :data:`MAX_HUMANEVAL_CALIBRATION` are code, so larger sets are mostly chat.
     """
-    from spectoolkit.bench.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, iter_humaneval_tasks, package_data_file
-    from spectoolkit.bench.workloads import load_workload
     from spectoolkit.config import WorkloadConfig
+    from spectoolkit.workloads.datasets import (
+        HUMANEVAL_FILE,
+        HUMANEVAL_PACKAGE,
+        iter_humaneval_tasks,
+        package_data_file,
+    )
+    from spectoolkit.workloads.prompts import load_workload
 
     num_code = min(num_samples // 2, MAX_HUMANEVAL_CALIBRATION)
     num_chat = num_samples - num_code

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spectoolkit.bench.exactness import greedy_exactness
-from spectoolkit.bench.setup import build
+from spectoolkit.bench.protocol.exactness import greedy_exactness
+from spectoolkit.bench.protocol.setup import build
 from spectoolkit.config import DraftConfig, ModelConfig, RunConfig
 from spectoolkit.eval.exactness import (
     EXACT,

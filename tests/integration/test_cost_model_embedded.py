@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spectoolkit.bench.runner import run
+from spectoolkit.bench.protocol.runner import run
 from spectoolkit.config import BenchConfig, DraftConfig, RunConfig, WorkloadConfig
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,7 @@ from functools import cache
 import pytest
 import torch
 
-from spectoolkit.bench.setup import eos_ids_of
-from spectoolkit.bench.workloads import Request, encode_prompt
+from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.eval.exactness import NEAR_TIE, divergence, near_tie_threshold
@@ -24,6 +23,7 @@ from spectoolkit.models import load_model, load_tokenizer
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
+from spectoolkit.workloads.prompts import Request, encode_prompt
 
 pytestmark = pytest.mark.integration
 

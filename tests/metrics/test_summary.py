@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from spectoolkit.bench.table import format_summary
+from spectoolkit.bench.protocol.table import format_summary
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary import greedy_exact_match, quantiles, summarize
 

@@ -80,8 +80,8 @@ def test_calibration_texts_are_real_deterministic_and_mixed() -> None:
 
 
 def test_calibration_is_disjoint_from_benchmark_prompts() -> None:
-    from spectoolkit.bench.workloads import load_workload
     from spectoolkit.config import WorkloadConfig
+    from spectoolkit.workloads.prompts import load_workload
 
     bench = load_workload(WorkloadConfig(kind="sharegpt", num_prompts=64))
     texts = calibration_texts(64)
@@ -226,9 +226,9 @@ def _rtn_int4(weight: torch.Tensor, group_size: int) -> torch.Tensor:
 
 def test_gptq_beats_round_to_nearest_on_held_text(tiny_model: torch.nn.Module, tiny_float: Path) -> None:
     """GPTQ's error feedback: lower logit error than RTN with the same bits/groups, on text it never saw."""
-    from spectoolkit.bench.workloads import load_workload
     from spectoolkit.config import WorkloadConfig
     from spectoolkit.models.loading import load_model, load_tokenizer
+    from spectoolkit.workloads.prompts import load_workload
 
     tokenizer = load_tokenizer(str(tiny_float))
     chats = load_workload(WorkloadConfig(kind="sharegpt", num_prompts=3))  # the start: not calibration text
@@ -270,10 +270,10 @@ def test_float_path_is_quantized_then_loaded(
 @pytest.mark.integration
 def test_embedded_model_int4_agrees_with_fp32() -> None:
     """Real GPTQ of SmolLM2-135M (minutes on 2 cores the first time, then cached)."""
-    from spectoolkit.bench.workloads import load_workload
     from spectoolkit.config import WorkloadConfig
     from spectoolkit.models.cached import CachedModel
     from spectoolkit.models.loading import load_model, load_tokenizer
+    from spectoolkit.workloads.prompts import load_workload
 
     tokenizer = load_tokenizer(None)
     chats = load_workload(WorkloadConfig(kind="sharegpt", num_prompts=10))  # the start: not calibration text

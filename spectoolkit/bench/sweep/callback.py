@@ -26,12 +26,12 @@ class SweepCallback(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-            from spectoolkit.bench.sweep_table import write_sweep_csv
+            from spectoolkit.bench.sweep.table import write_sweep_csv
 
             _quietly(write_sweep_csv, Path(HydraConfig.get().sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from spectoolkit.bench.sweep_report import write_sweep_report
+        from spectoolkit.bench.sweep.report import write_sweep_report
 
         path = _quietly(write_sweep_report, Path(config.hydra.sweep.dir))
         if path:

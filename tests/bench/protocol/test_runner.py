@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spectoolkit.bench.runner import RECORDS_FILE, SUMMARY_FILE, run
+from spectoolkit.bench.protocol.runner import RECORDS_FILE, SUMMARY_FILE, run
 from spectoolkit.config import BenchConfig, DraftConfig, ModelConfig, RunConfig, WorkloadConfig
 from spectoolkit.engine import SpeculativeEngine
 
@@ -220,7 +220,7 @@ def test_interrupt_keeps_finished_records(tiny_checkpoint: Path, tmp_path: Path,
 
 def test_rerun_sets_earlier_records_aside(tiny_checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
     # A fixed clock: every run lands in the same second, the worst case for timestamped names.
-    monkeypatch.setattr("spectoolkit.bench.runner.time.strftime", lambda *args: "20250101-000000")
+    monkeypatch.setattr("spectoolkit.bench.protocol.runner.time.strftime", lambda *args: "20250101-000000")
     workload = WorkloadConfig(kind="builtin", max_new_tokens=2, num_prompts=1)
     cfg = _config(
         tiny_checkpoint, tmp_path, DraftConfig(kind="ngram"), workload=workload,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spectoolkit.bench.runner import RECORDS_FILE, run
+from spectoolkit.bench.protocol.runner import RECORDS_FILE, run
 from spectoolkit.config import BenchConfig, DraftConfig, ModelConfig, RunConfig, TargetConfig, WorkloadConfig
 from spectoolkit.errors import SpecToolkitError
 

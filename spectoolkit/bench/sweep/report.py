@@ -1,7 +1,7 @@
 """The sweep report (``sweep_report.md``) and ``sweep_summary.csv`` of a sweep directory.
 
-One row per job (``bench.sweep_table``): its swept axes, status and headline metrics, linked to the
-job's own report; then plots (``bench.sweep_plots``): speedup vs γ per draft, α by task type, and
+One row per job (``sweep.table``): its swept axes, status and headline metrics, linked to the
+job's own report; then plots (``sweep.plots``): speedup vs γ per draft, α by task type, and
 quality vs speed. Also ``report_path_for``: the report that fits a directory (a run's, or a sweep's).
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench import sweep_plots
-from spectoolkit.bench.report import REPORT_NAME, _speed, write_report
-from spectoolkit.bench.summary_access import atomic_write, fmt, md_table
-from spectoolkit.bench.sweep_table import SWEEP_CSV_NAME, SWEEP_DEPTH, axis_key, sweep_rows, write_csv
+from spectoolkit.bench.report.load import atomic_write, fmt, md_table, speed
+from spectoolkit.bench.report.render import REPORT_NAME, write_report
+from spectoolkit.bench.sweep import plots as sweep_plots
+from spectoolkit.bench.sweep.table import SWEEP_CSV_NAME, SWEEP_DEPTH, axis_key, sweep_rows, write_csv
 from spectoolkit.errors import SpecToolkitError
 
 SWEEP_REPORT_NAME = "sweep_report.md"
@@ -45,7 +45,7 @@ def _table_row(row: dict[str, Any], axes: list[str], has_summary: bool) -> list[
     label = " ".join(o for o in row["overrides"].split() if axis_key(o) in axes) or row["job"]
     name = f"[{label}]({row['job']}/{REPORT_NAME})" if has_summary else label
     return [name, row["status"] or "n/a", *(row.get(axis) for axis in axes), row["arm"] or "n/a",
-            _speed(row["speedup"]), _speed(row["predicted_speedup"]), fmt(row["alpha"]),
+            speed(row["speedup"]), speed(row["predicted_speedup"]), fmt(row["alpha"]),
             fmt(row["tokens_per_verify"], ".2f"), fmt(row["latency_p95"]), fmt(row["exact_match"], ".1%"),
             row["exactness"] or "n/a", fmt(row["quant_top1_agreement"])]  # fmt: skip
 

@@ -19,16 +19,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from spectoolkit.bench.calibrate import calibration_context, calibration_widths, measure_verify_costs
-from spectoolkit.bench.conditions import host_rss_bytes, run_conditions
-from spectoolkit.bench.exactness import greedy_exactness
-from spectoolkit.bench.quality import quant_quality
-from spectoolkit.bench.setup import Arm, RunSetup, build
-from spectoolkit.bench.workloads import Request, encode_prompt, load_workload
+from spectoolkit.bench.protocol.calibrate import calibration_context, calibration_widths, measure_verify_costs
+from spectoolkit.bench.protocol.conditions import host_rss_bytes, run_conditions
+from spectoolkit.bench.protocol.exactness import greedy_exactness
+from spectoolkit.bench.protocol.quality import quant_quality
+from spectoolkit.bench.protocol.setup import Arm, RunSetup, build
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_records, write_json_atomic
 from spectoolkit.metrics.summary import cost_models, summarize
+from spectoolkit.workloads.prompts import Request, encode_prompt, load_workload
 
 RECORDS_FILE = "records.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -192,7 +192,7 @@ def _write_summary(cfg: RunConfig, setup: RunSetup, out_dir: Path, complete: boo
 
 def _report(out_dir: Path) -> None:
     """Write report.md; the measurements are already safe in summary.json, so a failure only warns."""
-    from spectoolkit.bench.report import write_report
+    from spectoolkit.bench.report.render import write_report
 
     try:
         write_report(out_dir)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spectoolkit.bench.summary_access import Records, Summary, as_dict, as_list, fmt, md_table
+from spectoolkit.bench.report.load import Records, Summary, as_dict, as_list, fmt, md_table
 
 
 def exactness_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:

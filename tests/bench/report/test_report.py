@@ -1,4 +1,4 @@
-"""Run and sweep reports (spectoolkit.bench.report), checklist and rules (bench.checklist), plots, CLI.
+"""Run and sweep reports (spectoolkit.bench.report.render), checklist and rules (bench.report.checklist), plots, CLI.
 
 Synthetic summary.json / records.jsonl following the summary schema of issue 4: a complete 2-arm run,
 four_groups, gamma_sweep, draft=none, incomplete, no successful request, and sampling runs.
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from spectoolkit.bench import checklist as cl
-from spectoolkit.bench import plots
-from spectoolkit.bench.interpret import interpret
-from spectoolkit.bench.report import render_report, write_report
-from spectoolkit.bench.sweep_report import report_path_for, write_sweep_report
+from spectoolkit.bench.report import checklist as cl
+from spectoolkit.bench.report import plots
+from spectoolkit.bench.report.interpret import interpret
+from spectoolkit.bench.report.render import render_report, write_report
+from spectoolkit.bench.sweep.report import report_path_for, write_sweep_report
 from spectoolkit.errors import SpecToolkitError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from spectoolkit.bench.datasets import iter_sharegpt_entries
-from spectoolkit.bench.workloads import TASK_TYPES, Request, encode_prompt, load_workload
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.workloads.datasets import iter_sharegpt_entries
+from spectoolkit.workloads.prompts import TASK_TYPES, Request, encode_prompt, load_workload
 
 
 def _write_lines(path: Path, lines: list[str]) -> str:
@@ -189,7 +189,7 @@ def test_iter_sharegpt_entries_complete_and_compact(tmp_path: Path) -> None:
 
 
 def test_iter_sharegpt_entries_across_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("spectoolkit.bench.datasets._CHUNK_CHARS", 7)  # every entry spans chunks
+    monkeypatch.setattr("spectoolkit.workloads.datasets._CHUNK_CHARS", 7)  # every entry spans chunks
     entries = [_entry(i) for i in range(6)] + [{"id": "é", "conversations": []}]
     path = tmp_path / "small.json"
     path.write_text(json.dumps(entries, indent=1)[:-40], encoding="utf-8")

@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from spectoolkit.bench.summary_access import (  # noqa: E402
+from spectoolkit.bench.report.load import (  # noqa: E402
     arms_of,
     as_dict,
     as_list,

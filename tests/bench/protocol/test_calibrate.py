@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spectoolkit.bench.calibrate import calibration_context, calibration_widths, measure_verify_costs
+from spectoolkit.bench.protocol.calibrate import calibration_context, calibration_widths, measure_verify_costs
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 

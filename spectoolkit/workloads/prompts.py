@@ -23,7 +23,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench.datasets import (
+from spectoolkit.config import WorkloadConfig
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.workloads.datasets import (
     HUMANEVAL_FILE,
     HUMANEVAL_PACKAGE,
     SHAREGPT_FILE,
@@ -32,8 +34,6 @@ from spectoolkit.bench.datasets import (
     iter_sharegpt_entries,
     package_data_file,
 )
-from spectoolkit.config import WorkloadConfig
-from spectoolkit.errors import SpecToolkitError
 
 TASK_TYPES = ("chat", "code", "structured", "summarization", "qa", "unknown")
 DATASET_DEFAULT_PROMPTS = 8  # humaneval / sharegpt when workload.num_prompts is None

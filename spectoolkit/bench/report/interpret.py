@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spectoolkit.bench.summary_access import (
+from spectoolkit.bench.report.load import (
     BASELINE,
     Summary,
     arms_of,

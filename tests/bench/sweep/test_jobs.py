@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from spectoolkit import job_dir_name
-from spectoolkit.bench import jobs
-from spectoolkit.bench.sweep_table import axis_key, sweep_rows, write_sweep_csv
+from spectoolkit.bench.sweep import jobs
+from spectoolkit.bench.sweep.table import axis_key, sweep_rows, write_sweep_csv
 from spectoolkit.embedded import cached_directory
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models import loading

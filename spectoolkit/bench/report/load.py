@@ -90,6 +90,11 @@ def fmt(value: Any, spec: str = ".3f", suffix: str = "") -> str:
     return "n/a" if number is None else format(number, spec) + suffix
 
 
+def speed(value: Any) -> str:
+    """A speedup as "1.23×", or "n/a"."""
+    return fmt(value, ".2f", "×")
+
+
 def arms_of(group: Any) -> dict[str, dict[str, Any]]:
     """ArmStats per arm of a summary or a group; older summaries kept arms at the top of a group."""
     arms = dig(group, "arms")

@@ -3,8 +3,8 @@
 Follows DESIGN §3 (metric definitions) and issue 4: the report never states a headline number
 without the conditions it holds under (hardware, precisions, KV, γ, sampling, batch/concurrency,
 workload, repeats); an incomplete run or one without a baseline gets no headline at all. The
-checklist is in ``bench.checklist``, the interpretation rules in ``bench.interpret``, plots in
-``bench.plots``, the sweep report in ``bench.sweep_report``.
+checklist is in ``report.checklist``, the interpretation rules in ``report.interpret``, plots in
+``report.plots``, the sweep report in ``bench.sweep.report``.
 Older summaries, nulls, baseline-only runs and runs without a successful request render "n/a".
 """
 
@@ -13,11 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench import plots as plotting
-from spectoolkit.bench.checklist import FAIL, evaluate_checklist
-from spectoolkit.bench.interpret import interpret
-from spectoolkit.bench.report_quality import exactness_section, quality_section
-from spectoolkit.bench.summary_access import (
+from spectoolkit.bench.report import plots as plotting
+from spectoolkit.bench.report.checklist import FAIL, evaluate_checklist
+from spectoolkit.bench.report.interpret import interpret
+from spectoolkit.bench.report.load import (
     BASELINE,
     Records,
     Summary,
@@ -35,8 +34,10 @@ from spectoolkit.bench.summary_access import (
     num,
     primary_arm,
     sampling_mode,
+    speed,
     speedups_of,
 )
+from spectoolkit.bench.report.quality import exactness_section, quality_section
 
 REPORT_NAME = "report.md"
 COST_HEADERS = (
@@ -50,10 +51,6 @@ COST_HEADERS = (
 
 def _split(headers: str) -> list[str]:
     return headers.split("|")
-
-
-def _speed(value: Any) -> str:
-    return fmt(value, ".2f", "×")
 
 
 def _mib(value: Any, sign: str = "") -> str:
@@ -145,7 +142,7 @@ def headline(summary: Summary, records: Records) -> str:
     failed = [item.name for item in evaluate_checklist(summary, records) if item.status == FAIL]
     caution = f"\n\n**Caution:** {len(failed)} pre-launch check(s) FAIL: {'; '.join(failed)}." if failed else ""
     return (
-        f"**Headline:** `{arm}` decodes at **{_speed(summary['speedup'])}** the target-alone baseline's net "
+        f"**Headline:** `{arm}` decodes at **{speed(summary['speedup'])}** the target-alone baseline's net "
         f"throughput ({fmt(stats.get('net_throughput'), '.2f')} vs {fmt(base.get('net_throughput'), '.2f')} tok/s, "
         f"α {fmt(stats.get('acceptance_rate'))}, E {fmt(stats.get('tokens_per_verify'), '.2f')}, {exact}) "
         f"under: {conditions}.{caution}"
@@ -219,7 +216,7 @@ def _results_section(summary: Summary, records: Records, plots: dict[str, Path])
     headers = ["arm", "target", "draft", "γ", "speedup", *(h for h, _, _ in ARM_COLUMNS), "exact match"]
     speedups, arms = speedups_of(summary), arms_of(summary)
     rows = [
-        [arm, stats.get("target_precision"), stats.get("draft"), stats.get("gamma"), _speed(speedups.get(arm)),
+        [arm, stats.get("target_precision"), stats.get("draft"), stats.get("gamma"), speed(speedups.get(arm)),
          *_columns(stats, ARM_COLUMNS), _exact_cell(summary, records, arm)]
         for arm, stats in arms.items()
     ]  # fmt: skip
@@ -239,7 +236,7 @@ def _results_section(summary: Summary, records: Records, plots: dict[str, Path])
 def _group_rows(label: str, group: Any, extra: list[Any]) -> list[list[Any]]:
     speedups = speedups_of(group)
     return [
-        [label, *extra, arm, *_columns(stats, GROUP_COLUMNS), _speed(speedups.get(arm))]
+        [label, *extra, arm, *_columns(stats, GROUP_COLUMNS), speed(speedups.get(arm))]
         for arm, stats in arms_of(group).items()
     ]
 
@@ -293,8 +290,8 @@ def _cost_row(summary: Summary, arm: str, model: Any) -> list[Any]:
     verify = _verify_at(model, int(gamma) + 1 if gamma else None)
     times = [dig(model, "t1"), dig(model, "draft_step"), verify, dig(model, "overhead"), dig(model, "round_cost")]
     return [arm, *(fmt(num(t) * 1e3 if num(t) is not None else None, ".2f") for t in times),
-            fmt(dig(model, "expected_tokens"), ".2f"), _speed(dig(model, "predicted_decode_speedup")),
-            _speed(predicted), _speed(measured), fmt(error, "+.1%"), fmt(dig(model, "break_even_alpha")),
+            fmt(dig(model, "expected_tokens"), ".2f"), speed(dig(model, "predicted_decode_speedup")),
+            speed(predicted), speed(measured), fmt(error, "+.1%"), fmt(dig(model, "break_even_alpha")),
             dig(model, "recommended_gamma")]  # fmt: skip
 
 
@@ -312,7 +309,7 @@ def _cost_section(summary: Summary, records: Records, plots: dict[str, Path]) ->
     if curve:
         lines += [f"Predicted speedup per γ ({primary_arm(summary)}):", ""]
         best = dig(summary, "cost_model", primary_arm(summary) or "", "recommended_gamma")
-        rows = [[g, _speed(s) + (" (recommended)" if g == best else "")] for g, s in curve]
+        rows = [[g, speed(s) + (" (recommended)" if g == best else "")] for g, s in curve]
         lines += md_table(["γ", "predicted speedup"], rows)
     return lines + _image(plots, "speedup_vs_gamma", "speedup vs gamma")
 

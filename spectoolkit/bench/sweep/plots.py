@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench.plots import plt, save_png
-from spectoolkit.bench.summary_access import arms_of, as_dict, num
+from spectoolkit.bench.report.load import arms_of, as_dict, num
+from spectoolkit.bench.report.plots import plt, save_png
 
 GAMMA = "speculate.gamma"
 FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")

@@ -2,7 +2,7 @@
 
 Pure functions over ``summary.json`` (and ``records.jsonl`` when present). A check returns a
 ``CheckItem`` with PASS / FAIL / N/A and the number it rests on. Nothing here formats Markdown or
-touches files; the interpretation rules are in ``bench.interpret``.
+touches files; the interpretation rules are in ``report.interpret``.
 
 Missing keys (older summaries) and nulls never raise. An item that cannot be evidenced FAILs (a
 launch decision must not rest on it); an item that cannot apply to this run (one repeat, no
@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from spectoolkit.bench.summary_access import (
+from spectoolkit.bench.report.load import (
     BASELINE,
     Records,
     Summary,

@@ -1,0 +1,1 @@
+"""The measurement protocol: arms, warm-up, calibration, interleaved repeats, conditions."""

@@ -1,0 +1,1 @@
+"""The run report: loading a run, sections, checklist, interpretation, plots."""

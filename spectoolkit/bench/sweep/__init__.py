@@ -1,0 +1,1 @@
+"""Sweeps: job identity and resume, the sweep table, the sweep report, the Hydra callback."""
