@@ -21,8 +21,8 @@ import time
 import torch
 
 from spectoolkit.config import WorkloadConfig
-from spectoolkit.models import load_model, load_tokenizer
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.quant.rtn import load_quantized
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from spectoolkit.kvcache.formats import KV_FORMATS, int4_group_size
+from spectoolkit.models.attention import packed_gqa_attention
 
 from .runtime import BenchCase, interpreting, require_launchable
 
@@ -479,8 +480,6 @@ def _bench_kv(fmt: str, batch: int, context: int, device: torch.device) -> tuple
 
 
 def _bench_case(fmt: str, key_fields: dict, value_fields: dict, q_len: int, device: torch.device) -> BenchCase:
-    from spectoolkit.models.attention import packed_gqa_attention
-
     batch, _, context, _ = key_fields["data"].shape
     head_dim = _LLAMA_8B["head_dim"]
     query = torch.randn(batch, _LLAMA_8B["num_heads"], q_len, head_dim, device=device, dtype=torch.bfloat16)

@@ -1,7 +1,7 @@
 """Weight-only int4/int8 matmul on the RTN group-wise format, dequantized in registers (Triton).
 
 Computes ``y [M, N] = x [M, K] @ Wᵀ (+ bias)`` for the canonical weights of
-:mod:`spectoolkit.quant.rtn` (int4 asymmetric / int8 symmetric, group size g or per channel), for
+:mod:`spectoolkit.quant.rtn_format` (int4 asymmetric / int8 symmetric, group size g or per channel), for
 decode (M = 1) and verify widths (M = γ + 1): fp32 accumulation, output in x's dtype.
 
 Kernel layout (:class:`PackedWeight`, from :func:`pack_for_kernel`, inverted exactly by
@@ -41,7 +41,14 @@ import triton
 import triton.language as tl
 
 from spectoolkit.kernels.runtime import BenchCase, interpreting, require_launchable
-from spectoolkit.quant.rtn import QuantizedWeight, dequantize_weight, pack_int4, unpack_int4
+from spectoolkit.quant.rtn_format import (
+    QuantizedWeight,
+    RtnConfig,
+    dequantize_weight,
+    pack_int4,
+    quantize_weight,
+    unpack_int4,
+)
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_K_CHOICES = (256, 128, 64, 32)  # every group size the kernel takes is a multiple of 32
@@ -387,8 +394,6 @@ def bench_cases(device: torch.device) -> list[BenchCase]:
     ``run_torch`` is what a user runs without the kernel: a bf16 copy of the dequantized weight, kept
     in memory, and ``F.linear``. ``bytes_moved``: packed codes + scales/zeros + x + y.
     """
-    from spectoolkit.quant.rtn import RtnConfig, quantize_weight
-
     gen = torch.Generator(device=device).manual_seed(0)
     cases = []
     for num_rows, num_cols, name in LLAMA_8B_SHAPES:

@@ -3,7 +3,7 @@
 One program per request. Requests have different draft lengths γ_b (0 allowed) and are flattened:
 request b's drafts are rows ``cu_draft_lens[b]:cu_draft_lens[b+1]`` of ``draft_ids``/``draft_probs``
 and its γ_b+1 target rows (and uniforms) start at ``cu_draft_lens[b] + b``. The rule is exactly
-:func:`spectoolkit.verify.stochastic.verify_with_uniforms` (Leviathan et al. 2023, Alg. 1) and
+:func:`spectoolkit.verify.rules.verify_with_uniforms` (Leviathan et al. 2023, Alg. 1) and
 :class:`spectoolkit.verify.greedy.GreedyVerifier`, so for the same uniforms the tokens are identical:
 
 - stochastic: accept draft x_i while u_i·q_i(x_i) <= p_i(x_i) and p_i(x_i) > 0; at the first rejection
@@ -30,7 +30,7 @@ import triton.language as tl
 
 from spectoolkit.kernels.runtime import BenchCase, interpreting, require_launchable
 from spectoolkit.verify.greedy import GreedyVerifier
-from spectoolkit.verify.stochastic import verify_with_uniforms
+from spectoolkit.verify.rules import verify_with_uniforms
 
 _BLOCK_G = 16  # drafts handled per step of the acceptance loop (γ is small)
 _CONFIGS = [triton.Config({"BLOCK_V": bv}, num_warps=w) for bv in (1024, 2048, 4096) for w in (4, 8)]
@@ -53,7 +53,7 @@ def _first_rejection(
     draft_ids_ptr, target_ptr, draft_probs_ptr, uniforms_ptr, seed, draft_start, row_start, gamma,
     stride_target, stride_draft, vocab, draft_vocab, SEEDED: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
-    """K: the index of the first rejected draft, γ when all are accepted (as ``_accept_mask``)."""
+    """K: the index of the first rejected draft, γ when all are accepted (as ``accept_mask``)."""
     first = gamma
     for start in range(0, gamma, BLOCK_G):
         slots = start + tl.arange(0, BLOCK_G)  # [BLOCK_G]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spectoolkit.embedded import embedded_dir
-from spectoolkit.errors import SpecToolkitError
+from spectoolkit.errors import SpecToolkitError, first_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
@@ -273,11 +273,15 @@ def _load(spec: str, role: str) -> tuple[Tokenizer, int]:
     try:
         config = AutoConfig.from_pretrained(source)
     except Exception as exc:
-        raise SpecToolkitError(f"could not load the {role} config from {spec!r}: {_first_line(exc)}") from exc
+        raise SpecToolkitError(
+            f"could not load the {role} config from {spec!r}: {first_line(exc, with_type=True)}"
+        ) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except Exception as exc:
-        raise SpecToolkitError(f"could not load the {role} tokenizer from {spec!r}: {_first_line(exc)}") from exc
+        raise SpecToolkitError(
+            f"could not load the {role} tokenizer from {spec!r}: {first_line(exc, with_type=True)}"
+        ) from exc
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if not isinstance(vocab_size, int):
         raise SpecToolkitError(f"the {role} config from {spec!r} has no integer vocab_size")
@@ -297,11 +301,6 @@ def _resolve(spec: str, role: str) -> str:
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:
         raise SpecToolkitError(f"{role} directory {spec!r} does not exist")
     return spec
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def main(argv: list[str] | None = None) -> int:

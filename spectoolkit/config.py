@@ -12,11 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.precisions import FLOAT_PRECISIONS, KV_PRECISIONS, MODEL_PRECISIONS
 
-FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")
-QUANT_PRECISIONS = ("int8", "nf4", "int4", "rtn-int8", "rtn-int4")  # see spectoolkit/quant/__init__.py
-MODEL_PRECISIONS = FLOAT_PRECISIONS + QUANT_PRECISIONS
-KV_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")  # auto: the model's compute dtype
 DRAFT_KINDS = ("model", "ngram", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectoolkit.config import DRAFT_KINDS, MODEL_PRECISIONS, RunConfig, run_config_from_dict
+from spectoolkit.config import DRAFT_KINDS, RunConfig, run_config_from_dict
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.precisions import MODEL_PRECISIONS
 
 MODEL_ARG_KEYS = (
     "target", "draft", "gamma", "target_path", "draft_path", "kv", "device",

@@ -9,9 +9,11 @@ where r is the distribution the draft token was really drawn from (q when the dr
 a(x) = min(1, p(x)/q(x)) (0 where p(x) = 0: the verifier's guard) and residual = max(0, p − q).
 For an exact verifier out == p. Here p and q are the rows the real code builds at real positions:
 the target runs alone over each prompt (seeded sampling), the real drafter proposes at every
-position, ``processed_probs`` builds p, and the residual comes from the verifier's own ``_residual``.
-The acceptance probability is cross-checked against the verifier's ``_accept_mask`` by probing it
-with uniforms just inside and outside the threshold, so a wrong rule there shows up too.
+position, ``processed_probs`` builds p, and the residual comes from the verifier's own rule
+(:func:`spectoolkit.verify.rules.residual`, bound here as ``_residual``). The acceptance probability is
+cross-checked against the verifier's :func:`~spectoolkit.verify.rules.accept_mask` (``_accept_mask``
+here) by probing it with uniforms just inside and outside the threshold, so a wrong rule there shows
+up too.
 
 fp32 limit: the verifier tests p(x)/q(x) on fp32 rows whose sums are off 1 by up to ~1e-5 (fp32
 softmax over a 49k vocabulary), so its output differs from p/Σp by up to |Σp/Σq − 1| in TV
@@ -36,7 +38,9 @@ from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.sampling import RandomChooser, processed_probs
-from spectoolkit.verify.stochastic import _accept_mask, _pad_vocab, _residual
+from spectoolkit.verify.rules import accept_mask as _accept_mask  # module-level names: the seams tests patch
+from spectoolkit.verify.rules import pad_vocab
+from spectoolkit.verify.rules import residual as _residual
 
 THRESHOLD = 1e-6
 CONTROL_TOP_K, CONTROL_TOP_P = 20, 0.9
@@ -64,7 +68,7 @@ def verifier_output_probs(
     a(x) = min(1, p(x)/q(x))·[p(x) > 0].
     """
     target_probs = target_probs.float()  # [V]
-    draft_probs = _pad_vocab(draft_probs.float().unsqueeze(0), target_probs.shape[-1])[0]  # [V]
+    draft_probs = pad_vocab(draft_probs.float().unsqueeze(0), target_probs.shape[-1])[0]  # [V]
     proposal = proposal_probs.double() / proposal_probs.double().sum()  # [V] sample_from normalizes
     accept = _accept_probability(draft_probs.double(), target_probs.double())  # [V]
     mismatches = _probe_accept_mask(proposal > 0, accept, draft_probs, target_probs)

@@ -33,7 +33,7 @@ from spectoolkit.drafting import ModelDrafter, NgramDrafter, Proposal
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.sampling import processed_probs
-from spectoolkit.verify import make_verifier
+from spectoolkit.verify.factory import make_verifier
 
 MIN_EXPECTED = 5.0  # the usual validity condition of the chi-square approximation
 ENDED = -1  # the output stopped (EOS) before this position

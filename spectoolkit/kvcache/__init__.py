@@ -1,16 +1,17 @@
-"""KV storage written by position, with a committed length that rollback simply lowers (DESIGN §2)."""
+"""KV storage written by position, with a committed length that rollback simply lowers (DESIGN §2).
+
+Only the leaves are re-exported: the positional cache and the storage formats. The precision chooser
+:func:`~spectoolkit.kvcache.quantized.make_kv_cache` and its layers stay in
+:mod:`spectoolkit.kvcache.quantized`: they run the Triton attention kernel, which imports the formats
+(hence this package), so the package must not import them.
+"""
 
 from spectoolkit.kvcache.cache import PositionalKVCache, PositionalKVLayer
 from spectoolkit.kvcache.formats import KV_FORMATS, KVFormat
-from spectoolkit.kvcache.quantized import KV_PRECISIONS, CastKVLayer, QuantizedKVLayer, make_kv_cache
 
 __all__ = [
     "KV_FORMATS",
-    "KV_PRECISIONS",
-    "CastKVLayer",
     "KVFormat",
     "PositionalKVCache",
     "PositionalKVLayer",
-    "QuantizedKVLayer",
-    "make_kv_cache",
 ]

@@ -21,11 +21,12 @@ from functools import partial
 import torch
 
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kernels.runtime import kernels_usable
 from spectoolkit.kvcache.cache import PositionalKVCache, PositionalKVLayer
 from spectoolkit.kvcache.formats import KV_FORMATS, KVFormat
 from spectoolkit.kvcache.stored import StoredKV
+from spectoolkit.precisions import KV_PRECISIONS
 
-KV_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")
 _CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -139,8 +140,6 @@ class QuantizedKVLayer(_ConvertingKVLayer):
 
 def _kernel_runs(device: torch.device, head_dim: int, fmt: str) -> bool:
     """Whether attention over this layer runs the Triton kernel: CUDA, Triton, a head_dim and format it takes."""
-    from spectoolkit.kernels.runtime import kernels_usable
-
     if not kernels_usable(device):
         return False
     from spectoolkit.kernels.kv_attention import kernel_supports  # only on CUDA: importing decorates kernels

@@ -49,8 +49,10 @@ from dataclasses import dataclass
 
 import torch
 
-from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.attention import MAX_ROWWISE_ROWS
+from spectoolkit.errors import SpecToolkitError, first_line
+from spectoolkit.models.attention import MAX_ROWWISE_ROWS, use_rowwise_attention
+from spectoolkit.models.fast_linear import use_gemm_linears
+from spectoolkit.models.paths import resolve_path
 
 BNB_KINDS = ("int8", "nf4")
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -104,12 +106,8 @@ def load_quantized(path: str | None, precision: str, device: torch.device, group
 
 
 def load_bnb(path: str | None, config: BnbConfig, device: torch.device) -> torch.nn.Module:
-    """Load ``path`` (see :func:`spectoolkit.models.loading.resolve_path`) quantized as ``config``."""
+    """Load ``path`` (see :func:`spectoolkit.models.paths.resolve_path`) quantized as ``config``."""
     from transformers import AutoModelForCausalLM
-
-    from spectoolkit.models.attention import use_rowwise_attention
-    from spectoolkit.models.fast_linear import use_gemm_linears
-    from spectoolkit.models.loading import resolve_path
 
     _import_bitsandbytes()
     location = resolve_path(path)
@@ -124,11 +122,11 @@ def load_bnb(path: str | None, config: BnbConfig, device: torch.device) -> torch
         if isinstance(exc, RuntimeError) and "bitsandbytes" not in str(exc):
             raise
         raise SpecToolkitError(
-            f"bitsandbytes cannot quantize on {device}: {_first_line(exc)} "
+            f"bitsandbytes cannot quantize on {device}: {first_line(exc)} "
             "(install the pinned versions with `make install`, or pick another precision, e.g. rtn-int8)"
         ) from None
     except (OSError, ValueError) as exc:
-        raise SpecToolkitError(f"cannot load model '{location}' for {config.kind}: {_first_line(exc)}") from None
+        raise SpecToolkitError(f"cannot load model '{location}' for {config.kind}: {first_line(exc)}") from None
     model.eval()
     use_rowwise_attention(model)  # batch-invariant: a verify row sees the decode step's attention call
     if config.kind == "int8" and config.llm_int8_threshold > 0:
@@ -174,28 +172,6 @@ def rowwise_linear8bit_class() -> type:
     return RowwiseLinear8bitLt
 
 
-def scale_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the bitsandbytes scales, which live outside parameters and buffers.
-
-    int8: one fp32 absmax per weight row (``SCB``); nf4: one absmax per block of 64 (fp32 as loaded,
-    bf16 once the CPU kernel has repacked the layer on its first forward). Add this to a
-    parameters + buffers count for the true footprint.
-    """
-    import bitsandbytes as bnb
-
-    total = 0
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear8bitLt):
-            scales = [module.state.SCB if module.state.SCB is not None else module.weight.SCB]
-        elif isinstance(module, bnb.nn.Linear4bit):
-            state = module.weight.quant_state
-            scales = [state.absmax, state.state2.absmax] if state.nested else [state.absmax]
-        else:
-            continue
-        total += sum(t.numel() * t.element_size() for t in scales if t is not None)
-    return total
-
-
 def _import_bitsandbytes() -> None:
     """Import bitsandbytes with its two needless warnings silenced.
 
@@ -210,11 +186,6 @@ def _import_bitsandbytes() -> None:
         import bitsandbytes  # noqa: F401
     except ImportError as exc:
         raise SpecToolkitError(
-            f"precision int8/nf4 needs bitsandbytes ({_first_line(exc)}): run `make install` "
+            f"precision int8/nf4 needs bitsandbytes ({first_line(exc)}): run `make install` "
             "(or `pip install bitsandbytes`), or pick another precision, e.g. rtn-int8"
         ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

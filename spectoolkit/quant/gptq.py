@@ -148,7 +148,7 @@ def load_quantized(path: str | None, precision: str, device, group_size: int) ->
     usual transformers one, so :class:`spectoolkit.models.cached.CachedModel` drives it directly.
     """
     from spectoolkit.models.attention import use_packed_attention
-    from spectoolkit.models.loading import resolve_device
+    from spectoolkit.models.paths import resolve_device
 
     if precision not in PRECISION_BITS:
         raise SpecToolkitError(f"precision '{precision}' is not a GPTQ precision ({', '.join(PRECISION_BITS)})")
@@ -253,7 +253,7 @@ def _gptqmodel_output(log_path: Path | str) -> Iterator[None]:
 
 def _local_dir(path: str | None) -> Path:
     """The local directory of ``path``: itself, the embedded model, or a hub id's cached snapshot."""
-    from spectoolkit.models.loading import resolve_path
+    from spectoolkit.models.paths import resolve_path
 
     location = resolve_path(path)
     if Path(location).is_dir():

@@ -1,18 +1,19 @@
 """Verification of drafted tokens against the target: greedy and exact stochastic (DESIGN §1).
 
-Choose once with :func:`make_verifier`; the baseline loop uses ``Verifier.select`` so baseline and
-speculative decoding pick tokens the same way.
+Choose once with :func:`spectoolkit.verify.factory.make_verifier` (not re-exported here: it imports
+the fused verifier, whose kernel module imports :mod:`spectoolkit.verify.rules` and so this package).
+The baseline loop uses ``Verifier.select`` so baseline and speculative decoding pick tokens the same way.
 """
 
-from spectoolkit.verify.base import Verifier, VerifyResult, make_verifier
+from spectoolkit.verify.base import Verifier, VerifyResult
 from spectoolkit.verify.greedy import GreedyVerifier
-from spectoolkit.verify.stochastic import StochasticVerifier, verify_with_uniforms
+from spectoolkit.verify.rules import verify_with_uniforms
+from spectoolkit.verify.stochastic import StochasticVerifier
 
 __all__ = [
     "GreedyVerifier",
     "StochasticVerifier",
     "Verifier",
     "VerifyResult",
-    "make_verifier",
     "verify_with_uniforms",
 ]

@@ -1,9 +1,10 @@
-"""What every verifier returns and promises, and the one place a verifier is chosen.
+"""What every verifier returns and promises, and the input check they share.
 
 A verification round (DESIGN §1) checks γ drafted tokens against the target's γ+1 next-token
 logits and emits N = K + 1 tokens: the K accepted drafts plus one correction (at the first
 rejection) or bonus (all γ accepted) token. Following vLLM v1, verification knows nothing about how
-the drafts were produced: it sees token ids and, in stochastic mode, the draft distributions.
+the drafts were produced: it sees token ids and, in stochastic mode, the draft distributions. A verifier
+is chosen once, by :func:`spectoolkit.verify.factory.make_verifier`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-
-from spectoolkit.config import SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -71,23 +70,3 @@ def check_round(
     if draft_probs.dim() != 2 or draft_probs.shape[0] != gamma:
         raise ValueError(f"expected draft_probs [{gamma}, V_draft], got {list(draft_probs.shape)}")
     return draft_probs
-
-
-def make_verifier(sampling: SamplingConfig, device: torch.device | str | None = None) -> Verifier:
-    """The verifier for ``sampling``: greedy when ``temperature == 0``, exact stochastic otherwise.
-
-    On a ``device`` where the Triton kernels run (CUDA, ``kernels_usable``) both rules run as one
-    kernel launch (:class:`~spectoolkit.verify.fused.FusedVerifier`, same tokens); elsewhere in torch.
-    """
-    # Imported here: greedy/stochastic import this module for VerifyResult, and the kernel module must
-    # only be imported (its kernels decorated) where it will run.
-    from spectoolkit.kernels.runtime import kernels_usable
-
-    if device is not None and kernels_usable(device):
-        from spectoolkit.verify.fused import FusedVerifier
-
-        return FusedVerifier(sampling)
-    from spectoolkit.verify.greedy import GreedyVerifier
-    from spectoolkit.verify.stochastic import StochasticVerifier
-
-    return GreedyVerifier() if sampling.greedy else StochasticVerifier(sampling)

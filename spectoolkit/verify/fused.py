@@ -5,7 +5,7 @@ ties); stochastic draws its γ+1 uniforms from the request's generator exactly a
 :class:`~spectoolkit.verify.stochastic.StochasticVerifier` does, so for a seed both emit the same tokens.
 ``select`` is a round with no drafts, so the baseline loop samples with the same kernel rule.
 
-:func:`~spectoolkit.verify.base.make_verifier` builds this only where ``kernels_usable(device)``; the
+:func:`~spectoolkit.verify.factory.make_verifier` builds this only where ``kernels_usable(device)``; the
 kernel module is imported at construction, never with ``spectoolkit.verify`` (on the CPU, Triton would
 otherwise decorate non-interpreted kernels).
 """
@@ -17,7 +17,7 @@ import torch
 from spectoolkit.config import SamplingConfig
 from spectoolkit.sampling import processed_probs
 from spectoolkit.verify.base import VerifyResult, check_round
-from spectoolkit.verify.stochastic import _uniforms
+from spectoolkit.verify.rules import draw_uniforms
 
 
 class FusedVerifier:
@@ -52,7 +52,7 @@ class FusedVerifier:
         else:
             target_probs = processed_probs(target_logits, self.sampling)  # [γ+1, V] fp32
             draft_probs = draft_probs.to(device=device, dtype=torch.float32)  # [γ, V_draft]
-            uniforms = _uniforms(gamma + 1, generator, device)  # [γ+1], the torch verifier's stream
+            uniforms = draw_uniforms(gamma + 1, generator, device)  # [γ+1], the torch verifier's stream
             result = self._kernel.verify_stochastic(draft_ids, cu_draft_lens, draft_probs, target_probs, uniforms)
         num_accepted, next_token = torch.cat([result.num_accepted, result.next_token]).tolist()  # one sync
         return VerifyResult(num_accepted, next_token)

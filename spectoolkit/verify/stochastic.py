@@ -6,84 +6,19 @@ p_γ. The emitted tokens are then distributed exactly as the target's. p is the 
 after the same temperature/top-k/top-p as the drafter applied (``spectoolkit.sampling``); q is the
 distribution each draft was actually sampled from. All arithmetic is fp32.
 
-:func:`verify_with_uniforms` is the pure rule given the random numbers; it is the reference a fused
-kernel is checked against for the same uniforms.
+The rule itself, given the random numbers, is :func:`~spectoolkit.verify.rules.verify_with_uniforms`
+(:mod:`spectoolkit.verify.rules`, shared with the fused kernel's reference); this module draws the
+uniforms from the request's generator and applies it.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from spectoolkit.config import SamplingConfig
 from spectoolkit.sampling import processed_probs, sample_from
-from spectoolkit.verify.base import VerifyResult, check_round, leading_true
-
-
-def verify_with_uniforms(
-    draft_ids: torch.Tensor,
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    uniforms: torch.Tensor,
-) -> VerifyResult:
-    """Exact speculative sampling with the random numbers given.
-
-    draft_ids: [γ] long. draft_probs: [γ, V_draft] with V_draft <= V (missing columns count as 0).
-    target_probs: [γ+1, V]. uniforms: [γ+1] in [0, 1): uniforms[i] decides draft i, uniforms[γ]
-    samples the correction or bonus token. Everything is moved to ``target_probs``' device, in fp32.
-    """
-    gamma = draft_ids.shape[0]
-    target_probs = target_probs.float()  # [γ+1, V]
-    fp32_here = {"device": target_probs.device, "dtype": torch.float32}
-    draft_probs = _pad_vocab(draft_probs.to(**fp32_here), target_probs.shape[-1])  # [γ, V]
-    uniforms = uniforms.to(**fp32_here)  # [γ+1]
-    accepted = _accept_mask(draft_ids, draft_probs, target_probs[:gamma], uniforms[:gamma])  # [γ]
-    num_accepted = leading_true(accepted)
-    if num_accepted == gamma:
-        return VerifyResult(gamma, sample_from(target_probs[gamma], uniforms[gamma]))
-    residual = _residual(target_probs[num_accepted], draft_probs[num_accepted])  # [V]
-    return VerifyResult(num_accepted, sample_from(residual, uniforms[gamma]))
-
-
-def _accept_mask(
-    draft_ids: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor, uniforms: torch.Tensor
-) -> torch.Tensor:
-    """u_i < min(1, p_i(x_i)/q_i(x_i)) without dividing. All [γ] except probs [γ, V]; returns [γ] bool.
-
-    ``<=`` makes p == q accept with certainty despite rounding; ``p > 0`` keeps a token the target
-    excludes (top-k/top-p) from being accepted when u == 0 or q(x) == 0.
-    """
-    index = draft_ids.long().to(target_probs.device).unsqueeze(-1)  # [γ, 1]
-    target_at_draft = target_probs.gather(-1, index).squeeze(-1)  # [γ]
-    draft_at_draft = draft_probs.gather(-1, index).squeeze(-1)  # [γ]
-    return (uniforms * draft_at_draft <= target_at_draft) & (target_at_draft > 0)
-
-
-def _residual(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
-    """max(0, p − q) for rows [V]; p itself when that mass is 0 (only possible when p == q).
-
-    Left unnormalized: ``sample_from`` scales its uniform by the total mass.
-    """
-    residual = (target_row - draft_row).clamp_min(0)  # [V]
-    return residual if residual.sum() > 0 else target_row
-
-
-def _pad_vocab(draft_probs: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[γ, V_draft] -> [γ, V]: a draft vocabulary smaller than the target's puts no mass on the rest."""
-    missing = vocab - draft_probs.shape[-1]
-    if missing < 0:
-        raise ValueError(f"draft_probs has {draft_probs.shape[-1]} columns, more than the target's {vocab}")
-    return F.pad(draft_probs, (0, missing)) if missing else draft_probs
-
-
-def _uniforms(count: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """[count] uniforms in [0, 1) returned on ``device``.
-
-    Drawn on the generator's device (the CPU RNG without one), so the stream does not depend on
-    where the logits live and matches the baseline loop's draws.
-    """
-    source = generator.device if generator is not None else torch.device("cpu")
-    return torch.rand(count, generator=generator, device=source).to(device)
+from spectoolkit.verify.base import VerifyResult, check_round
+from spectoolkit.verify.rules import draw_uniforms, verify_with_uniforms
 
 
 class StochasticVerifier:
@@ -97,7 +32,7 @@ class StochasticVerifier:
     def select(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> int:
         """logits: [V] -> one token sampled from the processed target distribution (one uniform)."""
         probs = processed_probs(logits, self.sampling)  # [V] fp32
-        return sample_from(probs, _uniforms(1, generator, probs.device))
+        return sample_from(probs, draw_uniforms(1, generator, probs.device))
 
     def verify(
         self,
@@ -113,5 +48,5 @@ class StochasticVerifier:
         gamma = draft_ids.shape[0]
         draft_probs = check_round(gamma, target_logits, draft_probs, greedy=False)  # [γ, V_draft]
         target_probs = processed_probs(target_logits, self.sampling)  # [γ+1, V] fp32
-        uniforms = _uniforms(gamma + 1, generator, target_probs.device)  # [γ+1]
+        uniforms = draw_uniforms(gamma + 1, generator, target_probs.device)  # [γ+1]
         return verify_with_uniforms(draft_ids, draft_probs, target_probs, uniforms)

@@ -31,7 +31,7 @@ from spectoolkit.eval.stochastic_empirical import (
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import make_chooser
-from spectoolkit.verify import make_verifier
+from spectoolkit.verify.factory import make_verifier
 
 VOCAB = 12
 EOS_IDS = frozenset({2})

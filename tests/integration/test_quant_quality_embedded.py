@@ -8,7 +8,7 @@ import torch
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.eval.held_text import held_texts
 from spectoolkit.eval.quant_quality import measure
-from spectoolkit.models import load_model, load_tokenizer
+from spectoolkit.models.loading import load_model, load_tokenizer
 
 pytestmark = pytest.mark.integration
 CPU = torch.device("cpu")

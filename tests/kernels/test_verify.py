@@ -21,7 +21,8 @@ from spectoolkit.kernels.verify import (
     verify_stochastic_reference,
 )
 from spectoolkit.sampling import processed_probs
-from spectoolkit.verify import GreedyVerifier, StochasticVerifier, make_verifier
+from spectoolkit.verify import GreedyVerifier, StochasticVerifier
+from spectoolkit.verify.factory import make_verifier
 from spectoolkit.verify.fused import FusedVerifier
 
 KINDS = ("random", "top_k", "equal", "equal_excluded")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.kvcache import KV_PRECISIONS, PositionalKVCache, PositionalKVLayer, make_kv_cache
+from spectoolkit.kvcache import PositionalKVCache, PositionalKVLayer
 from spectoolkit.kvcache.cache import _INITIAL_CAPACITY
 from spectoolkit.kvcache.formats import (
     dequantize_fp8,
@@ -16,6 +16,7 @@ from spectoolkit.kvcache.formats import (
     quantize_int4,
     quantize_int8,
 )
+from spectoolkit.kvcache.quantized import KV_PRECISIONS, make_kv_cache
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models import load_model, resolve_device, resolve_path
+from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.fast_linear import GemmLinear
+from spectoolkit.models.loading import load_model
 from spectoolkit.models.tiny import save_tiny_llama
 
 

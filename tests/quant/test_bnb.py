@@ -10,7 +10,8 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.attention import ROWWISE_ATTN_NAME
-from spectoolkit.quant.bnb import BnbConfig, load_bnb, load_quantized, rowwise_linear8bit_class, scale_bytes
+from spectoolkit.quant.bnb import BnbConfig, load_bnb, load_quantized, rowwise_linear8bit_class
+from spectoolkit.quant.bnb_scales import scale_bytes
 
 bnb = pytest.importorskip("bitsandbytes")
 

@@ -18,8 +18,9 @@ from scipy import stats
 
 from spectoolkit.config import SamplingConfig
 from spectoolkit.sampling import processed_probs, sample_from
-from spectoolkit.verify import StochasticVerifier, VerifyResult, make_verifier, verify_with_uniforms
-from spectoolkit.verify.stochastic import _accept_mask
+from spectoolkit.verify import StochasticVerifier, VerifyResult, verify_with_uniforms
+from spectoolkit.verify.factory import make_verifier
+from spectoolkit.verify.rules import accept_mask as _accept_mask
 
 VOCAB = 8
 TRIALS = 12_000

@@ -1,0 +1,73 @@
+"""Where a model comes from and where it runs: checkpoint locations and devices, checked up front.
+
+``path=None`` means the embedded SmolLM2-135M-Instruct (see :mod:`spectoolkit.embedded`). A hub id
+is looked up in the local HF cache first; without network, a missing model is a clear
+:class:`SpecToolkitError`, never a traceback. A leaf: the quantization backends import it without
+importing the loader that chooses them (:mod:`spectoolkit.models.loading`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from spectoolkit.errors import SpecToolkitError, first_line
+
+
+def resolve_path(path: str | None) -> str:
+    """A loadable location: the embedded directory for ``None``, else the directory or hub id."""
+    if path is None or path == "embedded":
+        from spectoolkit.embedded import embedded_dir
+
+        return str(embedded_dir())
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise SpecToolkitError(f"model directory '{path}' has no config.json: point it at an HF checkpoint")
+        return str(local)
+    if path.startswith((".", "/", "~")) or path.count("/") != 1:
+        raise SpecToolkitError(f"model path '{path}' does not exist: give a local HF directory or a hub id")
+    check_hub_model(path)
+    return path  # a hub id such as "org/name"
+
+
+def check_hub_model(repo_id: str) -> None:
+    """Fail fast, with what to do, when hub model ``repo_id`` is neither cached nor downloadable here.
+
+    A cached checkpoint (the Hugging Face cache, ``HF_HOME``) loads as is. Otherwise one quick access
+    check runs instead of transformers' minute of retries: no network, a gated repo without access,
+    or a wrong id each get one message saying how to get the weights.
+    """
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    fix = (f"download it where the hub is reachable (`hf download {repo_id}`, then copy the Hugging Face "
+           "cache or the folder) or point model.target_path / model.draft_path at a local directory")  # fmt: skip
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise SpecToolkitError(f"'{repo_id}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {fix}")
+    try:
+        huggingface_hub.auth_check(repo_id)
+    except GatedRepoError:
+        raise SpecToolkitError(
+            f"'{repo_id}' is gated and this machine's Hugging Face token has no access: accept its license on "
+            f"huggingface.co, run `hf auth login`, or {fix}"
+        ) from None
+    except RepositoryNotFoundError:
+        message = f"'{repo_id}' is not a model on the Hugging Face hub (or is private): check the id"
+        raise SpecToolkitError(message) from None
+    except Exception as exc:  # network failures surface as the HTTP client's own exception types
+        message = f"'{repo_id}' is not cached here and the hub cannot be reached ({first_line(exc)}): {fix}"
+        raise SpecToolkitError(message) from None
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` picks CUDA when available; ``cuda`` without a GPU is a user error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpecToolkitError("device=cuda but no CUDA device is available: use device=cpu or device=auto")
+    return torch.device(device)

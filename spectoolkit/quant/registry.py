@@ -1,0 +1,20 @@
+"""The quantization backend chooser: precision name -> the backend module that loads it.
+
+Backends are imported only when used (bitsandbytes and GPTQModel are heavy, optional dependencies),
+and only from here, never from the package ``__init__``: the backends and the Triton kernel import
+leaves of this package (:mod:`spectoolkit.quant.rtn_format`, ...), which runs that ``__init__``.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import torch
+
+_BACKEND_MODULES = {"int8": "bnb", "nf4": "bnb", "int4": "gptq", "rtn-int8": "rtn", "rtn-int4": "rtn"}
+
+
+def load_quantized(path: str, precision: str, device, group_size: int) -> torch.nn.Module:
+    """Load ``path`` quantized to ``precision`` with its backend (imported only when used)."""
+    module = import_module(f"spectoolkit.quant.{_BACKEND_MODULES[precision]}")
+    return module.load_quantized(path, precision, device, group_size)
