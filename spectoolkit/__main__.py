@@ -13,13 +13,13 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from spectoolkit.bench.sweep.jobs import COMPLETE, config_hash, end_job, finished_before, start_job
+from spectoolkit.config import run_config_from_dict
 from spectoolkit.errors import SpecToolkitError
 
 
 def config_from_hydra(cfg: DictConfig):
     """Turn a composed Hydra config into a validated :class:`RunConfig`."""
-    from spectoolkit.config import run_config_from_dict
-
     return run_config_from_dict(_resolved(cfg))
 
 
@@ -33,8 +33,6 @@ def _resolved(cfg: DictConfig) -> dict:
 
 @hydra.main(version_base=None, config_path="pkg://spectoolkit.conf", config_name="config")
 def _app(cfg: DictConfig) -> None:
-    from spectoolkit.config import run_config_from_dict
-
     _quiet_transformers()
     try:
         values = _resolved(cfg)
@@ -49,8 +47,6 @@ def _app(cfg: DictConfig) -> None:
 
 def _run_job(config, values: dict) -> str | None:
     """Run one job unless its directory already holds it, complete; keep job.json up to date."""
-    from spectoolkit.bench.sweep.jobs import COMPLETE, config_hash, end_job, finished_before, start_job
-
     out_dir, digest = Path(config.output_dir), config_hash(values)
     done = finished_before(out_dir, digest) if config.resume else None
     if done:

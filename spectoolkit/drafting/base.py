@@ -36,3 +36,6 @@ class Drafter(Protocol):
 
     def rollback(self, num_kept: int) -> None:
         """Only ``tokens[:num_kept]`` are verified; forget any state past that point."""
+
+    def kv_bytes(self) -> int:
+        """Bytes of KV cache this proposer holds now (0 for a stateless one)."""

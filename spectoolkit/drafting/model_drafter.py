@@ -57,6 +57,9 @@ class ModelDrafter:
     def rollback(self, num_kept: int) -> None:
         self.runner.truncate(num_kept)
 
+    def kv_bytes(self) -> int:
+        return self.runner.cache.allocated_bytes()
+
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [V_draft] -> [V_target]: ids past the shared range can never be proposed."""
         logits = logits.float()

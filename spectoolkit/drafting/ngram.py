@@ -30,6 +30,9 @@ class NgramDrafter:
     def rollback(self, num_kept: int) -> None:
         pass  # stateless: the next lookup reads the verified tokens only
 
+    def kv_bytes(self) -> int:
+        return 0  # no model, no cache
+
     def propose(self, tokens: list[int], budget: int, generator: torch.Generator | None) -> Proposal:
         draft_ids = lookup(torch.tensor(tokens), self.max_n, self.min_n, budget)
         probs = None

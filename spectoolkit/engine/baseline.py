@@ -8,6 +8,7 @@ import torch
 
 from spectoolkit.engine.output import GenerationOutput, finished, prefill
 from spectoolkit.models.cached import CachedModel, synchronize
+from spectoolkit.verify.base import Verifier
 
 
 class BaselineEngine:
@@ -15,7 +16,7 @@ class BaselineEngine:
 
     name = "baseline"
 
-    def __init__(self, target: CachedModel, verifier, eos_ids: frozenset[int]) -> None:
+    def __init__(self, target: CachedModel, verifier: Verifier, eos_ids: frozenset[int]) -> None:
         self.target = target
         self.verifier = verifier
         self.eos_ids = eos_ids
@@ -37,3 +38,6 @@ class BaselineEngine:
         out.total_time = time.perf_counter() - start
         out.verify_time = out.total_time - out.prefill_time
         return out
+
+    def kv_bytes(self) -> dict[str, int]:
+        return {"target_kv_bytes": self.target.cache.allocated_bytes(), "draft_kv_bytes": 0}

@@ -13,9 +13,10 @@ import time
 
 import torch
 
-from spectoolkit.drafting.base import Proposal
+from spectoolkit.drafting.base import Drafter, Proposal
 from spectoolkit.engine.output import GenerationOutput, cut, finished, prefill
 from spectoolkit.models.cached import CachedModel, synchronize
+from spectoolkit.verify.base import Verifier
 
 
 class SpeculativeEngine:
@@ -23,7 +24,9 @@ class SpeculativeEngine:
 
     name = "spec"
 
-    def __init__(self, target: CachedModel, drafter, verifier, gamma: int, eos_ids: frozenset[int]) -> None:
+    def __init__(
+        self, target: CachedModel, drafter: Drafter, verifier: Verifier, gamma: int, eos_ids: frozenset[int]
+    ) -> None:
         self.target = target
         self.drafter = drafter
         self.verifier = verifier
@@ -50,6 +53,9 @@ class SpeculativeEngine:
         out.total_time = time.perf_counter() - start
         out.overhead_time = out.total_time - out.prefill_time - out.draft_time - out.verify_time
         return out
+
+    def kv_bytes(self) -> dict[str, int]:
+        return {"target_kv_bytes": self.target.cache.allocated_bytes(), "draft_kv_bytes": self.drafter.kv_bytes()}
 
     def _round(
         self, tokens: list[int], room: int, generator: torch.Generator | None, out: GenerationOutput

@@ -26,7 +26,7 @@ from typing import Any
 
 from spectoolkit.bench.protocol.exactness import greedy_exactness
 from spectoolkit.bench.protocol.quality import quant_quality
-from spectoolkit.bench.protocol.setup import RunSetup, build, make_drafter
+from spectoolkit.bench.protocol.setup import ArmSet, LoadedModels, build, make_drafter, shared_vocab_size
 from spectoolkit.config import RunConfig, SamplingConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
@@ -55,69 +55,70 @@ def run_exactness_job(cfg: RunConfig) -> str:
         cfg, sampling=replace(cfg.sampling, temperature=0.0), bench=replace(cfg.bench, arms="standard")
     )
     setup = build(greedy_cfg)
-    prompts = _prompts(cfg, setup)
+    models, arm_set = setup.models, setup.arm_set
+    prompts = _prompts(cfg, models)
     sampling = (
         cfg.sampling if not cfg.sampling.greedy else replace(cfg.sampling, temperature=cfg.eval.stochastic_temperature)
     )
     result: dict[str, Any] = {"complete": False, "sampling": vars(sampling)}
-    result["greedy"], context = _greedy(cfg, setup, prompts, out_dir / PAIRS_FILE)
+    result["greedy"], context = _greedy(cfg, arm_set, prompts, out_dir / PAIRS_FILE)
     write_json_atomic(out_dir / RESULT_FILE, result)  # what is finished is kept if a later part fails
-    analytic = _analytic(cfg, setup, prompts, sampling)
+    analytic = _analytic(cfg, models, prompts, sampling)
     result.update(max_tv=analytic["max_tv"], analytic=analytic)
     write_json_atomic(out_dir / RESULT_FILE, result)
-    result["empirical"] = _empirical(cfg, setup, context, sampling)
-    result["quant_quality"] = quant_quality(cfg, setup)
+    result["empirical"] = _empirical(cfg, models, context, sampling)
+    result["quant_quality"] = quant_quality(cfg, models)
     result["passed"] = _passed(result)
     result.update(statement=statement(result), complete=True)
     write_json_atomic(out_dir / RESULT_FILE, result)
     return result["statement"] + f"\nwritten: {out_dir / RESULT_FILE}"
 
 
-def _prompts(cfg: RunConfig, setup: RunSetup) -> dict[str, list[int]]:
+def _prompts(cfg: RunConfig, models: LoadedModels) -> dict[str, list[int]]:
     """case_id -> prompt ids of the workload's runnable requests (bad lines are skipped here)."""
     prompts = {}
     for request in load_workload(cfg.workload):
-        ids = [] if request.error else encode_prompt(setup.tokenizer, request, cfg.workload.chat_template)
-        if ids and len(ids) + cfg.workload.max_new_tokens <= setup.max_positions:
+        ids = [] if request.error else encode_prompt(models.tokenizer, request, cfg.workload.chat_template)
+        if ids and len(ids) + cfg.workload.max_new_tokens <= models.max_positions:
             prompts[request.case_id] = ids
     if not prompts:
         raise SpecToolkitError("the workload has no runnable prompt: check workload.path / workload.max_new_tokens")
     return prompts
 
 
-def _greedy(cfg: RunConfig, setup: RunSetup, prompts: dict[str, list[int]], pairs_path: Path):
+def _greedy(cfg: RunConfig, arm_set: ArmSet, prompts: dict[str, list[int]], pairs_path: Path):
     """(exactness section, empirical context): the context is the prompt + half the reference output
     of the case where the drafter had the most tokens accepted, so the sampling test sees drafts."""
     records, best = [], (-1, [])
     with pairs_path.open("a", encoding="utf-8") as pairs:
         for case_id, ids in prompts.items():
-            for arm in setup.arms:
+            for arm in arm_set.arms:
                 out = arm.engine.generate(ids, cfg.workload.max_new_tokens, None)
                 records.append({"arm": arm.name, "case_id": case_id, "repeat_idx": 0, "output_ids": out.output_ids,
                                 "accepted_tokens": out.accepted_tokens})  # fmt: skip
                 pairs.write(json.dumps(records[-1]) + "\n")
                 pairs.flush()
-            reference = records[-len(setup.arms)]["output_ids"]
+            reference = records[-len(arm_set.arms)]["output_ids"]
             if out.accepted_tokens > best[0]:
                 best = (out.accepted_tokens, ids + reference[: len(reference) // 2])
-    return greedy_exactness(records, setup, prompts, cfg.kv.target), best[1]
+    return greedy_exactness(records, arm_set, prompts, cfg.kv.target), best[1]
 
 
-def _analytic(cfg: RunConfig, setup: RunSetup, prompts: dict[str, list[int]], sampling: SamplingConfig) -> dict:
-    drafter = setup.arm("spec").engine.drafter
+def _analytic(cfg: RunConfig, models: LoadedModels, prompts: dict[str, list[int]], sampling: SamplingConfig) -> dict:
+    target, draft = models.target, models.draft
     return analytic_exactness(
-        setup.target.model, setup.draft.model if setup.draft else None, list(prompts.values()), sampling,
-        cfg.eval.analytic_positions * (NGRAM_SCAN if setup.draft is None else 1), cfg.sampling.seed,
-        draft_vocab_shared=getattr(drafter, "shared_vocab_size", None),
+        target.model, draft.model if draft else None, list(prompts.values()), sampling,
+        cfg.eval.analytic_positions * (NGRAM_SCAN if draft is None else 1), cfg.sampling.seed,
+        draft_vocab_shared=shared_vocab_size(target, draft) if draft else None,
         ngram_max=cfg.draft.ngram_max, ngram_min=cfg.draft.ngram_min,
     )  # fmt: skip
 
 
-def _empirical(cfg: RunConfig, setup: RunSetup, prompt: list[int], sampling: SamplingConfig) -> dict:
-    real = make_drafter(cfg, sampling, setup.target, setup.draft, setup.eos_ids)
+def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling: SamplingConfig) -> dict:
+    real = make_drafter(cfg, sampling, models.target, models.draft, models.eos_ids)
     drafter_for = lambda control: negative_control(real, sampling) if control else real  # noqa: E731
     return empirical_exactness(
-        CachedModel(setup.target.model, cfg.kv.target), drafter_for, sampling, cfg.speculate.gamma, setup.eos_ids,
+        CachedModel(models.target.model, cfg.kv.target), drafter_for, sampling, cfg.speculate.gamma, models.eos_ids,
         prompt, samples=cfg.eval.samples, length=cfg.eval.length, seed=cfg.sampling.seed,
         significance=cfg.eval.significance,
     )  # fmt: skip

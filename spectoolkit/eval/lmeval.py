@@ -44,7 +44,7 @@ class SpecToolkitLM(TemplateLM):
         """``model_args``: see :mod:`spectoolkit.eval.lmeval_args` (``device`` may also come from lm-eval)."""
         config, max_new_tokens = run_config_from_model_args(model_args)
         setup = build(config)
-        self._attach(setup, setup.primary or "baseline", config, max_new_tokens)
+        self._attach(setup, setup.arm_set.primary or "baseline", config, max_new_tokens)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None):
@@ -69,10 +69,10 @@ class SpecToolkitLM(TemplateLM):
 
     def _attach(self, setup: RunSetup, arm: str, config: RunConfig, max_new_tokens: int | None) -> None:
         TemplateLM.__init__(self)
-        self.setup, self.arm, self.config = setup, setup.arm(arm), config
-        self.tokenizer = setup.tokenizer
+        self.models, self.arm, self.config = setup.models, setup.arm_set.arm(arm), config
+        self.tokenizer = setup.models.tokenizer
         self.max_new_tokens = max_new_tokens
-        self._device = setup.device
+        self._device = setup.models.device
 
     # ---- lm-eval's tokenization hooks ------------------------------------------------------------
 
@@ -82,7 +82,7 @@ class SpecToolkitLM(TemplateLM):
 
     @property
     def tokenizer_name(self) -> str:
-        return self.setup.target.path.replace("/", "__")
+        return self.models.target.path.replace("/", "__")
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         return self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens))
@@ -108,7 +108,7 @@ class SpecToolkitLM(TemplateLM):
         results = []
         for (text,) in [request.args for request in requests]:
             windows = get_rolling_token_windows(
-                self.tok_encode(text), self.prefix_token_id, self.setup.max_positions, context_len=1
+                self.tok_encode(text), self.prefix_token_id, self.models.max_positions, context_len=1
             )
             total = sum(self._score(*make_disjoint_window(window))[0] for window in windows)
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
@@ -119,10 +119,10 @@ class SpecToolkitLM(TemplateLM):
     def _score(self, context_ids: list[int], continuation_ids: list[int]) -> tuple[float, bool]:
         """Sum of the target's log-probs of ``continuation_ids`` after ``context_ids``, and whether
         each continuation token is the argmax (lm-eval's ``is_greedy``)."""
-        input_ids = (context_ids + continuation_ids)[:-1][-self.setup.max_positions :]  # the last is never an input
+        input_ids = (context_ids + continuation_ids)[:-1][-self.models.max_positions :]  # the last is never an input
         ids = torch.tensor([input_ids], dtype=torch.long, device=self._device)  # [1, n]
         num_scored = len(continuation_ids)  # the last m positions predict the continuation
-        logits = self.setup.target.model(input_ids=ids, use_cache=False, logits_to_keep=num_scored).logits[0]  # [m, V]
+        logits = self.models.target.model(input_ids=ids, use_cache=False, logits_to_keep=num_scored).logits[0]  # [m, V]
         log_probs = torch.log_softmax(logits.float(), dim=-1)  # [m, V]
         targets = torch.tensor(continuation_ids, dtype=torch.long, device=log_probs.device)  # [m]
         chosen = log_probs.gather(1, targets[:, None])[:, 0]  # [m]
@@ -145,7 +145,7 @@ class SpecToolkitLM(TemplateLM):
         stops = [until] if isinstance(until, str) else list(until)
         budget = int(gen_kwargs.get("max_gen_toks") or DEFAULT_MAX_GEN_TOKS)
         budget = min(budget, self.max_new_tokens or budget)
-        prompt_ids = self.tok_encode(context)[-max(1, self.setup.max_positions - budget) :]
+        prompt_ids = self.tok_encode(context)[-max(1, self.models.max_positions - budget) :]
         output_ids: list[int] = []
 
         def on_token(token: int) -> None:

@@ -38,8 +38,9 @@ def run_lmeval_job(config: RunConfig) -> str:
     setup = build(config)
     reference_lm = SpecToolkitLM.from_setup(setup, "baseline", config)
     scores = {"reference": _evaluate(reference_lm, config, task_manager)}
-    if setup.primary:
-        scores["speculative"] = _evaluate(SpecToolkitLM.from_setup(setup, setup.primary, config), config, task_manager)
+    if setup.arm_set.primary:
+        speculative_lm = SpecToolkitLM.from_setup(setup, setup.arm_set.primary, config)
+        scores["speculative"] = _evaluate(speculative_lm, config, task_manager)
     else:  # draft=none: the speculative configuration is the reference itself
         scores["speculative"] = scores["reference"]
     reference_args = {**model_args_of(config), "draft": "none"}
@@ -48,7 +49,7 @@ def run_lmeval_job(config: RunConfig) -> str:
         "limit": config.eval.limit,
         "greedy": config.sampling.greedy,
         "reference": reference_args,
-        "speculative": {**model_args_of(config), "drafter": setup.drafter_name},
+        "speculative": {**model_args_of(config), "drafter": setup.facts.drafter_name},
         "rows": compare(scores["reference"], scores["speculative"]),
     }
     payload["identical"] = all(row["identical"] for row in payload["rows"])

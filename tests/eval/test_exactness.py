@@ -97,16 +97,16 @@ def test_run_exactness_flags_a_corrupted_output(one_thread, tiny_checkpoint: Pat
     cfg = RunConfig(draft=DraftConfig(kind="ngram"), model=ModelConfig(target_path=str(tiny_checkpoint)),
                     device="cpu", output_dir=str(tmp_path))  # fmt: skip
     setup = build(cfg)
-    prompt = setup.tokenizer("The quick brown fox jumps over")["input_ids"]
-    reference = setup.baseline.generate(prompt, 8, None).output_ids
-    spec = setup.spec.generate(prompt, 8, None).output_ids
+    prompt = setup.models.tokenizer("The quick brown fox jumps over")["input_ids"]
+    reference = setup.arm_set.baseline.engine.generate(prompt, 8, None).output_ids
+    spec = setup.arm_set.spec.engine.generate(prompt, 8, None).output_ids
     assert spec == reference
     wrong = list(reference)
     wrong[3] = (wrong[3] + 1) % 100  # what a broken verifier would emit
     records = [{"arm": "baseline", "case_id": "c", "repeat_idx": r, "output_ids": reference} for r in (0, 1)]
     records += [{"arm": "spec", "case_id": "c", "repeat_idx": 0, "output_ids": spec},
                 {"arm": "spec", "case_id": "c", "repeat_idx": 1, "output_ids": wrong}]  # fmt: skip
-    section = greedy_exactness(records, setup, {"c": prompt}, "auto")
+    section = greedy_exactness(records, setup.arm_set, {"c": prompt}, "auto")
     assert (section["pairs"], section["identical"]) == (2, 1)
     [found] = section["divergences"]
     assert (found["repeat_idx"], found["position"], found["spec_token"]) == (1, 3, wrong[3])

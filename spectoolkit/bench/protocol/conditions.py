@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from spectoolkit.bench.protocol.setup import ArmSet, RunFacts, RunSetup
 from spectoolkit.config import RunConfig
 from spectoolkit.kernels.runtime import kernels_usable
 
@@ -52,38 +53,24 @@ def host_rss_bytes() -> int | None:
         return None
 
 
-def arm_memory(arm) -> dict[str, int]:
-    """Weights + KV bytes (allocated, after the run) of one arm's target and draft."""
-    target_kv = arm.engine.target.cache.allocated_bytes()
-    drafter_runner = getattr(getattr(arm.engine, "drafter", None), "runner", None)
-    draft_kv = drafter_runner.cache.allocated_bytes() if drafter_runner is not None else 0
-    parts = {
-        "target_weight_bytes": arm.target.weight_bytes(),
-        "draft_weight_bytes": arm.draft.weight_bytes() if arm.draft else 0,
-        "target_kv_bytes": target_kv,
-        "draft_kv_bytes": draft_kv,
-    }
-    return {**parts, "total_bytes": sum(parts.values())}
-
-
-def memory(setup) -> dict[str, Any]:
+def memory(arm_set: ArmSet) -> dict[str, Any]:
     """Per-arm footprints and each arm's delta against the baseline; top-level keys: the primary arm.
 
     On CPU these are the bytes the arm holds (weights + allocated KV); on an accelerator the
     records also carry the measured ``gpu_mem_peak`` per request.
     """
-    by_arm = {arm.name: arm_memory(arm) for arm in setup.arms}
-    base_total = by_arm[setup.arms[0].name]["total_bytes"]
+    by_arm = {arm.name: arm.memory() for arm in arm_set.arms}
+    base_total = by_arm[arm_set.baseline.name]["total_bytes"]
     for footprint in by_arm.values():
         footprint["delta_bytes"] = footprint["total_bytes"] - base_total
-    primary = by_arm[setup.primary] if setup.primary else by_arm[setup.arms[0].name]
+    primary = by_arm[arm_set.primary or arm_set.baseline.name]
     keys = ("target_weight_bytes", "draft_weight_bytes", "target_kv_bytes", "draft_kv_bytes")
     return {**{key: primary[key] for key in keys}, "memory_delta_bytes": primary["delta_bytes"], "arms": by_arm}
 
 
-def _compat(cfg: RunConfig, setup) -> dict[str, Any]:
+def _compat(cfg: RunConfig, facts: RunFacts) -> dict[str, Any]:
     """Whether target and draft vocabularies/tokenizers were checked, and why it holds."""
-    if setup.compat_checked:
+    if facts.compat_checked:
         return {"checked": True, "note": "separate draft checkpoint passed the vocab/tokenizer check"}
     if cfg.draft.kind == "model":
         return {"checked": True, "note": "self-draft: the draft is the target checkpoint, same tokenizer"}
@@ -92,27 +79,28 @@ def _compat(cfg: RunConfig, setup) -> dict[str, Any]:
     return {"checked": False, "note": "no drafter"}
 
 
-def run_conditions(cfg: RunConfig, setup) -> dict[str, Any]:
+def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
     """Everything a reader needs to know before trusting a number of this run."""
     import transformers
 
+    models, arm_set, facts = setup.models, setup.arm_set, setup.facts
     return {
-        "hardware": hardware(setup.device),
+        "hardware": hardware(models.device),
         "software": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "python": platform.python_version(),
-            "triton_kernels": kernels_usable(setup.device),  # verify, rtn-* matmul, quantized-KV attention
+            "triton_kernels": kernels_usable(models.device),  # verify, rtn-* matmul, quantized-KV attention
         },  # fmt: skip
-        "target": {"path": setup.target.path, "precision": cfg.target.precision, "group_size": cfg.target.group_size},
+        "target": {"path": models.target.path, "precision": cfg.target.precision, "group_size": cfg.target.group_size},
         "draft": {
             "kind": cfg.draft.kind,
-            "name": setup.drafter_name,
-            "path": setup.draft.path if setup.draft else None,
-            "precision": cfg.draft.precision if setup.draft else None,
+            "name": facts.drafter_name,
+            "path": models.draft.path if models.draft else None,
+            "precision": cfg.draft.precision if models.draft else None,
         },  # fmt: skip
         "kv": dataclasses.asdict(cfg.kv),
-        "compat": _compat(cfg, setup),
+        "compat": _compat(cfg, facts),
         "arms": [
             {
                 "name": arm.name,
@@ -121,15 +109,15 @@ def run_conditions(cfg: RunConfig, setup) -> dict[str, Any]:
                 "gamma": arm.gamma,
                 "reference": arm.reference,
             }
-            for arm in setup.arms
+            for arm in arm_set.arms
         ],  # fmt: skip
-        "primary_arm": setup.primary,
+        "primary_arm": arm_set.primary,
         "sampling": dataclasses.asdict(cfg.sampling),
         "gamma": cfg.speculate.gamma,
         "batch_size": 1,
         "concurrency": 1,
         "workload": dataclasses.asdict(cfg.workload),
         "bench": dataclasses.asdict(cfg.bench),
-        "memory": memory(setup),
-        "compat_warnings": setup.compat_warnings,
+        "memory": memory(arm_set),
+        "compat_warnings": facts.compat_warnings,
     }

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectoolkit.config import QUANT_PRECISIONS, RunConfig
+from spectoolkit.bench.protocol.setup import LoadedModels
+from spectoolkit.config import RunConfig
 from spectoolkit.eval.held_text import held_texts
 from spectoolkit.eval.quant_quality import measure
-from spectoolkit.models import load_model
+from spectoolkit.models.loading import load_model
+from spectoolkit.precisions import QUANT_PRECISIONS
 
 
-def quant_quality(cfg: RunConfig, setup) -> dict[str, Any] | None:
+def quant_quality(cfg: RunConfig, models: LoadedModels) -> dict[str, Any] | None:
     """Measured when enabled, or by default when the target is quantized; None otherwise."""
     qq = cfg.quant_quality
     enabled = qq.enabled if qq.enabled is not None else cfg.target.precision in QUANT_PRECISIONS
     if not enabled:
         return None
-    texts = held_texts(setup.tokenizer, cfg.workload, qq.num_texts, qq.max_tokens)
-    reference = load_model(cfg.model.target_path, qq.reference, setup.device).model
-    result = measure(setup.target.model, reference, texts)
+    texts = held_texts(models.tokenizer, cfg.workload, qq.num_texts, qq.max_tokens)
+    reference = load_model(cfg.model.target_path, qq.reference, models.device).model
+    result = measure(models.target.model, reference, texts)
     del reference
     return {"reference": qq.reference, "quantized": cfg.target.precision, **result}

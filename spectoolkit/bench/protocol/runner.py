@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from spectoolkit.bench.protocol.calibrate import calibration_context, calibratio
 from spectoolkit.bench.protocol.conditions import host_rss_bytes, run_conditions
 from spectoolkit.bench.protocol.exactness import greedy_exactness
 from spectoolkit.bench.protocol.quality import quant_quality
-from spectoolkit.bench.protocol.setup import Arm, RunSetup, build
+from spectoolkit.bench.protocol.setup import Arm, ArmSet, LoadedModels, RunSetup, build
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_records, write_json_atomic
@@ -46,50 +47,50 @@ def run(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     requests = load_workload(cfg.workload)
     setup = build(cfg)
-    prompts = [_encode(setup, request, cfg) for request in requests]
+    prompts = [_encode(setup.models, request, cfg) for request in requests]
     _set_aside(out_dir / RECORDS_FILE)
     complete, extra = False, {"verify_costs": {}}
     try:
         with RecordWriter(out_dir / RECORDS_FILE) as writer:
-            _warm_up(setup, cfg, prompts)
-            extra["verify_costs"] = _calibrate(setup, cfg, prompts)
-            _measure(setup, cfg, requests, prompts, writer, progress)
-        extra["exactness"] = _exactness(cfg, setup, requests, prompts, out_dir)
-        extra["quant_quality"] = _quality(cfg, setup)
+            _warm_up(setup.arm_set, cfg, prompts)
+            extra["verify_costs"] = _calibrate(setup.arm_set, cfg, prompts, setup.models.max_positions)
+            _measure(setup.arm_set, setup.models.device, cfg, requests, prompts, writer, progress)
+        extra["exactness"] = _exactness(cfg, setup.arm_set, requests, prompts, out_dir)
+        extra["quant_quality"] = _quality(cfg, setup.models)
         complete = True
     finally:  # Ctrl-C included: keep what was finished and say the run is incomplete
         summary = _write_summary(cfg, setup, out_dir, complete, extra)
     return summary
 
 
-def _exactness(cfg: RunConfig, setup: RunSetup, requests, prompts, out_dir: Path) -> dict[str, Any] | None:
+def _exactness(cfg: RunConfig, arm_set: ArmSet, requests, prompts, out_dir: Path) -> dict[str, Any] | None:
     """Greedy runs: the classified divergences of every drafting arm (sampling: the quality eval's job)."""
-    if not cfg.sampling.greedy or not any(arm.gamma for arm in setup.arms):
+    if not cfg.sampling.greedy or not arm_set.drafting():
         return None
     by_case = {r.case_id: ids for r, ids in zip(requests, prompts, strict=True) if isinstance(ids, list)}
-    return greedy_exactness(read_records(out_dir / RECORDS_FILE), setup, by_case, cfg.kv.target)
+    return greedy_exactness(read_records(out_dir / RECORDS_FILE), arm_set, by_case, cfg.kv.target)
 
 
-def _quality(cfg: RunConfig, setup: RunSetup) -> dict[str, Any] | None:
+def _quality(cfg: RunConfig, models: LoadedModels) -> dict[str, Any] | None:
     """The quant_quality section; a failure is reported in it instead of losing the run."""
     try:
-        return quant_quality(cfg, setup)
+        return quant_quality(cfg, models)
     except SpecToolkitError as exc:
         return {"error": str(exc)}
 
 
-def _encode(setup: RunSetup, request: Request, cfg: RunConfig) -> list[int] | str:
+def _encode(models: LoadedModels, request: Request, cfg: RunConfig) -> list[int] | str:
     """Prompt ids, or the reason this request cannot run (it then fails alone)."""
     if request.error:
         return request.error
-    ids = encode_prompt(setup.tokenizer, request, cfg.workload.chat_template)
+    ids = encode_prompt(models.tokenizer, request, cfg.workload.chat_template)
     if not ids:
         return "empty prompt"
     needed = len(ids) + cfg.workload.max_new_tokens
-    if needed > setup.max_positions:
+    if needed > models.max_positions:
         return (
             f"prompt of {len(ids)} tokens + max_new_tokens {cfg.workload.max_new_tokens} exceeds the "
-            f"model's context of {setup.max_positions} positions"
+            f"model's context of {models.max_positions} positions"
         )
     return ids
 
@@ -104,23 +105,25 @@ def _set_aside(path: Path) -> None:
         path.rename(aside)
 
 
-def _warm_up(setup: RunSetup, cfg: RunConfig, prompts: list[list[int] | str]) -> None:
+def _warm_up(arm_set: ArmSet, cfg: RunConfig, prompts: list[list[int] | str]) -> None:
     """Untimed generations so first-call costs (allocation, kernel selection) are not measured."""
     runnable = [ids for ids in prompts if isinstance(ids, list)]
     for index in range(cfg.bench.warmup if runnable else 0):
         ids = runnable[index % len(runnable)]
-        for arm in setup.arms:
+        for arm in arm_set.arms:
             arm.engine.generate(ids, min(cfg.workload.max_new_tokens, 16), torch.Generator().manual_seed(index))
 
 
-def _calibrate(setup: RunSetup, cfg: RunConfig, prompts: list[list[int] | str]) -> dict[str, dict[int, float]]:
+def _calibrate(
+    arm_set: ArmSet, cfg: RunConfig, prompts: list[list[int] | str], max_positions: int
+) -> dict[str, dict[int, float]]:
     """Target forward time per verify width, for each drafting arm's target (the cost model's V)."""
     runnable = [ids for ids in prompts if isinstance(ids, list)]
-    drafting = [arm for arm in setup.arms if arm.gamma]
+    drafting = arm_set.drafting()
     if not (cfg.bench.calibrate and runnable and drafting):
         return {}
     widths = calibration_widths(arm.gamma for arm in drafting)
-    context = calibration_context(runnable, cfg.workload.max_new_tokens, setup.max_positions, max(widths))
+    context = calibration_context(runnable, cfg.workload.max_new_tokens, max_positions, max(widths))
     by_runner: dict[int, dict[int, float]] = {}
     for arm in drafting:
         runner = arm.engine.target
@@ -129,8 +132,10 @@ def _calibrate(setup: RunSetup, cfg: RunConfig, prompts: list[list[int] | str]) 
     return {arm.name: by_runner[id(arm.engine.target)] for arm in drafting}
 
 
-def _measure(setup, cfg: RunConfig, requests, prompts, writer: RecordWriter, progress: bool) -> None:
-    arms = setup.arms
+def _measure(
+    arm_set: ArmSet, device: torch.device, cfg: RunConfig, requests, prompts, writer: RecordWriter, progress: bool
+) -> None:
+    arms = arm_set.arms
     total = cfg.bench.repeat * len(requests) * len(arms)
     started = time.perf_counter()
     with tqdm(total=total, disable=not progress, desc="generations", unit="gen") as bar:
@@ -139,13 +144,15 @@ def _measure(setup, cfg: RunConfig, requests, prompts, writer: RecordWriter, pro
                 seed = request_seed(cfg.sampling.seed, request.case_id, repeat_idx)
                 shift = (repeat_idx + case_idx) % len(arms)  # rotate: every arm runs first equally often
                 for arm in arms[shift:] + arms[:shift]:
-                    record = _one(setup, cfg, request, ids, arm, repeat_idx, seed)
+                    record = _one(device, cfg, request, ids, arm, repeat_idx, seed)
                     record.start_offset = time.perf_counter() - started
                     writer.write(record)
                     bar.update()
 
 
-def _one(setup, cfg: RunConfig, request: Request, ids, arm: Arm, repeat_idx: int, seed: int) -> RequestRecord:
+def _one(
+    device: torch.device, cfg: RunConfig, request: Request, ids, arm: Arm, repeat_idx: int, seed: int
+) -> RequestRecord:
     """Generate once and turn the result into a record (or an error record)."""
     drafting = arm.gamma > 0
     record = RequestRecord(
@@ -158,30 +165,31 @@ def _one(setup, cfg: RunConfig, request: Request, ids, arm: Arm, repeat_idx: int
     if isinstance(ids, str):
         record.error = ids
         return record
-    if setup.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(setup.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     first_delivered: list[float] = []
     on_token = lambda _token: first_delivered or first_delivered.append(time.perf_counter())  # noqa: E731
     start = time.perf_counter()
     result = arm.engine.generate(ids, cfg.workload.max_new_tokens, torch.Generator().manual_seed(seed), on_token)
-    record.ttft_nonstreaming = time.perf_counter() - start
-    record.ttft = first_delivered[0] - start
-    for name in ("total_time", "prefill_time", "draft_time", "verify_time", "overhead_time", "verify_rounds",
-                 "drafted_tokens", "accepted_tokens", "rollback_count", "proposed_rounds", "accept_lengths",
-                 "draft_lengths", "output_ids"):  # fmt: skip
-        setattr(record, name, getattr(result, name))
-    record.input_len, record.output_len = len(ids), len(result.output_ids)
-    record.host_rss = host_rss_bytes()
-    if setup.device.type == "cuda":
-        record.gpu_mem_peak = torch.cuda.max_memory_allocated(setup.device)
-    return record
+    ttft_nonstreaming = time.perf_counter() - start
+    return replace(
+        record, ttft=first_delivered[0] - start, ttft_nonstreaming=ttft_nonstreaming,
+        input_len=len(ids), output_len=len(result.output_ids), output_ids=result.output_ids,
+        total_time=result.total_time, prefill_time=result.prefill_time, draft_time=result.draft_time,
+        verify_time=result.verify_time, overhead_time=result.overhead_time, verify_rounds=result.verify_rounds,
+        drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens,
+        rollback_count=result.rollback_count, proposed_rounds=result.proposed_rounds,
+        accept_lengths=result.accept_lengths, draft_lengths=result.draft_lengths, host_rss=host_rss_bytes(),
+        gpu_mem_peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+    )  # fmt: skip
 
 
 def _write_summary(cfg: RunConfig, setup: RunSetup, out_dir: Path, complete: bool, extra: dict) -> dict[str, Any]:
     path = out_dir / RECORDS_FILE
     records = read_records(path) if path.exists() else []
-    arm_info = {arm.name: {"reference": arm.reference, "gamma": arm.gamma} for arm in setup.arms}
-    summary = summarize(records, greedy=cfg.sampling.greedy, complete=complete, arms=arm_info, primary=setup.primary)
+    arm_set = setup.arm_set
+    arm_info = {arm.name: {"reference": arm.reference, "gamma": arm.gamma} for arm in arm_set.arms}
+    summary = summarize(records, greedy=cfg.sampling.greedy, complete=complete, arms=arm_info, primary=arm_set.primary)
     summary["cost_model"] = cost_models(records, arm_info, extra.pop("verify_costs", {}))
     summary.update(extra)
     summary["conditions"] = run_conditions(cfg, setup)

@@ -7,17 +7,22 @@ Data flows one way (DESIGN §4): config → loaded models → compat check → e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from spectoolkit.config import QUANT_PRECISIONS, RunConfig, SamplingConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
-from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.compat import check_pair
+from spectoolkit.config import RunConfig, SamplingConfig
+from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter
+from spectoolkit.engine import BaselineEngine, Engine, SpeculativeEngine
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models import LoadedModel, load_model, load_tokenizer, resolve_device, resolve_path
+from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.loading import LoadedModel, load_model, load_tokenizer
+from spectoolkit.precisions import QUANT_PRECISIONS
 from spectoolkit.sampling import make_chooser
-from spectoolkit.verify import make_verifier
+from spectoolkit.verify.base import Verifier
+from spectoolkit.verify.factory import make_verifier
 
 
 @dataclass
@@ -29,7 +34,7 @@ class Arm:
     """
 
     name: str
-    engine: BaselineEngine | SpeculativeEngine
+    engine: Engine
     target: LoadedModel
     target_precision: str
     drafter: str = "none"
@@ -38,33 +43,67 @@ class Arm:
     gamma: int = 0  # 0: the target alone
     reference: str | None = None
 
+    def memory(self) -> dict[str, int]:
+        """Weights + KV bytes (allocated now) of this arm's target and draft, and their total."""
+        parts = {
+            "target_weight_bytes": self.target.weight_bytes(),
+            "draft_weight_bytes": self.draft.weight_bytes() if self.draft else 0,
+            **self.engine.kv_bytes(),
+        }
+        return {**parts, "total_bytes": sum(parts.values())}
+
 
 @dataclass
-class RunSetup:
-    """Everything the protocol loop needs. ``arms[0]`` is the "baseline"; ``primary`` the headline arm."""
+class LoadedModels:
+    """The models of a run and what is known about them once loaded."""
 
     device: torch.device
-    tokenizer: object
+    tokenizer: Any
     target: LoadedModel  # the configured target (quantized in four_groups)
     draft: LoadedModel | None
+    eos_ids: frozenset[int]
+    max_positions: int  # the target's context length
+
+
+@dataclass
+class ArmSet:
+    """The arms of a run in run order. ``arms[0]`` is the "baseline"; ``primary`` the headline arm."""
+
     arms: list[Arm]
     primary: str | None
-    drafter_name: str
-    eos_ids: frozenset[int]
-    max_positions: int
-    compat_warnings: list[str]
-    compat_checked: bool = False  # a separate draft checkpoint passed check_pair
 
     @property
-    def baseline(self) -> BaselineEngine:
-        return self.arms[0].engine
+    def baseline(self) -> Arm:
+        return self.arms[0]
 
     @property
-    def spec(self) -> SpeculativeEngine | None:
-        return self.arm(self.primary).engine if self.primary else None
+    def spec(self) -> Arm | None:
+        return self.arm(self.primary) if self.primary else None
 
     def arm(self, name: str) -> Arm:
         return next(arm for arm in self.arms if arm.name == name)
+
+    def drafting(self) -> list[Arm]:
+        """The arms with a drafter (γ > 0), in run order."""
+        return [arm for arm in self.arms if arm.gamma]
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """Facts about how a run was put together, recorded in its conditions."""
+
+    drafter_name: str
+    compat_warnings: list[str]
+    compat_checked: bool = False  # a separate draft checkpoint passed check_pair
+
+
+@dataclass
+class RunSetup:
+    """What :func:`build` returns: the loaded models, the arms to measure, the run facts."""
+
+    models: LoadedModels
+    arm_set: ArmSet
+    facts: RunFacts
 
 
 def eos_ids_of(tokenizer, model: torch.nn.Module) -> frozenset[int]:
@@ -75,6 +114,11 @@ def eos_ids_of(tokenizer, model: torch.nn.Module) -> frozenset[int]:
     return frozenset(ids)
 
 
+def shared_vocab_size(target: LoadedModel, draft: LoadedModel) -> int:
+    """Token ids a draft model may propose: those both vocabularies have."""
+    return min(target.vocab_size, draft.vocab_size)
+
+
 @dataclass
 class _Parts:
     """What the arm builders combine: the configured target, its verifier and the drafter."""
@@ -83,9 +127,9 @@ class _Parts:
     device: torch.device
     target: LoadedModel
     runner: CachedModel
-    verifier: object
+    verifier: Verifier
     eos_ids: frozenset[int]
-    drafter: object | None
+    drafter: Drafter | None
     draft: LoadedModel | None
 
     def target_alone(self, name: str, target: LoadedModel, runner: CachedModel, precision: str) -> Arm:
@@ -111,22 +155,21 @@ def build(cfg: RunConfig) -> RunSetup:
     arms, primary = _ARM_SETS[cfg.bench.arms](parts)
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
     separate_draft = bool(cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path)
-    return RunSetup(
-        device, tokenizer, target, draft, arms, primary, drafter.name if drafter else "none",
-        eos_ids, max_positions, warnings, compat_checked=separate_draft and cfg.draft.kind == "model",
-    )  # fmt: skip
+    facts = RunFacts(drafter.name if drafter else "none", warnings, separate_draft and cfg.draft.kind == "model")
+    models = LoadedModels(device, tokenizer, target, draft, eos_ids, max_positions)
+    return RunSetup(models, ArmSet(arms, primary), facts)
 
 
 def make_drafter(
     cfg: RunConfig, sampling: SamplingConfig, target: LoadedModel, draft: LoadedModel | None, eos_ids: frozenset[int]
-) -> ModelDrafter | NgramDrafter | None:
+) -> Drafter | None:
     """The drafter ``cfg.draft`` asks for, proposing under ``sampling`` (None for draft=none).
 
     A draft model proposes only the ids it shares with the target; n-gram lookup reports a one-hot q
     when sampling (stochastic verification needs the distribution its proposal came from).
     """
     if cfg.draft.kind == "model":
-        shared = min(target.vocab_size, draft.vocab_size)
+        shared = shared_vocab_size(target, draft)
         name = f"model-{cfg.draft.precision}"
         return ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name, cfg.kv.draft)
     if cfg.draft.kind == "ngram":
@@ -185,8 +228,6 @@ _ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": 
 
 def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
     """Load the draft model; a different checkpoint must pass the compat check first."""
-    from spectoolkit.compat import check_pair
-
     draft_path = cfg.model.draft_path or cfg.model.target_path
     warnings = []
     if cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path:
