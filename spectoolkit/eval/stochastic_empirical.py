@@ -29,7 +29,7 @@ import torch
 from scipy import stats
 
 from spectoolkit.config import SamplingConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter, Proposal
+from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter, Proposal
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.sampling import processed_probs
@@ -70,9 +70,9 @@ class PromptKept:
         return logits
 
 
-def _keep_prompt(drafter, prompt_ids: list[int]):
+def _keep_prompt(drafter: Drafter, prompt_ids: list[int]) -> Drafter:
     """``drafter`` with its draft model's prompt KV kept across generations (n-gram: unchanged)."""
-    if isinstance(getattr(drafter, "runner", None), CachedModel):
+    if isinstance(drafter, ModelDrafter):
         drafter.runner = PromptKept(drafter.runner, prompt_ids)
     return drafter
 
@@ -149,22 +149,36 @@ class UniformReportingNgram(NgramDrafter):
         return Proposal(proposal.draft_ids, uniform)
 
 
-def negative_control(drafter: ModelDrafter | NgramDrafter, sampling: SamplingConfig) -> ModelDrafter | NgramDrafter:
+def _argmax_control(drafter: ModelDrafter, sampling: SamplingConfig) -> ModelDrafter:
+    runner = drafter.runner
+    return ModelDrafter(
+        runner.model,
+        ArgmaxReportingSoftmax(sampling),
+        drafter.target_vocab_size,
+        drafter.shared_vocab_size,
+        drafter.eos_ids,
+        name=f"{drafter.name}-argmax-control",
+        kv_precision=runner.kv_precision,
+    )
+
+
+def _uniform_control(drafter: NgramDrafter, sampling: SamplingConfig) -> NgramDrafter:
+    return UniformReportingNgram(drafter.max_n, drafter.min_n, drafter.target_vocab_size, one_hot_probs=True)
+
+
+# The negative control of each drafter kind: same proposals, a reported distribution they were not drawn from.
+NEGATIVE_CONTROLS: dict[type, Callable[[Drafter, SamplingConfig], Drafter]] = {
+    ModelDrafter: _argmax_control,
+    NgramDrafter: _uniform_control,
+}
+
+
+def negative_control(drafter: Drafter, sampling: SamplingConfig) -> Drafter:
     """A drafter like ``drafter`` (same model / lookup) that lies about its proposal distribution."""
-    if isinstance(drafter, ModelDrafter):
-        runner = drafter.runner
-        return ModelDrafter(
-            runner.model,
-            ArgmaxReportingSoftmax(sampling),
-            drafter.target_vocab_size,
-            drafter.shared_vocab_size,
-            drafter.eos_ids,
-            name=f"{drafter.name}-argmax-control",
-            kv_precision=runner.kv_precision,
-        )
-    if isinstance(drafter, NgramDrafter):
-        return UniformReportingNgram(drafter.max_n, drafter.min_n, drafter.target_vocab_size, one_hot_probs=True)
-    raise TypeError(f"no negative control for drafter {type(drafter).__name__}")
+    control = next((NEGATIVE_CONTROLS[kind] for kind in type(drafter).__mro__ if kind in NEGATIVE_CONTROLS), None)
+    if control is None:
+        raise TypeError(f"no negative control for drafter {type(drafter).__name__}: add one to NEGATIVE_CONTROLS")
+    return control(drafter, sampling)
 
 
 def _position_counts(engine, prompt_ids: list[int], samples: int, length: int, seed: int) -> tuple[list, float | None]:
@@ -190,7 +204,7 @@ def _compare(baseline: list[Counter], other: list[Counter], threshold: float) ->
 
 def empirical_exactness(
     target_runner: CachedModel,
-    make_drafter: Callable[[bool], object],
+    make_drafter: Callable[[bool], Drafter],
     sampling: SamplingConfig,
     gamma: int,
     eos_ids: frozenset[int],
