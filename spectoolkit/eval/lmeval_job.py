@@ -17,8 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spectoolkit.bench.protocol.setup import build
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.eval.lmeval import TASKS_DIR, SpecToolkitLM
+from spectoolkit.eval.lmeval_args import model_args_of
 from spectoolkit.metrics.records import write_json_atomic
 
 RESULT_FILE = "lmeval.json"
@@ -26,10 +29,6 @@ RESULT_FILE = "lmeval.json"
 
 def run_lmeval_job(config: RunConfig) -> str:
     """Run ``config.eval.tasks`` for both configurations; writes ``<output_dir>/lmeval.json``, returns the table."""
-    from spectoolkit.bench.protocol.setup import build
-    from spectoolkit.eval.lmeval import SpecToolkitLM
-    from spectoolkit.eval.lmeval_args import model_args_of
-
     logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-stage INFO lines would bury the table
     logging.getLogger("lm_eval.api.task").setLevel(logging.ERROR)  # "custom kwargs" advice on every custom_dataset
     task_manager = task_manager_for(config.eval.tasks)
@@ -65,8 +64,6 @@ def task_manager_for(tasks: tuple[str, ...]):
     """A TaskManager over the shipped tasks; lm-eval's own (thousands of YAMLs, seconds to index)
     are indexed only when a requested name is not one of ours."""
     from lm_eval.tasks import TaskManager
-
-    from spectoolkit.eval.lmeval import TASKS_DIR
 
     shipped = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
     if all(task in shipped.task_index for task in tasks):

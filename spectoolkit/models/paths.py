@@ -13,14 +13,13 @@ from pathlib import Path
 
 import torch
 
+from spectoolkit.embedded import embedded_dir
 from spectoolkit.errors import SpecToolkitError, first_line
 
 
 def resolve_path(path: str | None) -> str:
     """A loadable location: the embedded directory for ``None``, else the directory or hub id."""
     if path is None or path == "embedded":
-        from spectoolkit.embedded import embedded_dir
-
         return str(embedded_dir())
     local = Path(path).expanduser()
     if local.exists():

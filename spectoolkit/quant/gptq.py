@@ -37,7 +37,13 @@ from pathlib import Path
 
 import torch
 
+from spectoolkit.config import WorkloadConfig
+from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.models.attention import use_packed_attention
+from spectoolkit.models.paths import resolve_device, resolve_path
+from spectoolkit.workloads.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, iter_humaneval_tasks, package_data_file
+from spectoolkit.workloads.prompts import load_workload
 
 PRECISION_BITS = {"int4": 4}
 GPTQ_BITS = (4,)  # what the int4 precision uses and the tests cover; GPTQModel also does 2/3/8
@@ -89,14 +95,6 @@ def calibration_texts(num_samples: int) -> list[str]:
     (signature and docstring) plus its canonical solution. The two alternate, chat first; at most
     :data:`MAX_HUMANEVAL_CALIBRATION` are code, so larger sets are mostly chat.
     """
-    from spectoolkit.config import WorkloadConfig
-    from spectoolkit.workloads.datasets import (
-        HUMANEVAL_FILE,
-        HUMANEVAL_PACKAGE,
-        iter_humaneval_tasks,
-        package_data_file,
-    )
-    from spectoolkit.workloads.prompts import load_workload
 
     num_code = min(num_samples // 2, MAX_HUMANEVAL_CALIBRATION)
     num_chat = num_samples - num_code
@@ -127,8 +125,6 @@ def quantized_checkpoint(path: str | None, cfg: GptqConfig) -> Path:
     covering the source, its weight files (size, mtime), ``cfg``, the calibration set and the
     GPTQModel version; later calls with the same inputs return that directory.
     """
-    from spectoolkit.embedded import cache_root, cached_directory
-
     source = _local_dir(path)
     if is_gptq_checkpoint(source):
         return source
@@ -147,9 +143,6 @@ def load_quantized(path: str | None, precision: str, device, group_size: int) ->
     The result's ``forward(input_ids=..., cache=..., use_cache=True, logits_to_keep=...)`` is the
     usual transformers one, so :class:`spectoolkit.models.cached.CachedModel` drives it directly.
     """
-    from spectoolkit.models.attention import use_packed_attention
-    from spectoolkit.models.paths import resolve_device
-
     if precision not in PRECISION_BITS:
         raise SpecToolkitError(f"precision '{precision}' is not a GPTQ precision ({', '.join(PRECISION_BITS)})")
     device = resolve_device(device) if isinstance(device, str) else device
@@ -253,8 +246,6 @@ def _gptqmodel_output(log_path: Path | str) -> Iterator[None]:
 
 def _local_dir(path: str | None) -> Path:
     """The local directory of ``path``: itself, the embedded model, or a hub id's cached snapshot."""
-    from spectoolkit.models.paths import resolve_path
-
     location = resolve_path(path)
     if Path(location).is_dir():
         return Path(location)

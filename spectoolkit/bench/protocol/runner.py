@@ -25,6 +25,7 @@ from spectoolkit.bench.protocol.conditions import host_rss_bytes, run_conditions
 from spectoolkit.bench.protocol.exactness import greedy_exactness
 from spectoolkit.bench.protocol.quality import quant_quality
 from spectoolkit.bench.protocol.setup import Arm, ArmSet, LoadedModels, RunSetup, build
+from spectoolkit.bench.report.render import write_report
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_records, write_json_atomic
@@ -200,8 +201,6 @@ def _write_summary(cfg: RunConfig, setup: RunSetup, out_dir: Path, complete: boo
 
 def _report(out_dir: Path) -> None:
     """Write report.md; the measurements are already safe in summary.json, so a failure only warns."""
-    from spectoolkit.bench.report.render import write_report
-
     try:
         write_report(out_dir)
     except Exception as exc:  # noqa: BLE001  a report bug must not turn a finished run into a failure

