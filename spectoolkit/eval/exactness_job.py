@@ -31,7 +31,7 @@ from spectoolkit.config import RunConfig, SamplingConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
 from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
-from spectoolkit.metrics.records import write_json_atomic
+from spectoolkit.metrics.records import RequestRecord, write_json_atomic
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
@@ -94,11 +94,12 @@ def _greedy(cfg: RunConfig, arm_set: ArmSet, prompts: dict[str, list[int]], pair
         for case_id, ids in prompts.items():
             for arm in arm_set.arms:
                 out = arm.engine.generate(ids, cfg.workload.max_new_tokens, None)
-                records.append({"arm": arm.name, "case_id": case_id, "repeat_idx": 0, "output_ids": out.output_ids,
-                                "accepted_tokens": out.accepted_tokens})  # fmt: skip
-                pairs.write(json.dumps(records[-1]) + "\n")
+                pair = {"arm": arm.name, "case_id": case_id, "repeat_idx": 0, "output_ids": out.output_ids,
+                        "accepted_tokens": out.accepted_tokens}  # fmt: skip
+                pairs.write(json.dumps(pair) + "\n")
                 pairs.flush()
-            reference = records[-len(arm_set.arms)]["output_ids"]
+                records.append(RequestRecord.from_dict(pair))
+            reference = records[-len(arm_set.arms)].output_ids
             if out.accepted_tokens > best[0]:
                 best = (out.accepted_tokens, ids + reference[: len(reference) // 2])
     return greedy_exactness(records, arm_set, prompts, cfg.kv.target), best[1]

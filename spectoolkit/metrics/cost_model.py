@@ -28,9 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-Round = tuple[int, int]  # (drafted k, accepted K) of one verification round
+from spectoolkit.metrics.records import RequestRecord, Round, rounds_of
+
 TIE_TOLERANCE = 0.01  # recommend_gamma: the smallest γ within 1% of the best speedup
 BISECT_STEPS = 60
+PREDICTED_GAMMA_MAX = 16  # predictions per draft length cover γ' = 1..max(PREDICTED_GAMMA_MAX, measured γ)
 
 
 # ---- expected tokens per round ----------------------------------------------------------------
@@ -199,7 +201,7 @@ def _at_gamma(rounds: Sequence[Round], costs: StepCosts, gamma: int, new_gamma: 
 
 
 def predicted_by_gamma(
-    rounds: Sequence[Round], costs: StepCosts, gamma: int, max_gamma: int = 16, *, output_len: float
+    rounds: Sequence[Round], costs: StepCosts, gamma: int, max_gamma: int = PREDICTED_GAMMA_MAX, *, output_len: float
 ) -> dict[int, float]:
     """predicted_speedup for every γ' in 1..``max_gamma`` from rounds measured at ``gamma``.
 
@@ -217,7 +219,7 @@ def predicted_by_gamma(
 
 
 def recommend_gamma(
-    rounds: Sequence[Round], costs: StepCosts, gamma: int, max_gamma: int = 16, *, output_len: float
+    rounds: Sequence[Round], costs: StepCosts, gamma: int, max_gamma: int = PREDICTED_GAMMA_MAX, *, output_len: float
 ) -> int:
     """The γ' of :func:`predicted_by_gamma` with the best speedup (the smallest one within 1% of it)."""
     return _best_gamma(predicted_by_gamma(rounds, costs, gamma, max_gamma, output_len=output_len))
@@ -230,21 +232,14 @@ def _best_gamma(speedups: Mapping[int, float]) -> int:
 
 # ---- from run records (the summary's cost_model entry) -----------------------------------------
 
-MAX_GAMMA = 16  # predicted_by_gamma covers 1..max(MAX_GAMMA, γ)
+Records = list[RequestRecord]
 
 
-def _total(records: list[dict[str, Any]], key: str) -> float:
-    return float(sum(record.get(key) or 0 for record in records))
+def _total(records: Records, name: str) -> float:
+    return float(sum(getattr(record, name) or 0 for record in records))
 
 
-def _rounds_of(records: list[dict[str, Any]]) -> list[Round]:
-    pairs: list[Round] = []
-    for record in records:
-        pairs += zip(record.get("draft_lengths") or [], record.get("accept_lengths") or [], strict=False)
-    return pairs
-
-
-def _throughput(records: list[dict[str, Any]]) -> float | None:
+def _throughput(records: Records) -> float | None:
     total_time = _total(records, "total_time")
     return _total(records, "output_len") / total_time if total_time > 0 else None
 
@@ -276,7 +271,7 @@ def _monotone(times: Mapping[int, float]) -> dict[int, float]:
 
 
 def _verify_table(
-    verify_costs: Mapping[int, float] | None, t1: float, arm: list[dict[str, Any]], rounds: list[Round], gamma: int
+    verify_costs: Mapping[int, float] | None, t1: float, arm: Records, rounds: list[Round], gamma: int
 ) -> dict[int, float]:
     """V per width: calibration scaled to this run's T₁, else the in-run linear fallback."""
     if verify_costs:
@@ -292,8 +287,8 @@ def _verify_table(
 
 
 def measured_costs(
-    arm: list[dict[str, Any]],
-    reference: list[dict[str, Any]],
+    arm: Records,
+    reference: Records,
     verify_costs: Mapping[int, float] | None,
     gamma: int,
 ) -> StepCosts:
@@ -306,43 +301,44 @@ def measured_costs(
     the run gives its level (context length, per-step selection). Without calibration V is linear,
     V(1) = T₁ through the in-run mean Σverify_time / Σverify_rounds at the mean width mean(k+1).
     """
-    t1 = sum((r.get("total_time") or 0) - (r.get("prefill_time") or 0) for r in reference) / sum(
-        max((r.get("output_len") or 0) - 1, 0) for r in reference
+    t1 = sum((r.total_time or 0) - (r.prefill_time or 0) for r in reference) / sum(
+        max((r.output_len or 0) - 1, 0) for r in reference
     )
     drafted = _total(arm, "drafted_tokens")
     return StepCosts(
         t1=t1,
         draft_step=_total(arm, "draft_time") / drafted if drafted else 0.0,
-        verify=_verify_table(verify_costs, t1, arm, _rounds_of(arm), gamma),
+        verify=_verify_table(verify_costs, t1, arm, rounds_of(arm), gamma),
         overhead=max(0.0, _total(arm, "overhead_time") / _total(arm, "verify_rounds")),
         prefill=_total(arm + reference, "prefill_time") / len(arm + reference),
     )
 
 
 def cost_model_for_arm(
-    arm_records: list[dict[str, Any]],
-    reference_records: list[dict[str, Any]],
+    arm_records: Records,
+    reference_records: Records,
     verify_costs: Mapping[int, float] | None,
     gamma: int,
 ) -> dict[str, Any] | None:
-    """The summary's cost_model entry of one drafting arm (records as in records.jsonl; errors ignored).
+    """The summary's cost_model entry of one drafting arm (the JSON form of
+    :class:`~spectoolkit.metrics.summary_sections.CostModel`; error records ignored).
 
     Rounds are zip(draft_lengths, accept_lengths) over the arm's records; measured speedup is the arm's
     net throughput over the reference's. Width-keyed dicts ("verify", "predicted_by_gamma") use str keys
     so the JSON round-trip is the identity. None when either arm has no successful records, the arm
     has no rounds or the reference no decode steps (nothing to fit).
     """
-    arm = [r for r in arm_records if not r.get("error")]
-    reference = [r for r in reference_records if not r.get("error")]
-    rounds = _rounds_of(arm)
-    if not arm or not reference or not rounds or not sum(max((r.get("output_len") or 0) - 1, 0) for r in reference):
+    arm = [r for r in arm_records if not r.error]
+    reference = [r for r in reference_records if not r.error]
+    rounds = rounds_of(arm)
+    if not arm or not reference or not rounds or not sum(max((r.output_len or 0) - 1, 0) for r in reference):
         return None
     costs = measured_costs(arm, reference, verify_costs, gamma)
     output_len = _total(arm, "output_len") / len(arm)
     prediction = predict(rounds, costs, output_len)
     arm_rate, reference_rate = _throughput(arm), _throughput(reference)
     measured = arm_rate / reference_rate if arm_rate and reference_rate else None
-    by_gamma = predicted_by_gamma(rounds, costs, gamma, max(MAX_GAMMA, gamma), output_len=output_len)
+    by_gamma = predicted_by_gamma(rounds, costs, gamma, max(PREDICTED_GAMMA_MAX, gamma), output_len=output_len)
     return {
         "t1": costs.t1,
         "draft_step": costs.draft_step,

@@ -1,7 +1,9 @@
-"""Per-request records (DESIGN §3) and an append-only JSONL writer.
+"""Per-request records (DESIGN §3), an append-only JSONL writer and the typed reader.
 
 One record per request × repeat × arm. Records are appended and flushed as they are produced, so
-an interrupted run keeps every finished request.
+an interrupted run keeps every finished request. Every line carries ``schema_version``
+(:data:`RECORD_SCHEMA_VERSION`); a line without one is version 1, the same fields as version 2.
+:func:`read_records` gives back the dataclass each line was written from.
 """
 
 from __future__ import annotations
@@ -11,6 +13,11 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from spectoolkit.metrics.tolerant import from_mapping
+
+RECORD_SCHEMA_VERSION = 2  # 1: no schema_version key (the fields are the same)
+Round = tuple[int, int]  # (drafted k, accepted K) of one verification round
 
 
 @dataclass
@@ -54,9 +61,28 @@ class RequestRecord:
     draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round
     output_ids: list[int] = field(default_factory=list)
     error: str | None = None
+    schema_version: int = RECORD_SCHEMA_VERSION
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> RequestRecord:
+        """The record of one JSON line; unknown keys are ignored, a wrong-typed or missing field takes
+        its default (None for the identifying fields without one), a line without schema_version is 1."""
+        record = from_mapping(cls, raw)
+        if not isinstance(raw, dict) or "schema_version" not in raw:
+            record.schema_version = 1
+        return record
+
+    def rounds(self) -> list[Round]:
+        """(drafted, accepted) per verify round of this request."""
+        return list(zip(self.draft_lengths, self.accept_lengths, strict=False))
+
+
+def rounds_of(records: list[RequestRecord]) -> list[Round]:
+    """(drafted, accepted) per verify round, over ``records`` in order."""
+    return [pair for record in records for pair in record.rounds()]
 
 
 class RecordWriter:
@@ -81,14 +107,16 @@ class RecordWriter:
         self.close()
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """All complete records of a JSONL file (a torn last line from a kill is skipped)."""
+def read_records(path: Path) -> list[RequestRecord]:
+    """All complete records of a JSONL file (a torn last line from a kill, or a non-object, is skipped)."""
     records = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
-            records.append(json.loads(line))
+            raw = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(raw, dict):
+            records.append(RequestRecord.from_dict(raw))
     return records
 
 

@@ -21,6 +21,7 @@ from spectoolkit.eval.exactness import (
     near_tie_threshold,
     verdict,
 )
+from spectoolkit.metrics.records import RequestRecord
 
 
 class _FixedLogits:
@@ -106,6 +107,7 @@ def test_run_exactness_flags_a_corrupted_output(one_thread, tiny_checkpoint: Pat
     records = [{"arm": "baseline", "case_id": "c", "repeat_idx": r, "output_ids": reference} for r in (0, 1)]
     records += [{"arm": "spec", "case_id": "c", "repeat_idx": 0, "output_ids": spec},
                 {"arm": "spec", "case_id": "c", "repeat_idx": 1, "output_ids": wrong}]  # fmt: skip
+    records = [RequestRecord.from_dict(record) for record in records]
     section = greedy_exactness(records, setup.arm_set, {"c": prompt}, "auto")
     assert (section["pairs"], section["identical"]) == (2, 1)
     [found] = section["divergences"]

@@ -21,6 +21,7 @@ from spectoolkit.metrics.cost_model import (
     speedup_estimate,
     tail_acceptance,
 )
+from spectoolkit.metrics.records import RequestRecord
 
 # ---- DESIGN §1 worked examples ------------------------------------------------------------------
 
@@ -173,34 +174,40 @@ def _verify_time(width: int) -> float:
     return T1 + 0.001 * (width - 1)  # linear, V(1) = T₁
 
 
-def _baseline_record(prefill: float, output_len: int) -> dict:
+def _baseline_record(prefill: float, output_len: int) -> RequestRecord:
     decode = (output_len - 1) * T1
-    return {"arm": "baseline", "output_len": output_len, "prefill_time": prefill, "total_time": prefill + decode,
-            "verify_time": decode, "verify_rounds": output_len - 1, "draft_time": 0.0, "overhead_time": 0.0,
-            "drafted_tokens": 0, "draft_lengths": [], "accept_lengths": [], "error": None}  # fmt: skip
+    return RequestRecord.from_dict({
+        "arm": "baseline", "output_len": output_len, "prefill_time": prefill, "total_time": prefill + decode,
+        "verify_time": decode, "verify_rounds": output_len - 1, "draft_time": 0.0, "overhead_time": 0.0,
+        "drafted_tokens": 0, "draft_lengths": [], "accept_lengths": [], "error": None
+    })  # fmt: skip
 
 
-def _spec_record(prefill: float, drafts: list[int], accepts: list[int]) -> dict:
+def _spec_record(prefill: float, drafts: list[int], accepts: list[int]) -> RequestRecord:
     """A record whose times follow the cost model exactly."""
     draft, verify = DRAFT * sum(drafts), sum(_verify_time(k + 1) for k in drafts)
     overhead = OVERHEAD * len(drafts)
-    return {"arm": "spec", "output_len": 1 + sum(n + 1 for n in accepts), "prefill_time": prefill,
-            "total_time": prefill + draft + verify + overhead, "draft_time": draft, "verify_time": verify,
-            "overhead_time": overhead, "verify_rounds": len(drafts), "drafted_tokens": sum(drafts),
-            "accepted_tokens": sum(accepts), "draft_lengths": drafts, "accept_lengths": accepts,
-            "error": None}  # fmt: skip
+    return RequestRecord.from_dict({
+        "arm": "spec", "output_len": 1 + sum(n + 1 for n in accepts), "prefill_time": prefill,
+        "total_time": prefill + draft + verify + overhead, "draft_time": draft, "verify_time": verify,
+        "overhead_time": overhead, "verify_rounds": len(drafts), "drafted_tokens": sum(drafts),
+        "accepted_tokens": sum(accepts), "draft_lengths": drafts, "accept_lengths": accepts,
+        "error": None
+    })  # fmt: skip
 
 
-def _error_record(arm: str) -> dict:
+def _error_record(arm: str) -> RequestRecord:
     # nonsense numbers: any of them leaking into the model would change every result
-    return {"arm": arm, "output_len": 99, "prefill_time": 5.0, "total_time": 9.0, "draft_time": 1.0,
-            "verify_time": 1.0, "overhead_time": 1.0, "verify_rounds": 3, "drafted_tokens": 7,
-            "draft_lengths": [4], "accept_lengths": [4], "error": "RuntimeError: boom"}  # fmt: skip
+    return RequestRecord.from_dict({
+        "arm": arm, "output_len": 99, "prefill_time": 5.0, "total_time": 9.0, "draft_time": 1.0,
+        "verify_time": 1.0, "overhead_time": 1.0, "verify_rounds": 3, "drafted_tokens": 7,
+        "draft_lengths": [4], "accept_lengths": [4], "error": "RuntimeError: boom"
+    })  # fmt: skip
 
 
-def _records() -> tuple[list[dict], list[dict]]:
+def _records() -> tuple[list[RequestRecord], list[RequestRecord]]:
     spec = [_spec_record(*case) for case in CASES] + [_error_record("spec")]
-    baseline = [_baseline_record(s["prefill_time"], s["output_len"]) for s in spec[:-1]] + [_error_record("baseline")]
+    baseline = [_baseline_record(s.prefill_time, s.output_len) for s in spec[:-1]] + [_error_record("baseline")]
     return spec, baseline
 
 
@@ -210,7 +217,7 @@ def test_cost_model_for_arm_predicts_a_run_that_follows_the_model(calibrated: bo
     # calibration at twice the run's level: only its shape over widths is used
     verify_costs = {w: 2 * _verify_time(w) for w in range(1, 10)} if calibrated else None
     result = cost_model_for_arm(spec, baseline, verify_costs, gamma=4)
-    measured = sum(r["total_time"] for r in baseline[:-1]) / sum(r["total_time"] for r in spec[:-1])
+    measured = sum(r.total_time for r in baseline[:-1]) / sum(r.total_time for r in spec[:-1])
     assert result["measured_speedup"] == pytest.approx(measured, rel=1e-12)
     assert result["predicted_speedup"] == pytest.approx(measured, rel=1e-6)
     assert abs(result["prediction_error"]) < 1e-6

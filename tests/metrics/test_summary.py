@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -12,7 +10,7 @@ from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary import greedy_exact_match, quantiles, summarize
 
 
-def _record(case_id: str, arm: str, repeat_idx: int = 0, task_type: str = "code", **fields) -> dict:
+def _record(case_id: str, arm: str, repeat_idx: int = 0, task_type: str = "code", **fields) -> RequestRecord:
     record = RequestRecord(
         case_id=case_id, task_type=task_type, repeat_idx=repeat_idx, arm=arm,
         drafter="ngram" if arm == "spec" else "none", target_precision="fp32", draft_precision=None,
@@ -20,16 +18,16 @@ def _record(case_id: str, arm: str, repeat_idx: int = 0, task_type: str = "code"
     )  # fmt: skip
     for name, value in fields.items():
         setattr(record, name, value)
-    return dataclasses.asdict(record)
+    return record
 
 
-def _baseline(case_id: str, **fields) -> dict:
+def _baseline(case_id: str, **fields) -> RequestRecord:
     # 10 tokens: the prefill emits the first, 9 decode steps the rest; 1 s -> 10 tok/s.
     values = dict(output_len=10, verify_rounds=9, total_time=1.0, ttft=0.1, verify_time=0.9, output_ids=[5] * 10)
     return _record(case_id, "baseline", **{**values, **fields})
 
 
-def _spec(case_id: str, **fields) -> dict:
+def _spec(case_id: str, **fields) -> RequestRecord:
     # 10 tokens = 1 (prefill) + 3 rounds x (accepted + 1); 12 drafted, 6 accepted, 2 rounds rolled back.
     values = dict(
         output_len=10, verify_rounds=3, drafted_tokens=12, accepted_tokens=6, rollback_count=2,
@@ -40,7 +38,7 @@ def _spec(case_id: str, **fields) -> dict:
 
 
 @pytest.fixture
-def records() -> list[dict]:
+def records() -> list[RequestRecord]:
     return [
         _baseline("a", task_type="code"),
         _spec("a", task_type="code"),
@@ -71,7 +69,7 @@ def test_latency_quantiles_are_over_requests_not_means_of_groups() -> None:
     assert summary["arms"]["baseline"]["ttft"] == pytest.approx({"p50": 0.1, "p95": 0.1, "p99": 0.1})
 
 
-def test_arm_statistics(records: list[dict]) -> None:
+def test_arm_statistics(records: list[RequestRecord]) -> None:
     summary = summarize(records, greedy=True)
     base, spec = summary["arms"]["baseline"], summary["arms"]["spec"]
     assert (base["requests"], spec["requests"]) == (2, 2)
@@ -87,7 +85,7 @@ def test_arm_statistics(records: list[dict]) -> None:
     assert summary["speedup"] == pytest.approx((20 / 1.0) / (20 / 3.0))
 
 
-def test_per_task_type_speedup(records: list[dict]) -> None:
+def test_per_task_type_speedup(records: list[RequestRecord]) -> None:
     by_task = summarize(records, greedy=True)["by_task_type"]
     assert set(by_task) == {"code", "chat"}  # the errored case adds no group of its own stats
     assert by_task["code"]["speedups"]["spec"] == pytest.approx(2.0)  # 20 tok/s vs 10 tok/s
@@ -95,7 +93,7 @@ def test_per_task_type_speedup(records: list[dict]) -> None:
     assert by_task["code"]["arms"]["spec"]["acceptance_rate"] == pytest.approx(0.5)
 
 
-def test_errors_counted_and_excluded(records: list[dict]) -> None:
+def test_errors_counted_and_excluded(records: list[RequestRecord]) -> None:
     summary = summarize(records, greedy=True)
     assert (summary["requests"], summary["errors"]) == (6, 2)
     assert summary["error_reasons"] == ["line 3: malformed JSON"]
@@ -103,7 +101,7 @@ def test_errors_counted_and_excluded(records: list[dict]) -> None:
     assert summarize(records, greedy=True, complete=False)["complete"] is False
 
 
-def test_greedy_exact_match_fraction(records: list[dict]) -> None:
+def test_greedy_exact_match_fraction(records: list[RequestRecord]) -> None:
     assert summarize(records, greedy=True)["greedy_exact_match"] == pytest.approx(0.5)
     assert summarize(records, greedy=False)["greedy_exact_match"] is None  # sampling: not expected equal
     assert greedy_exact_match([_baseline("a")]) is None  # no pairs
@@ -120,7 +118,7 @@ def test_baseline_only_has_no_speedup() -> None:
     assert summary["by_task_type"]["code"]["speedups"] == {}
 
 
-def test_format_summary_shows_overall_speedup(records: list[dict]) -> None:
+def test_format_summary_shows_overall_speedup(records: list[RequestRecord]) -> None:
     text = format_summary(summarize(records, greedy=True))
     rows = {line.split()[0]: line for line in text.splitlines() if line.strip()}
     assert "3.00x" in rows["spec"]  # overall: 20 tok/s over 6.67 tok/s

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from spectoolkit.bench.protocol.setup import ArmSet
 from spectoolkit.eval.exactness import UNEXPLAINED, Divergence, divergence, near_tie_threshold, verdict
+from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary import output_pairs
 
 MAX_MARGINS = 64
 
 
-def greedy_exactness(records: list[dict[str, Any]], setup, prompts: dict[str, list[int]], kv: str) -> dict[str, Any]:
+def greedy_exactness(
+    records: list[RequestRecord], arm_set: ArmSet, prompts: dict[str, list[int]], kv: str
+) -> dict[str, Any]:
     """Verdict over all drafting arms, plus per-arm counts; ``prompts`` maps case_id -> prompt ids."""
     per_arm: dict[str, Any] = {}
     found: list[Divergence] = []
     pairs = 0
-    for arm in (arm for arm in setup.arms if arm.gamma and arm.reference):
-        runner = setup.arm(arm.reference).engine.target
+    for arm in (arm for arm in arm_set.arms if arm.gamma and arm.reference):
+        runner = arm_set.arm(arm.reference).engine.target
         threshold = near_tie_threshold(arm.target_precision, kv)
         arm_found: list[Divergence] = []
         pairs_of_arm = output_pairs(records, arm.name, arm.reference)

@@ -1,6 +1,6 @@
 """Pre-launch checklist of the run report (DESIGN §3), evaluated item by item.
 
-Pure functions over ``summary.json`` (and ``records.jsonl`` when present). A check returns a
+Pure functions over the typed ``Summary`` (and the ``RequestRecord``s when present). A check returns a
 ``CheckItem`` with PASS / FAIL / N/A and the number it rests on. Nothing here formats Markdown or
 touches files; the interpretation rules are in ``report.interpret``.
 
@@ -15,23 +15,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from spectoolkit.bench.report.load import (
-    BASELINE,
-    Records,
-    Summary,
-    arms_of,
-    as_dict,
-    as_list,
-    dig,
-    drafting_arms,
-    fmt,
-    hashable,
-    num,
-    primary_alpha,
-    sampling_mode,
-)
+from spectoolkit.bench.report.load import Records, drafting_arms, fmt, num, primary_alpha, sampling_mode
 from spectoolkit.metrics.summary import first_divergence as first_token_diff
 from spectoolkit.metrics.summary import output_pairs
+from spectoolkit.metrics.summary_schema import BASELINE, Summary
+from spectoolkit.metrics.summary_sections import Exactness
 
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 SPREAD_LIMIT = 0.10  # (max - min) / median of baseline throughput over repeats
@@ -55,9 +43,9 @@ class CheckItem:
 def check_baseline_spread(summary: Summary) -> CheckItem:
     """Baseline throughput reproducible over repeats: (max - min) / median ≤ SPREAD_LIMIT."""
     name = "baseline reproducible"
-    repeats = [v for v in as_list(summary.get("baseline_repeat_throughput")) if num(v) is not None]
-    spread = num(summary.get("baseline_spread"))
-    configured = num(dig(summary, "conditions", "bench", "repeat"))
+    repeats = summary.baseline_repeat_throughput
+    spread = summary.baseline_spread
+    configured = num(summary.conditions.bench.get("repeat"))
     if len(repeats) < 2 and (configured or 0) <= 1 and spread is None:
         return CheckItem(name, NA, f"{max(len(repeats), int(configured or 0))} repeat: no spread to measure")
     if spread is None:
@@ -71,10 +59,10 @@ def check_compat(summary: Summary) -> CheckItem:
     name = "vocab/tokenizer checked"
     if not drafting_arms(summary):
         return CheckItem(name, NA, "no drafter (draft=none)")
-    compat = dig(summary, "conditions", "compat")
-    warnings = [str(w) for w in as_list(dig(summary, "conditions", "compat_warnings"))]
+    compat = summary.conditions.compat
+    warnings = summary.conditions.compat_warnings
     tail = f"; warnings: {'; '.join(warnings)}" if warnings else ""
-    if not isinstance(compat, dict):
+    if compat is None:
         return CheckItem(name, FAIL, "not recorded (no conditions.compat)" + tail)
     status = PASS if compat.get("checked") is True else FAIL
     return CheckItem(name, status, f"{compat.get('note') or 'no note'}{tail}")
@@ -87,8 +75,7 @@ def check_sampling_equal(records: Records) -> CheckItem:
         return CheckItem(name, FAIL, "no records.jsonl: cannot verify")
     groups: dict[tuple[Any, Any], dict[str, tuple[Any, ...]]] = defaultdict(dict)
     for record in records:
-        key = (hashable(record.get("case_id")), hashable(record.get("repeat_idx")))
-        groups[key][str(record.get("arm"))] = tuple(hashable(record.get(k)) for k in SAMPLING_KEYS)
+        groups[(record.case_id, record.repeat_idx)][str(record.arm)] = tuple(getattr(record, k) for k in SAMPLING_KEYS)
     shared = [found for found in groups.values() if len(found) > 1]
     if not shared:
         return CheckItem(name, NA, "one arm only: nothing to compare")
@@ -106,11 +93,11 @@ def check_alpha_per_task(summary: Summary) -> CheckItem:
     arms = drafting_arms(summary)
     if not arms:
         return CheckItem(name, NA, "no drafter (draft=none)")
-    tasks = as_dict(summary.get("by_task_type"))
-    if not isinstance(tasks, dict) or not tasks:
+    tasks = summary.by_task_type
+    if not tasks:
         return CheckItem(name, FAIL, "no per-task-type statistics")
     counts = {
-        (task, arm): num(dig(arms_of(group).get(arm), "drafted_tokens")) or 0
+        (task, arm): (group.arms[arm].drafted_tokens or 0) if arm in group.arms else 0
         for task, group in tasks.items()
         for arm in arms
     }
@@ -122,19 +109,19 @@ def check_alpha_per_task(summary: Summary) -> CheckItem:
 def check_time_split(summary: Summary) -> CheckItem:
     """prefill + draft + verify + overhead = total within SPLIT_TOLERANCE; drafting arms count draft time."""
     name = "draft and rollback time counted"
-    arms = {a: s for a, s in arms_of(summary).items() if (num(s.get("total_time")) or 0) > 0}
+    arms = {a: s for a, s in summary.arms.items() if (s.total_time or 0) > 0}
     if not arms:
         return CheckItem(name, FAIL, "no timed requests")
     worst, problems = 0.0, []
     for arm, stats in arms.items():
-        split = stats.get("time_split")
-        if not isinstance(split, dict):
+        split = stats.time_split
+        if split is None:
             problems.append(f"{arm}: time split not recorded")
             continue
-        parts = sum(num(v) or 0 for v in split.values())
-        worst = max(worst, abs(parts - stats["total_time"]) / stats["total_time"])
-        if (num(stats.get("drafted_tokens")) or 0) > 0 and not num(split.get("draft")):
-            problems.append(f"{arm}: draft time 0 with {stats['drafted_tokens']} drafted tokens")
+        parts = sum(v or 0 for v in split.values())
+        worst = max(worst, abs(parts - stats.total_time) / stats.total_time)
+        if (stats.drafted_tokens or 0) > 0 and not split.get("draft"):
+            problems.append(f"{arm}: draft time 0 with {stats.drafted_tokens} drafted tokens")
     if worst > SPLIT_TOLERANCE:
         problems.append(f"parts miss the total by {worst:.1%} (limit {SPLIT_TOLERANCE:.0%})")
     if problems:
@@ -145,21 +132,21 @@ def check_time_split(summary: Summary) -> CheckItem:
 def check_tail_latency(summary: Summary) -> CheckItem:
     """Request-level P95 and P99 latency are stated for every measured arm."""
     name = "P95/P99 stated"
-    arms = {a: s for a, s in arms_of(summary).items() if (num(s.get("requests")) or 0) > 0}
+    arms = {a: s for a, s in summary.arms.items() if (s.requests or 0) > 0}
     if not arms:
         return CheckItem(name, FAIL, "no successful requests")
-    parts = [f"{a} {fmt(dig(s, 'latency', 'p95'))}/{fmt(dig(s, 'latency', 'p99'))} s" for a, s in arms.items()]
-    stated = all(num(dig(s, "latency", q)) is not None for s in arms.values() for q in ("p95", "p99"))
+    parts = [f"{a} {fmt(s.latency.p95)}/{fmt(s.latency.p99)} s" for a, s in arms.items()]
+    stated = all(s.latency.p95 is not None and s.latency.p99 is not None for s in arms.values())
     return CheckItem(name, PASS if stated else FAIL, "P95/P99: " + ", ".join(parts))
 
 
 def check_memory_delta(summary: Summary) -> CheckItem:
     """Peak memory of the primary arm minus the baseline's, draft weights and KV included."""
     name = "memory delta stated"
-    delta = num(dig(summary, "conditions", "memory", "memory_delta_bytes"))
+    delta = summary.conditions.memory.memory_delta_bytes
     if delta is not None:
         return CheckItem(name, PASS, f"memory delta {delta / 2**20:+.1f} MiB (weights + KV vs baseline)")
-    if len(arms_of(summary)) <= 1 and not drafting_arms(summary):
+    if len(summary.arms) <= 1 and not drafting_arms(summary):
         return CheckItem(name, NA, "baseline only: nothing to compare")
     return CheckItem(name, FAIL, "not recorded (no conditions.memory.memory_delta_bytes)")
 
@@ -175,18 +162,19 @@ def check_exactness(summary: Summary, records: Records) -> CheckItem:
         return CheckItem(name, NA, "sampling: exactness is a distribution test, run in the quality eval")
     if mode is None:
         return CheckItem(name, FAIL, "sampling temperature not recorded")
-    exact = as_dict(summary.get("exact_match"))
+    exact = summary.exact_match
     if not exact and "spec" in arms:
-        exact = {"spec": summary.get("greedy_exact_match")}
-    values = {arm: num(exact.get(arm)) for arm in arms}
+        exact = {"spec": summary.greedy_exact_match}
+    values = {arm: exact.get(arm) for arm in arms}
     evidence = ", ".join(f"{arm} {fmt(value, '.1%')}" for arm, value in values.items())
     ok = all(value == 1.0 for value in values.values())
-    section = as_dict(summary.get("exactness"))
-    if section.get("verdict"):
-        return CheckItem(name, PASS if section.get("passed") else FAIL, f"greedy exact match: {evidence}; "
+    section = summary.exactness
+    if section is not None and section.verdict:
+        return CheckItem(name, PASS if section.passed else FAIL, f"greedy exact match: {evidence}; "
                          + exactness_text(section))  # fmt: skip
     for arm in [arm for arm, value in values.items() if value is not None and value < 1.0]:
-        reference = dig(arms_of(summary).get(arm), "reference_arm") or BASELINE
+        stats = summary.arms.get(arm)
+        reference = (stats.reference_arm if stats else None) or BASELINE
         if found := first_divergence(records, arm, reference):
             case, repeat, position = found
             evidence += (
@@ -196,18 +184,17 @@ def check_exactness(summary: Summary, records: Records) -> CheckItem:
     return CheckItem(name, PASS if ok else FAIL, f"greedy exact match: {evidence}")
 
 
-def exactness_text(section: dict[str, Any]) -> str:
+def exactness_text(section: Exactness) -> str:
     """One line for the exactness section: verdict, counts and the first divergences with margins."""
-    text = (f"verdict {section.get('verdict')}: {section.get('identical')} of {section.get('pairs')} pairs identical, "
-            f"{section.get('near_ties')} near-tie, {section.get('unexplained')} unexplained divergence(s)")  # fmt: skip
-    shown = [d for d in as_list(section.get("divergences")) if isinstance(d, dict)][:3]
+    text = (f"verdict {section.verdict}: {section.identical} of {section.pairs} pairs identical, "
+            f"{section.near_ties} near-tie, {section.unexplained} unexplained divergence(s)")  # fmt: skip
     details = [
-        f"{d.get('arm')} {d.get('case_id')} repeat {d.get('repeat_idx')} token {d.get('position')}: "
-        f"{d.get('reference_token')} vs {d.get('spec_token')}, margin {fmt(d.get('margin'), '.3g')} "
-        f"(near-tie ≤ {fmt(d.get('threshold'), '.3g')}"
-        + (f"; the target flips at width {d['flip_width']}" if d.get("flip_width") else "")
-        + f") → {d.get('classification')}"
-        for d in shown
+        f"{d.arm} {d.case_id} repeat {d.repeat_idx} token {d.position}: "
+        f"{d.reference_token} vs {d.spec_token}, margin {fmt(d.margin, '.3g')} "
+        f"(near-tie ≤ {fmt(d.threshold, '.3g')}"
+        + (f"; the target flips at width {d.flip_width}" if d.flip_width else "")
+        + f") → {d.classification}"
+        for d in section.divergences[:3]
     ]
     return text + (" — " + "; ".join(details) if details else "")
 
@@ -223,15 +210,16 @@ def first_divergence(records: Records, arm: str, reference: str) -> tuple[Any, A
 def check_fallback(summary: Summary) -> CheckItem:
     """draft=none (the baseline arm) restores target-alone decoding; break-even α vs measured α."""
     name = "fallback switch (draft=none)"
-    base = arms_of(summary).get(BASELINE)
-    if not base or not num(base.get("requests")):
+    base = summary.arms.get(BASELINE)
+    if not base or not base.requests:
         return CheckItem(name, FAIL, "no measured baseline arm (target alone)")
     arm, alpha = primary_alpha(summary)
-    tput = fmt(base.get("net_throughput"), ".2f")
-    text = f"draft=none = the baseline arm: {tput} tok/s over {base['requests']} requests"
+    tput = fmt(base.net_throughput, ".2f")
+    text = f"draft=none = the baseline arm: {tput} tok/s over {base.requests} requests"
     if arm is None:
         return CheckItem(name, PASS, text)
-    even = num(dig(summary, "cost_model", arm, "break_even_alpha"))
+    model = summary.cost_model.get(arm)
+    even = model.break_even_alpha if model else None
     text += f"; break-even α {fmt(even)} vs measured α {fmt(alpha)} ({arm})"
     if even is not None and alpha is not None and alpha < even:
         text += ": α below break-even, the cost model predicts no gain here; draft=none is the fallback"

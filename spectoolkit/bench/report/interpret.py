@@ -1,24 +1,15 @@
 """Interpretation rules of the run report (DESIGN §1 and §3): each rule says whether it applies, with its numbers.
 
-Pure functions over ``summary.json``; nothing here formats Markdown or touches files.
+Pure functions over the typed ``Summary``; nothing here formats Markdown or touches files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spectoolkit.bench.report.load import (
-    BASELINE,
-    Summary,
-    arms_of,
-    as_dict,
-    dig,
-    fmt,
-    is_quantized,
-    num,
-    primary_alpha,
-    primary_arm,
-)
+from spectoolkit.bench.report.load import fmt, is_quantized, primary_alpha
+from spectoolkit.metrics.summary_schema import BASELINE, ArmStats, Quantiles, Summary
+from spectoolkit.metrics.summary_sections import CostModel
 
 ALPHA_GAP = 0.15  # α spread across task types that justifies per-task-type enablement
 HIGH_ALPHA = 0.7
@@ -42,17 +33,27 @@ def _verdict(rule: str, applies: bool, numbers: str, advice: str) -> Finding:
     return Finding(rule, True, f"{numbers}: {advice}") if applies else Finding(rule, False, numbers)
 
 
+def _quantile(stats: ArmStats | None, key: str, quantile: str) -> float | None:
+    """``stats.key.quantile`` (e.g. latency.p99), None without the arm."""
+    quantiles: Quantiles | None = getattr(stats, key) if stats is not None else None
+    return getattr(quantiles, quantile) if quantiles is not None else None
+
+
 def _primary_vs_baseline(summary: Summary, key: str, quantile: str) -> tuple[float | None, float | None]:
-    arms = arms_of(summary)
-    arm = primary_arm(summary) or ""
-    return num(dig(arms.get(arm), key, quantile)), num(dig(arms.get(BASELINE), key, quantile))
+    """``key`` ("ttft" or "latency") at ``quantile`` of the primary arm and of the baseline."""
+    arms = summary.arms
+    return _quantile(arms.get(summary.primary_arm or ""), key, quantile), _quantile(arms.get(BASELINE), key, quantile)
+
+
+def _primary_cost_model(summary: Summary) -> CostModel:
+    return summary.cost_model.get(summary.primary_arm or "") or CostModel()
 
 
 def rule_ttft_vs_throughput(summary: Summary) -> Finding:
     """TTFT up and throughput up ⇒ suits batch jobs, not interactive use."""
     rule = "TTFT up, throughput up"
     spec, base = _primary_vs_baseline(summary, "ttft", "p50")
-    speedup = num(summary.get("speedup"))
+    speedup = summary.speedup
     if None in (spec, base, speedup):
         return Finding(rule, False, "n/a: TTFT p50 or speedup not measured")
     numbers = f"TTFT p50 {base:.3f} → {spec:.3f} s, throughput {speedup:.2f}×"
@@ -67,7 +68,7 @@ def rule_ttft_vs_throughput(summary: Summary) -> Finding:
 def rule_keep_off(summary: Summary) -> Finding:
     """Speedup < 1 ⇒ keep speculation off (draft=none)."""
     rule = "speedup below 1"
-    speedup = num(summary.get("speedup"))
+    speedup = summary.speedup
     if speedup is None:
         return Finding(rule, False, "n/a: no measured speedup")
     return _verdict(rule, speedup < 1, f"speedup {speedup:.2f}×", "keep speculation off (draft=none) for this setup")
@@ -77,12 +78,13 @@ def rule_draft_too_expensive(summary: Summary) -> Finding:
     """α high but speedup < 1 ⇒ the draft costs too much relative to T₁ (D·γ/T₁)."""
     rule = "α high, speedup below 1"
     arm, alpha = primary_alpha(summary)
-    speedup = num(summary.get("speedup"))
+    speedup = summary.speedup
     if alpha is None or speedup is None:
         return Finding(rule, False, "n/a: α or speedup not measured")
-    model = dig(summary, "cost_model", arm or "")
-    draft, t1 = num(dig(model, "draft_step")), num(dig(model, "t1"))
-    gamma = num(dig(arms_of(summary).get(arm or ""), "gamma")) or num(dig(summary, "conditions", "gamma"))
+    model = _primary_cost_model(summary)
+    draft, t1 = model.draft_step, model.t1
+    stats = summary.arms.get(arm or "")
+    gamma = (stats.gamma if stats else None) or summary.conditions.gamma
     ratio = draft * gamma / t1 if None not in (draft, t1, gamma) and t1 else None
     cost = f"D·γ/T₁ = {fmt(ratio, '.2f')}" + (
         f" ({draft * 1e3:.1f} ms × {gamma:g} / {t1 * 1e3:.1f} ms)" if ratio else ""
@@ -95,10 +97,10 @@ def rule_draft_too_expensive(summary: Summary) -> Finding:
 def rule_alpha_by_task(summary: Summary) -> Finding:
     """α differs by more than ALPHA_GAP across task types ⇒ enable speculation per task type."""
     rule = "α differs across task types"
-    arm = primary_arm(summary) or ""
+    arm = summary.primary_arm or ""
     alphas = {
-        task: num(dig(arms_of(group).get(arm), "acceptance_rate"))
-        for task, group in as_dict(summary.get("by_task_type")).items()
+        task: group.arms[arm].acceptance_rate if arm in group.arms else None
+        for task, group in summary.by_task_type.items()
     }
     alphas = {task: value for task, value in alphas.items() if value is not None}
     if len(alphas) < 2:
@@ -128,10 +130,9 @@ def rule_tail_risk(summary: Summary) -> Finding:
 def rule_cost_model_error(summary: Summary) -> Finding:
     """Predicted vs measured speedup off by > MODEL_ERROR_LIMIT ⇒ unsteady machine or workload."""
     rule = "cost model vs measurement"
-    model = dig(summary, "cost_model", primary_arm(summary) or "")
-    predicted = num(dig(model, "predicted_speedup"))
-    measured = num(dig(model, "measured_speedup"))
-    measured = measured if measured is not None else num(summary.get("speedup"))
+    model = _primary_cost_model(summary)
+    predicted = model.predicted_speedup
+    measured = model.measured_speedup if model.measured_speedup is not None else summary.speedup
     if predicted is None or not measured:
         return Finding(rule, False, "n/a: no predicted or measured speedup")
     error = (predicted - measured) / measured
@@ -146,15 +147,15 @@ def rule_cost_model_error(summary: Summary) -> Finding:
 def rule_quantized_target(summary: Summary) -> Finding:
     """Quantized target ⇒ exactness holds against the quantized target; its loss is reported apart."""
     rule = "quantized target"
-    precision = dig(arms_of(summary).get(primary_arm(summary) or ""), "target_precision")
-    precision = precision or dig(summary, "conditions", "target", "precision")
+    stats = summary.arms.get(summary.primary_arm or "")
+    precision = (stats.target_precision if stats else None) or summary.conditions.target.get("precision")
     if not is_quantized(precision):
         return Finding(rule, False, f"target precision {precision or 'n/a'}")
-    quality = summary.get("quant_quality")
+    quality = summary.quant_quality
     loss = (
-        f"KL {fmt(dig(quality, 'kl_mean'), '.4f')}, top-1 agreement {fmt(dig(quality, 'top1_agreement'))}, "
-        f"perplexity Δ {fmt(dig(quality, 'ppl_delta'), '+.3f')} vs {dig(quality, 'reference') or 'the reference'}"
-        if isinstance(quality, dict)
+        f"KL {fmt(quality.kl_mean, '.4f')}, top-1 agreement {fmt(quality.top1_agreement)}, "
+        f"perplexity Δ {fmt(quality.ppl_delta, '+.3f')} vs {quality.reference or 'the reference'}"
+        if quality is not None
         else "not measured in this run"
     )
     return Finding(

@@ -1,6 +1,6 @@
 """PNG plots of the run report (matplotlib, Agg backend: no display needed).
 
-Each function reads summary.json data (or records) and returns the written PNG path, or None when
+Each function reads the typed ``Summary`` (or the records) and returns the written PNG path, or None when
 there is nothing to plot. Figures are written to a temporary sibling and renamed, then closed.
 Quantities follow DESIGN §3: speedup = arm / baseline net throughput, α = accepted / drafted.
 """
@@ -15,19 +15,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from spectoolkit.bench.report.load import (  # noqa: E402
-    arms_of,
-    as_dict,
-    as_list,
-    dig,
-    drafting_arms,
-    num,
-    primary_arm,
-    speedups_of,
-)
+from spectoolkit.bench.report.load import Records, drafting_arms  # noqa: E402
+from spectoolkit.metrics.records import RequestRecord  # noqa: E402
+from spectoolkit.metrics.summary_schema import TIME_PARTS, Summary  # noqa: E402
 
 STABILITY_MIN_RECORDS = 20
-TIME_PARTS = ("prefill", "draft", "verify", "overhead")
 
 
 def save_png(fig: Any, path: Path) -> Path:
@@ -43,37 +35,30 @@ def save_png(fig: Any, path: Path) -> Path:
     return path
 
 
-def _gamma_points(summary: dict[str, Any]) -> list[tuple[float, float, str]]:
+def _gamma_points(summary: Summary) -> list[tuple[int, float, str]]:
     """(γ, measured speedup, arm) of every drafting arm with both."""
-    speedups = speedups_of(summary)
     points = []
-    for arm, stats in arms_of(summary).items():
-        gamma, speedup = num(stats.get("gamma")), num(speedups.get(arm))
+    for arm, stats in summary.arms.items():
+        gamma, speedup = stats.gamma, summary.speedups.get(arm)
         if gamma and speedup is not None:
             points.append((gamma, speedup, arm))
     return sorted(points)
 
 
-def predicted_curve(summary: dict[str, Any]) -> list[tuple[int, float]]:
+def predicted_curve(summary: Summary) -> list[tuple[int, float]]:
     """The cost model's predicted speedup per γ for the primary arm, sorted by γ."""
-    curve = dig(summary, "cost_model", primary_arm(summary) or "", "predicted_by_gamma")
-    if not isinstance(curve, dict):
-        return []
-    points = []
-    for gamma, value in curve.items():
-        if str(gamma).isdigit() and num(value) is not None:
-            points.append((int(gamma), float(value)))
-    return sorted(points)
+    model = summary.cost_model.get(summary.primary_arm or "")
+    return sorted(model.predicted_by_gamma.items()) if model else []
 
 
-def plot_speedup_vs_gamma(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+def plot_speedup_vs_gamma(summary: Summary, plots_dir: Path) -> Path | None:
     """Measured speedup of each drafting arm at its γ, and the primary arm's predicted curve."""
     measured, predicted = _gamma_points(summary), predicted_curve(summary)
     if not measured and not predicted:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     if predicted:
-        label = f"predicted, {primary_arm(summary)} (cost model)"
+        label = f"predicted, {summary.primary_arm} (cost model)"
         ax.plot([g for g, _ in predicted], [s for _, s in predicted], "--o", label=label)
     if measured:
         ax.plot([g for g, _, _ in measured], [s for _, s, _ in measured], "s", markersize=9, label="measured")
@@ -85,11 +70,11 @@ def plot_speedup_vs_gamma(summary: dict[str, Any], plots_dir: Path) -> Path | No
     return save_png(fig, plots_dir / "speedup_vs_gamma.png")
 
 
-def plot_acceptance_histogram(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+def plot_acceptance_histogram(summary: Summary, plots_dir: Path) -> Path | None:
     """Share of verify rounds that accepted K = 0..γ drafts, per drafting arm."""
-    arms = arms_of(summary)
-    hists = {arm: arms[arm].get("acceptance_histogram") for arm in drafting_arms(summary) if arm in arms}
-    hists = {arm: [num(c) or 0 for c in h] for arm, h in hists.items() if isinstance(h, list) and sum(map(bool, h))}
+    arms = summary.arms
+    hists = {arm: arms[arm].acceptance_histogram for arm in drafting_arms(summary) if arm in arms}
+    hists = {arm: counts for arm, counts in hists.items() if sum(map(bool, counts))}
     if not hists:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -104,12 +89,9 @@ def plot_acceptance_histogram(summary: dict[str, Any], plots_dir: Path) -> Path 
     return save_png(fig, plots_dir / "acceptance_histogram.png")
 
 
-def plot_latency_cdf(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+def plot_latency_cdf(summary: Summary, plots_dir: Path) -> Path | None:
     """Empirical CDF of request latency per arm."""
-    series = {
-        arm: sorted(v for v in as_list(stats.get("latencies")) if num(v) is not None)
-        for arm, stats in arms_of(summary).items()
-    }
+    series = {arm: sorted(stats.latencies) for arm, stats in summary.arms.items()}
     series = {arm: values for arm, values in series.items() if values}
     if not series:
         return None
@@ -121,11 +103,13 @@ def plot_latency_cdf(summary: dict[str, Any], plots_dir: Path) -> Path | None:
     return save_png(fig, plots_dir / "latency_cdf.png")
 
 
-def plot_alpha_by_task(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+def plot_alpha_by_task(summary: Summary, plots_dir: Path) -> Path | None:
     """Acceptance rate α per task type, one bar per drafting arm."""
-    tasks = as_dict(summary.get("by_task_type"))
-    arms = drafting_arms(summary)
-    alphas = {arm: [num(dig(arms_of(group).get(arm), "acceptance_rate")) for group in tasks.values()] for arm in arms}
+    tasks = summary.by_task_type
+    alphas = {
+        arm: [group.arms[arm].acceptance_rate if arm in group.arms else None for group in tasks.values()]
+        for arm in drafting_arms(summary)
+    }
     alphas = {arm: values for arm, values in alphas.items() if any(v is not None for v in values)}
     if not alphas:
         return None
@@ -139,10 +123,10 @@ def plot_alpha_by_task(summary: dict[str, Any], plots_dir: Path) -> Path | None:
     return save_png(fig, plots_dir / "alpha_by_task.png")
 
 
-def plot_time_split(summary: dict[str, Any], plots_dir: Path) -> Path | None:
+def plot_time_split(summary: Summary, plots_dir: Path) -> Path | None:
     """Stacked prefill / draft / verify / overhead seconds per arm."""
-    splits = {arm: stats.get("time_split") for arm, stats in arms_of(summary).items()}
-    splits = {arm: [num(s.get(p)) or 0 for p in TIME_PARTS] for arm, s in splits.items() if isinstance(s, dict)}
+    splits = {arm: stats.time_split for arm, stats in summary.arms.items()}
+    splits = {arm: [s.get(p) or 0 for p in TIME_PARTS] for arm, s in splits.items() if s is not None}
     splits = {arm: parts for arm, parts in splits.items() if sum(parts) > 0}
     if not splits:
         return None
@@ -167,27 +151,27 @@ def _rolling_ratio(numerators: list[float], denominators: list[float], window: i
     return out
 
 
-def plot_stability(records: list[dict[str, Any]], plots_dir: Path) -> Path | None:
+def plot_stability(records: Records, plots_dir: Path) -> Path | None:
     """Rolling α, rolling rollback rate and host RSS over the run, for drafting arms with ≥ 20 records."""
-    by_arm: dict[str, list[dict[str, Any]]] = {}
+    by_arm: dict[str, list[RequestRecord]] = {}
     for record in records:
-        if not record.get("error") and (num(record.get("draft_len")) or 0) > 0:
-            by_arm.setdefault(str(record.get("arm")), []).append(record)
+        if not record.error and (record.draft_len or 0) > 0:
+            by_arm.setdefault(str(record.arm), []).append(record)
     by_arm = {arm: rows for arm, rows in by_arm.items() if len(rows) >= STABILITY_MIN_RECORDS}
     if not by_arm:
         return None
     fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
-    use_time = all(num(r.get("start_offset")) is not None for rows in by_arm.values() for r in rows)
+    use_time = all(r.start_offset is not None for rows in by_arm.values() for r in rows)
     for arm, rows in by_arm.items():
-        xs = [r["start_offset"] for r in rows] if use_time else list(range(len(rows)))
+        xs = [r.start_offset for r in rows] if use_time else list(range(len(rows)))
         window = max(5, len(rows) // 10)
         accepted, drafted, rollbacks, rounds = (
-            [num(r.get(key)) or 0.0 for r in rows]
-            for key in ("accepted_tokens", "drafted_tokens", "rollback_count", "verify_rounds")
+            [float(getattr(r, name) or 0) for r in rows]
+            for name in ("accepted_tokens", "drafted_tokens", "rollback_count", "verify_rounds")
         )
         axes[0].plot(xs, _rolling_ratio(accepted, drafted, window), label=arm)
         axes[1].plot(xs, _rolling_ratio(rollbacks, rounds, window), label=arm)
-        axes[2].plot(xs, [(num(r.get("host_rss")) or float("nan")) / 2**20 for r in rows], label=arm)
+        axes[2].plot(xs, [(r.host_rss or float("nan")) / 2**20 for r in rows], label=arm)
     axes[0].set(ylabel="rolling α", title="Stability over the run")
     axes[1].set(ylabel="rolling rollback rate")
     axes[2].set(ylabel="host RSS (MiB)", xlabel="seconds since measurement start" if use_time else "request index")
@@ -195,7 +179,7 @@ def plot_stability(records: list[dict[str, Any]], plots_dir: Path) -> Path | Non
     return save_png(fig, plots_dir / "stability.png")
 
 
-def run_plots(summary: dict[str, Any], records: list[dict[str, Any]], plots_dir: Path) -> dict[str, Path]:
+def run_plots(summary: Summary, records: Records, plots_dir: Path) -> dict[str, Path]:
     """Every run plot that has data, by name."""
     plots = {
         "speedup_vs_gamma": plot_speedup_vs_gamma(summary, plots_dir),

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench.report.load import arms_of, as_dict, num
+from spectoolkit.bench.report.load import num
 from spectoolkit.bench.report.plots import plt, save_png
+from spectoolkit.metrics.summary_schema import Summary
 
 GAMMA = "speculate.gamma"
 FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")
@@ -42,14 +43,16 @@ def plot_speedup_by_gamma(rows: list[dict[str, Any]], axes: list[str], path: Pat
     return save_png(fig, path)
 
 
-def alpha_by_task(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]], axes: list[str]):
+def alpha_by_task(
+    rows: list[dict[str, Any]], summaries: dict[str, Summary], axes: list[str]
+) -> dict[str, dict[str, float]]:
     """{series: {task type: α}} pooled over the series' jobs (accepted / drafted tokens of the primary arm)."""
     pooled: dict[str, dict[str, list[float]]] = {}
     for row in rows:
         summary, arm = summaries.get(row["job"]), row.get("arm")
-        for task, group in as_dict((summary or {}).get("by_task_type")).items():
-            stats = arms_of(group).get(arm) or {}
-            drafted, accepted = num(stats.get("drafted_tokens")), num(stats.get("accepted_tokens"))
+        for task, group in (summary.by_task_type if summary else {}).items():
+            stats = group.arms.get(arm)
+            drafted, accepted = (stats.drafted_tokens, stats.accepted_tokens) if stats else (None, None)
             if drafted:
                 sums = pooled.setdefault(series_label(row, axes), {}).setdefault(task, [0.0, 0.0])
                 sums[0], sums[1] = sums[0] + (accepted or 0), sums[1] + drafted

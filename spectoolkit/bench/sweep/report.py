@@ -15,12 +15,13 @@ from spectoolkit.bench.report.render import REPORT_NAME, write_report
 from spectoolkit.bench.sweep import plots as sweep_plots
 from spectoolkit.bench.sweep.table import SWEEP_CSV_NAME, SWEEP_DEPTH, axis_key, sweep_rows, write_csv
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.metrics.summary_schema import Summary
 
 SWEEP_REPORT_NAME = "sweep_report.md"
 METRIC_HEADERS = ["arm", "speedup", "predicted", "α", "E", "P95 s", "exact match", "exactness", "quant top-1"]
 
 
-def _summaries(sweep_dir: Path, rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _summaries(sweep_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Summary]:
     """Readable summaries by job; each job's own report.md is written when missing."""
     found = {row["job"]: row["_summary"] for row in rows if row["_summary"] is not None}
     for job in found:

@@ -18,9 +18,11 @@ from typing import Any
 
 import yaml
 
-from spectoolkit.bench.report.load import BASELINE, arms_of, as_dict, atomic_write, dig, load_summary, primary_arm
+from spectoolkit.bench.report.load import atomic_write, load_summary
 from spectoolkit.bench.sweep.jobs import JOB_FILE, read_job
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.metrics.summary_schema import BASELINE, ArmStats, Summary
+from spectoolkit.metrics.summary_sections import CostModel, QuantQuality
 
 SWEEP_CSV_NAME = "sweep_summary.csv"
 SWEEP_DEPTH = 3  # job directories up to this many levels below a sweep directory
@@ -77,38 +79,47 @@ def _resolved_config(job_dir: Path, job: dict[str, Any] | None) -> dict[str, Any
     return loaded if isinstance(loaded, dict) else {}
 
 
+def _at_path(config: Any, keys: list[str]) -> Any:
+    """``config[k1][k2]...`` or None when a level is missing or not a mapping (a saved config of any age)."""
+    for key in keys:
+        if not isinstance(config, dict):
+            return None
+        config = config.get(key)
+    return config
+
+
 def _config_value(config: dict[str, Any], key: str) -> Any:
     """The value at dotted ``key``; a config group (``draft``) reads as its precision or kind."""
-    value = dig(config, *key.split("."))
+    value = _at_path(config, key.split("."))
     if isinstance(value, dict):  # a group chosen by name, e.g. +draft=int4 -> {kind, precision, ...}
         kind, precision = value.get("kind"), value.get("precision")
         return precision if kind in (None, "model") else kind
     return value
 
 
-def _metrics(summary: dict[str, Any]) -> dict[str, Any]:
-    arm = primary_arm(summary) or BASELINE
-    stats = arms_of(summary).get(arm, {})
-    quality = as_dict(summary.get("quant_quality"))
+def _metrics(summary: Summary) -> dict[str, Any]:
+    arm = summary.primary_arm or BASELINE
+    stats = summary.arms.get(arm) or ArmStats()
+    quality = summary.quant_quality or QuantQuality()
     return {
         "arm": arm,
-        "speedup": summary.get("speedup"),
-        "predicted_speedup": dig(summary, "cost_model", arm, "predicted_speedup"),
-        "alpha": stats.get("acceptance_rate"),
-        "tokens_per_verify": stats.get("tokens_per_verify"),
-        "rollback_rate": stats.get("rollback_rate"),
-        "net_throughput": stats.get("net_throughput"),
-        "latency_p50": dig(stats, "latency", "p50"),
-        "latency_p95": dig(stats, "latency", "p95"),
-        "latency_p99": dig(stats, "latency", "p99"),
-        "ttft_p50": dig(stats, "ttft", "p50"),
-        "exact_match": dig(summary, "exact_match", arm) if arm != BASELINE else None,
-        "exactness": dig(summary, "exactness", "verdict"),
-        "quant_kl": quality.get("kl_mean"),
-        "quant_top1_agreement": quality.get("top1_agreement"),
-        "memory_delta_bytes": dig(summary, "conditions", "memory", "memory_delta_bytes"),
-        "errors": summary.get("errors"),
-        "complete": summary.get("complete"),
+        "speedup": summary.speedup,
+        "predicted_speedup": (summary.cost_model.get(arm) or CostModel()).predicted_speedup,
+        "alpha": stats.acceptance_rate,
+        "tokens_per_verify": stats.tokens_per_verify,
+        "rollback_rate": stats.rollback_rate,
+        "net_throughput": stats.net_throughput,
+        "latency_p50": stats.latency.p50,
+        "latency_p95": stats.latency.p95,
+        "latency_p99": stats.latency.p99,
+        "ttft_p50": stats.ttft.p50,
+        "exact_match": summary.exact_match.get(arm) if arm != BASELINE else None,
+        "exactness": summary.exactness.verdict if summary.exactness else None,
+        "quant_kl": quality.kl_mean,
+        "quant_top1_agreement": quality.top1_agreement,
+        "memory_delta_bytes": summary.conditions.memory.memory_delta_bytes,
+        "errors": summary.errors,
+        "complete": summary.complete,
     }
 
 
@@ -126,9 +137,10 @@ def job_row(job_dir: Path, sweep_dir: Path) -> dict[str, Any]:
         summary = None
     row.update(_metrics(summary) if summary else dict.fromkeys(METRICS))
     if summary and row["speculate.gamma"] is None:  # no saved config: the primary arm says its γ
-        row["speculate.gamma"] = dig(arms_of(summary).get(row["arm"]), "gamma")
+        stats = summary.arms.get(row["arm"])
+        row["speculate.gamma"] = stats.gamma if stats else None
     if row["status"] is None and summary is not None:  # a run made without job.json (library use)
-        row["status"] = "complete" if summary.get("complete") else "incomplete"
+        row["status"] = "complete" if summary.complete else "incomplete"
     row["_config"], row["_summary"] = config, summary  # private: not CSV columns (the writer ignores them)
     return row
 

@@ -20,6 +20,8 @@ from spectoolkit.bench.report.interpret import interpret
 from spectoolkit.bench.report.render import render_report, write_report
 from spectoolkit.bench.sweep.report import report_path_for, write_sweep_report
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.metrics.records import RequestRecord
+from spectoolkit.metrics.summary_schema import Summary
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TASKS = ("chat", "code")
@@ -178,12 +180,25 @@ def write_run(run_dir: Path, summary: dict, records: list, torn: bool = True) ->
     return run_dir
 
 
+def typed(summary: dict) -> Summary:
+    """The summary as the report reads it (tests build and edit plain JSON, then hand it over)."""
+    return Summary.from_dict(summary)
+
+
+def typed_records(records: list[dict]) -> list[RequestRecord]:
+    return [RequestRecord.from_dict(record) for record in records]
+
+
+def checklist(summary: dict, records: list) -> list[cl.CheckItem]:
+    return cl.evaluate_checklist(typed(summary), typed_records(records))
+
+
 def statuses(summary: dict, records: list) -> dict[str, str]:
-    return {item.name.split(" (")[0]: item.status for item in cl.evaluate_checklist(summary, records)}
+    return {item.name.split(" (")[0]: item.status for item in checklist(summary, records)}
 
 
 def applies(summary: dict) -> dict[str, bool]:
-    return {finding.rule: finding.applies for finding in interpret(summary)}
+    return {finding.rule: finding.applies for finding in interpret(typed(summary))}
 
 
 def assert_png(path: Path) -> None:
@@ -225,21 +240,21 @@ def test_report_of_a_summary_built_by_the_real_aggregation(tmp_path):
 
     template, records = make_run()
     arm_info = {"baseline": {"reference": None, "gamma": 0}, "spec": {"reference": "baseline", "gamma": 4}}
-    summary = summarize(records, greedy=True, arms=arm_info, primary="spec")
-    summary["cost_model"] = cost_models(records, arm_info, {"spec": {1: 0.02, 5: 0.03}})
+    summary = summarize(typed_records(records), greedy=True, arms=arm_info, primary="spec")
+    summary["cost_model"] = cost_models(typed_records(records), arm_info, {"spec": {1: 0.02, 5: 0.03}})
     summary["conditions"] = template["conditions"]
     text = write_report(write_run(tmp_path / "run", summary, records)).read_text(encoding="utf-8")
     assert "**Headline:** `spec` decodes at **1.25×**" in text
     cost_section = text.split("## Cost model")[1].split("## Memory")[0]
     cost_row = next(line for line in cost_section.splitlines() if line.startswith("| spec |"))
     assert "n/a" not in cost_row and "| 28.42 |" in cost_row  # V(5) = 0.03 s scaled by T₁ / V(1)
-    assert set(statuses(summary, records).values()) == {"PASS"}, cl.evaluate_checklist(summary, records)
+    assert set(statuses(summary, records).values()) == {"PASS"}, checklist(summary, records)
 
 
 def test_headline_carries_a_caution_when_a_check_fails(tmp_path):
     summary, records = make_run()
     summary["baseline_spread"] = 0.3
-    text = render_report(summary, records, {})
+    text = render_report(typed(summary), typed_records(records), {})
     assert "**Headline:**" in text and "**Caution:** 1 pre-launch check(s) FAIL: baseline reproducible." in text
 
 
@@ -259,7 +274,7 @@ def test_gamma_sweep_plots_measured_points_and_every_arm(tmp_path):
     run_dir = write_run(tmp_path / "run", summary, records)
     text = write_report(run_dir).read_text(encoding="utf-8")
     assert_png(run_dir / "plots" / "speedup_vs_gamma.png")
-    assert [p[0] for p in plots._gamma_points(summary)] == [1, 2, 4, 8]
+    assert [p[0] for p in plots._gamma_points(typed(summary))] == [1, 2, 4, 8]
     assert "**Headline:** `spec-g4`" in text and all(f"| spec-g{g} |" in text for g in (1, 2, 4, 8))
 
 
@@ -288,11 +303,11 @@ def test_greedy_divergence_fails_exactness_and_names_the_first_divergence():
     summary["exact_match"]["quant+spec"] = 0.875
     diverged = next(r for r in records if r["arm"] == "quant+spec" and r["case_id"] == "case/2")
     diverged["output_ids"] = [1, 2, 9]
-    item = next(i for i in cl.evaluate_checklist(summary, records) if i.name == "exactness")
+    item = next(i for i in checklist(summary, records) if i.name == "exactness")
     assert item.status == "FAIL"
     assert "quant+spec 87.5%" in item.evidence
     assert "first divergence of quant+spec from quant: case/2 repeat 0 at output token 2" in item.evidence
-    assert cl.first_divergence(records, "spec", "baseline") is None
+    assert cl.first_divergence(typed_records(records), "spec", "baseline") is None
 
 
 def test_near_tie_divergence_passes_exactness_and_is_shown(tmp_path):
@@ -304,13 +319,13 @@ def test_near_tie_divergence_passes_exactness_and_is_shown(tmp_path):
                             "near_ties": 1, "unexplained": 0, "divergences": [tie],
                             "arms": {"quant+spec": {"verdict": "exact up to near-ties", "pairs": 12, "identical": 11,
                                                     "near_ties": 1, "unexplained": 0, "threshold": 0.1}}}  # fmt: skip
-    item = next(i for i in cl.evaluate_checklist(summary, records) if i.name == "exactness")
+    item = next(i for i in checklist(summary, records) if i.name == "exactness")
     assert item.status == "PASS" and "1 near-tie, 0 unexplained" in item.evidence and "margin 0.0304" in item.evidence
     text = write_report(write_run(tmp_path / "run", summary, records)).read_text(encoding="utf-8")
     assert "**Verdict: exact up to near-ties**" in text
     assert "| quant+spec | case/2 | 0 | 25 | 29 | 731 | 0.0304 | — | near_tie |" in text
     summary["exactness"].update(verdict="unexplained divergence", passed=False, unexplained=1)
-    assert next(i for i in cl.evaluate_checklist(summary, records) if i.name == "exactness").status == "FAIL"
+    assert next(i for i in checklist(summary, records) if i.name == "exactness").status == "FAIL"
 
 
 def test_run_without_successful_records_does_not_crash(tmp_path):
@@ -360,11 +375,11 @@ def test_report_survives_nulls_and_missing_keys(tmp_path, kind):
     }
     variants.append(legacy)  # issue-2 layout: arms at the top of each task group
     for variant in variants:
-        text = render_report(variant, [], {})
+        text = render_report(typed(variant), [], {})
         assert "## Pre-launch checklist" in text
-        cl.evaluate_checklist(variant, _null_leaves(records))
-    plots.run_plots(_null_leaves(summary), _null_leaves(records), tmp_path / "plots")
-    assert "| spec |" in render_report(legacy, [], {})
+        cl.evaluate_checklist(typed(variant), typed_records(_null_leaves(records)))
+    plots.run_plots(typed(_null_leaves(summary)), typed_records(_null_leaves(records)), tmp_path / "plots")
+    assert "| spec |" in render_report(typed(legacy), [], {})
 
 
 # ---- checklist -----------------------------------------------------------------------------------
@@ -373,7 +388,7 @@ def test_report_survives_nulls_and_missing_keys(tmp_path, kind):
 def test_checklist_all_pass_on_a_clean_greedy_run():
     summary, records = make_run()
     assert set(statuses(summary, records).values()) == {"PASS"}
-    evidence = {item.name: item.evidence for item in cl.evaluate_checklist(summary, records)}
+    evidence = {item.name: item.evidence for item in checklist(summary, records)}
     assert "spread 0.030 over 3 repeats" in evidence["baseline reproducible"]
     assert "break-even α 0.550 vs measured α 0.750 (spec)" in evidence["fallback switch (draft=none)"]
 
@@ -408,7 +423,7 @@ def test_checklist_item_fails_when_its_evidence_is_bad(item, path, value):
 def test_unequal_seeds_across_arms_fail_sampling_check():
     summary, records = make_run()
     next(r for r in records if r["arm"] == "spec" and r["case_id"] == "case/1")["random_seed"] += 1
-    item = cl.check_sampling_equal(records)
+    item = cl.check_sampling_equal(typed_records(records))
     assert item.status == "FAIL" and "1 of 12 groups differ" in item.evidence and "case/1" in item.evidence
     assert cl.check_sampling_equal([]).status == "FAIL"
 
@@ -417,12 +432,12 @@ def test_one_repeat_makes_spread_not_applicable_and_no_baseline_fails_fallback()
     summary, records = make_run(repeats=1)
     assert statuses(summary, records)["baseline reproducible"] == "N/A"
     del summary["arms"]["baseline"]
-    assert cl.check_fallback(summary).status == "FAIL"
+    assert cl.check_fallback(typed(summary)).status == "FAIL"
 
 
 def test_fallback_evidence_flags_alpha_below_break_even():
     summary, _ = make_run(alpha=0.4)
-    assert "α below break-even" in cl.check_fallback(summary).evidence
+    assert "α below break-even" in cl.check_fallback(typed(summary)).evidence
 
 
 # ---- interpretation rules ------------------------------------------------------------------------
@@ -480,11 +495,11 @@ def test_rules_stay_quiet_when_only_part_of_their_condition_holds():
 def test_rule_texts_carry_their_numbers():
     summary, _ = make_run()
     _tweak(summary, "α high, speedup below 1")
-    text = next(f.text for f in interpret(summary) if f.rule == "α high, speedup below 1")
+    text = next(f.text for f in interpret(typed(summary)) if f.rule == "α high, speedup below 1")
     assert "α 0.950" in text and "0.90×" in text and "D·γ/T₁ = 0.97 (8.0 ms × 4 / 33.0 ms)" in text
     summary, _ = make_run()
     _tweak(summary, "cost model vs measurement")
-    text = next(f.text for f in interpret(summary) if f.rule == "cost model vs measurement")
+    text = next(f.text for f in interpret(typed(summary)) if f.rule == "cost model vs measurement")
     assert "predicted 1.60× vs measured 1.25× (error +28.0%" in text and "more repeats" in text
 
 
@@ -493,18 +508,18 @@ def test_rule_texts_carry_their_numbers():
 
 def test_stability_plot_needs_twenty_drafting_records(tmp_path):
     summary, records = make_run(cases=6, repeats=4)
-    assert_png(plots.plot_stability(records, tmp_path))
+    assert_png(plots.plot_stability(typed_records(records), tmp_path))
     text = write_report(write_run(tmp_path / "long", summary, records)).read_text(encoding="utf-8")
     assert "## Stability" in text and "![stability](plots/stability.png)" in text
     _, short = make_run()
-    assert plots.plot_stability(short, tmp_path / "short") is None
+    assert plots.plot_stability(typed_records(short), tmp_path / "short") is None
 
 
 def test_plots_return_none_without_data(tmp_path):
     summary, _ = make_run("none")
-    assert plots.plot_speedup_vs_gamma(summary, tmp_path) is None
-    assert plots.plot_acceptance_histogram(summary, tmp_path) is None
-    assert plots.plot_alpha_by_task(summary, tmp_path) is None
+    assert plots.plot_speedup_vs_gamma(typed(summary), tmp_path) is None
+    assert plots.plot_acceptance_histogram(typed(summary), tmp_path) is None
+    assert plots.plot_alpha_by_task(typed(summary), tmp_path) is None
 
 
 # ---- sweep, dispatch, CLI ------------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""The typed ``summary.json`` of a run: what :func:`spectoolkit.metrics.summary.summarize` writes and the
+report and the sweep table read, by attribute.
+
+``Summary.from_dict`` is tolerant (a wrong-typed or missing field is None or empty, never an
+exception) and reads the older shapes too: schema version 1 (no ``schema_version`` key), arms kept at
+the top of a group (issue 2), one ``speedup`` for the arm "spec", no ``primary_arm`` ("spec" when it
+was measured). Metric definitions: DESIGN §3 and the docstring of :mod:`spectoolkit.metrics.summary`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from spectoolkit.metrics.summary_sections import Conditions, CostModel, Exactness, QuantQuality
+from spectoolkit.metrics.tolerant import from_mapping, num
+
+SUMMARY_SCHEMA_VERSION = 2  # 1: no schema_version key (same fields)
+BASELINE = "baseline"  # the target-alone arm every speedup is measured against
+TIME_PARTS = ("prefill", "draft", "verify", "overhead")  # ArmStats.time_split: parts of total_time
+
+
+@dataclass
+class Quantiles:
+    """Request-level quantiles (numpy linear interpolation over all records), seconds."""
+
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+
+@dataclass
+class ArmStats:
+    """Statistics of one arm's successful records (field order = the JSON key order)."""
+
+    requests: int | None = None
+    target_precision: str | None = None
+    draft: str | None = None  # the drafter's name, "none" for a target-alone arm
+    gamma: int | None = None  # largest draft_len of the arm (0: target alone)
+    output_tokens: int | None = None
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
+    acceptance_rate: float | None = None  # α = accepted / drafted
+    tokens_per_verify: float | None = None  # E = output tokens / target forwards (prefill included)
+    mean_accept_length: float | None = None  # 1 + accepted / rounds
+    rollback_rate: float | None = None
+    proposal_coverage: float | None = None
+    net_throughput: float | None = None  # output tokens / total wall time
+    total_time: float | None = None
+    time_split: dict[str, float | None] | None = None  # TIME_PARTS -> seconds; None: not recorded
+    acceptance_histogram: list[int] = field(default_factory=list)  # [γ+1] rounds that accepted K = 0..γ
+    prob_accept_at_least: list[float] = field(default_factory=list)  # [γ] Pr(K >= i), i = 1..γ
+    ttft: Quantiles = field(default_factory=Quantiles)
+    ttft_nonstreaming: Quantiles = field(default_factory=Quantiles)
+    latency: Quantiles = field(default_factory=Quantiles)
+    latencies: list[float] = field(default_factory=list)  # every request's total_time, sorted
+    reference_arm: str | None = None  # the target-alone arm with the same target (drafting arms)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> ArmStats:
+        """Tolerant read; older summaries named the drafter ``drafter``."""
+        stats = from_mapping(cls, raw)
+        drafter = raw.get("drafter") if isinstance(raw, dict) and "draft" not in raw else None
+        if isinstance(drafter, str):
+            stats.draft = drafter
+        return stats
+
+
+@dataclass
+class GroupStats:
+    """Per-arm statistics of a group of records (all, a task type, a length bucket) and each arm's
+    speedup against the baseline arm of the same group."""
+
+    arms: dict[str, ArmStats] = field(default_factory=dict)
+    speedups: dict[str, float | None] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> GroupStats:
+        """Tolerant read; older summaries kept the arms at the top of a group and one ``speedup`` for "spec"."""
+        raw = raw if isinstance(raw, dict) else {}
+        arms = raw.get("arms")
+        if not isinstance(arms, dict):  # legacy: an arm is a top-level object with a request count
+            arms = {name: stats for name, stats in raw.items() if isinstance(stats, dict) and "requests" in stats}
+        speedups = raw.get("speedups")
+        if isinstance(speedups, dict):
+            speedups = {str(name): num(value) for name, value in speedups.items()}
+        else:
+            legacy = num(raw.get("speedup"))
+            speedups = {"spec": legacy} if legacy is not None else {}
+        return cls(
+            arms={str(name): ArmStats.from_dict(stats) for name, stats in arms.items() if isinstance(stats, dict)},
+            speedups=speedups,
+        )
+
+
+@dataclass
+class Summary:
+    """``summary.json``: the statistics of :func:`~spectoolkit.metrics.summary.summarize` plus the
+    sections the runner adds (cost model, exactness, quantization quality, conditions)."""
+
+    schema_version: int = SUMMARY_SCHEMA_VERSION
+    complete: bool | None = None  # False: interrupted, the numbers are partial
+    requests: int | None = None  # records, errors included
+    errors: int | None = None
+    error_reasons: list[str] = field(default_factory=list)
+    primary_arm: str | None = None  # the arm the headline is about
+    speedup: float | None = None  # the primary arm's
+    speedups: dict[str, float | None] = field(default_factory=dict)
+    greedy_exact_match: float | None = None  # the primary arm's
+    exact_match: dict[str, float | None] = field(default_factory=dict)
+    arms: dict[str, ArmStats] = field(default_factory=dict)
+    by_task_type: dict[str, GroupStats] = field(default_factory=dict)
+    task_share: dict[str, float | None] = field(default_factory=dict)
+    by_input_len: dict[str, GroupStats] = field(default_factory=dict)
+    by_output_len: dict[str, GroupStats] = field(default_factory=dict)
+    baseline_repeat_throughput: list[float] = field(default_factory=list)
+    baseline_spread: float | None = None  # (max - min) / median over repeats
+    cost_model: dict[str, CostModel] = field(default_factory=dict)
+    exactness: Exactness | None = None
+    quant_quality: QuantQuality | None = None
+    conditions: Conditions = field(default_factory=Conditions)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Summary:
+        """The summary of a parsed summary.json, any schema version; never raises."""
+        raw = raw if isinstance(raw, dict) else {}
+        summary = from_mapping(cls, raw)
+        overall = GroupStats.from_dict(raw)
+        summary.arms, summary.speedups = overall.arms, overall.speedups
+        if "schema_version" not in raw:
+            summary.schema_version = 1
+        if "primary_arm" not in raw:
+            summary.primary_arm = "spec" if "spec" in summary.arms else None
+        return summary

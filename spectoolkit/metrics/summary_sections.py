@@ -1,0 +1,150 @@
+"""Typed sections of ``summary.json`` that the runner adds beside the statistics: the cost model of each
+drafting arm, the greedy exactness verdict, the quantization quality and the run conditions.
+
+Read with :func:`spectoolkit.metrics.tolerant.from_mapping` through ``Summary.from_dict``: a missing or
+wrong-typed field is None (or empty), never an exception. Times are seconds, memory is bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CostModel:
+    """One drafting arm's cost model (DESIGN §1, :func:`spectoolkit.metrics.cost_model.cost_model_for_arm`)."""
+
+    t1: float | None = None  # one target-alone decode step
+    draft_step: float | None = None  # D, per drafted token
+    verify: dict[int, float] = field(default_factory=dict)  # V: verify width -> seconds (JSON: str keys)
+    overhead: float | None = None  # C, per round
+    prefill: float | None = None  # P, mean per request
+    mean_output_len: float | None = None
+    expected_tokens: float | None = None  # E[N] per round
+    round_cost: float | None = None
+    predicted_decode_speedup: float | None = None
+    predicted_speedup: float | None = None  # whole request, prefill included
+    measured_speedup: float | None = None
+    prediction_error: float | None = None  # predicted / measured - 1
+    break_even_alpha: float | None = None
+    recommended_gamma: int | None = None
+    predicted_by_gamma: dict[int, float] = field(default_factory=dict)  # γ -> predicted_speedup
+    verify_measured_mean: float | None = None
+
+
+@dataclass
+class ExactnessArm:
+    """The greedy exactness counts of one drafting arm against its reference arm."""
+
+    verdict: str | None = None
+    pairs: int | None = None
+    identical: int | None = None
+    near_ties: int | None = None
+    unexplained: int | None = None
+    threshold: float | None = None  # top-2 logit margin under which a divergence is a near-tie
+
+
+@dataclass
+class DivergenceEntry:
+    """One diverging (case, repeat) as written by :class:`spectoolkit.eval.exactness.Divergence`."""
+
+    arm: str | None = None
+    case_id: str | None = None
+    repeat_idx: int | None = None
+    position: int | None = None  # output token index of the first difference
+    reference_token: int | None = None
+    spec_token: int | None = None
+    margin: float | None = None  # None: not examined
+    threshold: float | None = None
+    classification: str | None = None
+    flip_width: int | None = None
+
+
+@dataclass
+class Exactness:
+    """The ``exactness`` section of a greedy run: verdict over every drafting arm, per-arm counts."""
+
+    verdict: str | None = None
+    passed: bool | None = None
+    pairs: int | None = None
+    identical: int | None = None
+    near_ties: int | None = None
+    unexplained: int | None = None
+    divergences: list[DivergenceEntry] = field(default_factory=list)
+    arms: dict[str, ExactnessArm] = field(default_factory=dict)
+
+
+@dataclass
+class QuantQuality:
+    """The quantized target against its float reference (``bench.protocol.quality``), or the error."""
+
+    reference: str | None = None
+    quantized: str | None = None
+    kl_mean: float | None = None
+    top1_agreement: float | None = None
+    ppl_ref: float | None = None
+    ppl_quant: float | None = None
+    ppl_delta: float | None = None
+    positions: int | None = None
+    texts: int | None = None
+    error: str | None = None  # the measurement failed; the run was kept
+
+
+@dataclass
+class ConfiguredArm:
+    """One arm as configured for the run (conditions.arms), measured or not."""
+
+    name: str | None = None
+    target_precision: str | None = None
+    drafter: str | None = None
+    gamma: int | None = None
+    reference: str | None = None
+
+
+@dataclass
+class ArmMemory:
+    """Weights + KV footprint of one arm, and its difference from the baseline's."""
+
+    target_weight_bytes: int | None = None
+    draft_weight_bytes: int | None = None
+    target_kv_bytes: int | None = None
+    draft_kv_bytes: int | None = None
+    total_bytes: int | None = None
+    delta_bytes: int | None = None
+
+
+@dataclass
+class Memory:
+    """conditions.memory: the primary arm's parts, its delta vs the baseline, and every arm's footprint."""
+
+    target_weight_bytes: int | None = None
+    draft_weight_bytes: int | None = None
+    target_kv_bytes: int | None = None
+    draft_kv_bytes: int | None = None
+    memory_delta_bytes: int | None = None
+    arms: dict[str, ArmMemory] = field(default_factory=dict)
+
+
+@dataclass
+class Conditions:
+    """What every number of the run holds under. The recorded environment and configuration groups
+    (hardware, software, target, ...) stay free-form ``key -> value`` objects: the report lists them as
+    written; the parts the report computes with are typed."""
+
+    hardware: dict[str, Any] = field(default_factory=dict)
+    software: dict[str, Any] = field(default_factory=dict)
+    target: dict[str, Any] = field(default_factory=dict)
+    draft: dict[str, Any] = field(default_factory=dict)
+    kv: dict[str, Any] = field(default_factory=dict)
+    compat: dict[str, Any] | None = None
+    arms: list[ConfiguredArm] = field(default_factory=list)
+    primary_arm: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    gamma: int | None = None
+    batch_size: int | None = None
+    concurrency: int | None = None
+    workload: dict[str, Any] = field(default_factory=dict)
+    bench: dict[str, Any] = field(default_factory=dict)
+    memory: Memory = field(default_factory=Memory)
+    compat_warnings: list[str] = field(default_factory=list)
