@@ -14,8 +14,8 @@ from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.eval.exactness import divergence, near_tie_threshold
-from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
 from spectoolkit.workloads.prompts import Request, encode_prompt
