@@ -144,9 +144,14 @@ def test_int8_outlier_in_one_row_leaves_the_others_alone(
         stock = bnb.nn.Linear8bitLt.forward(layer, inputs)  # bitsandbytes' own: outlier columns over all rows
         exact = reference(inputs)  # [1, 5, N]
     assert torch.equal(batch, rows)
-    assert torch.equal(stock[:, 0], rows[:, 0])  # the outlier's own row: same decomposition either way
-    assert not torch.equal(stock[:, 1:], rows[:, 1:])  # stock: column 7 leaves the int8 product of every row
     scale = exact.abs().max()
+    # The outlier's own row: the same decomposition either way. Stock computes it inside a 5-row product,
+    # so it may differ in the last bits only (the CPU's kernel for M = 5 is not the one for M = 1: seen
+    # here, 5 fp32 ulps); every other row differs far more (column 7 left its int8 product too).
+    own_row = (stock[:, 0] - rows[:, 0]).abs().max()
+    other_rows = (stock[:, 1:] - rows[:, 1:]).abs().max()
+    assert own_row <= 1e-6 * scale
+    assert other_rows > 100 * max(own_row, 1e-7 * scale)
     assert (batch - exact).abs().max() < 0.05 * scale and (stock - exact).abs().max() < 0.05 * scale
 
 
