@@ -165,7 +165,8 @@ class BenchConfig:
     - ``four_groups``: "baseline" (the target at ``reference_precision`` alone), "quant" (the
       quantized ``target.precision`` alone), "spec" (reference + drafter), "quant+spec";
     - ``gamma_sweep``: "baseline" and one drafting arm "spec-gN" per N in ``gammas``.
-    ``calibrate`` times target forwards of every verify width for the cost model.
+    ``calibrate`` times target forwards of every verify width for the cost model;
+    ``baseline_check`` times stock transformers ``generate`` beside the baseline (is our baseline slow?).
     """
 
     warmup: int = 3
@@ -174,6 +175,7 @@ class BenchConfig:
     gammas: tuple[int, ...] = (1, 2, 4, 8)
     reference_precision: str = "bf16"
     calibrate: bool = True
+    baseline_check: bool = True
 
     def __post_init__(self) -> None:
         _require(self.warmup >= 0, "bench.warmup must be >= 0")
@@ -187,6 +189,23 @@ class BenchConfig:
             f"bench.gammas={gammas!r} must be a non-empty list of draft lengths in 1..{MAX_GAMMA}, e.g. [1,2,4,8]",
         )  # fmt: skip
         object.__setattr__(self, "gammas", tuple(sorted(set(gammas))))
+
+
+KERNEL_MODES = ("auto", "reference")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the loaded models compute (:mod:`spectoolkit.models.kernel_choice`).
+
+    ``kernels=auto``: each linear shape gets the fastest row-invariant kernel variant measured on this
+    machine (cached per machine fingerprint); ``reference``: the reference variant everywhere.
+    """
+
+    kernels: str = "auto"
+
+    def __post_init__(self) -> None:
+        _one_of("runtime.kernels", self.kernels, KERNEL_MODES)
 
 
 EVAL_KINDS = ("none", "exactness", "lmeval")
@@ -246,6 +265,7 @@ class RunConfig:
     kv: KVConfig = field(default_factory=KVConfig)
     quant_quality: QuantQualityConfig = field(default_factory=QuantQualityConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     device: str = "auto"
     output_dir: str = "."
     resume: bool = True  # skip when output_dir holds a complete job of this config (spectoolkit.bench.sweep.jobs)
@@ -298,6 +318,7 @@ _SECTIONS = {
     "kv": KVConfig,
     "quant_quality": QuantQualityConfig,
     "eval": EvalConfig,
+    "runtime": RuntimeConfig,
 }
 
 
