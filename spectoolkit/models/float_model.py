@@ -10,13 +10,12 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.errors import SpecToolkitError, first_line
-from spectoolkit.models.fast_linear import use_gemm_linears
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def load_float_model(location: str, precision: str, device: torch.device, fast_linear: bool = True):
-    """The HF causal LM at ``location`` in fp32/bf16/fp16 on ``device`` (eval), fp32 CPU GEMM path optional."""
+def load_float_model(location: str, precision: str, device: torch.device):
+    """The HF causal LM at ``location`` in fp32/bf16/fp16 on ``device`` (eval)."""
     from transformers import AutoModelForCausalLM
 
     try:
@@ -27,6 +26,4 @@ def load_float_model(location: str, precision: str, device: torch.device, fast_l
             "(offline: pass a local directory with model.target_path=DIR / model.draft_path=DIR)"
         ) from None
     model.to(device).eval()
-    if fast_linear and device.type == "cpu" and precision == "fp32":
-        use_gemm_linears(model)
     return model

@@ -8,13 +8,14 @@ and the quantization backends (:func:`spectoolkit.quant.registry.load_quantized`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from spectoolkit.errors import SpecToolkitError, first_line
-from spectoolkit.models.attention import use_packed_attention
+from spectoolkit.models.attention import use_packed_attention, use_rowwise_attention
 from spectoolkit.models.float_model import DTYPES, load_float_model
+from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.paths import resolve_path
 from spectoolkit.quant import QUANT_PRECISIONS
 from spectoolkit.quant.bnb_scales import scale_bytes
@@ -29,6 +30,7 @@ class LoadedModel:
     path: str
     precision: str
     vocab_size: int  # rows of the output embedding (may exceed len(tokenizer): tail padding)
+    kernels: dict[str, str] = field(default_factory=dict)  # linear shape -> kernel variant (kernel_choice)
 
     @property
     def device(self) -> torch.device:
@@ -59,15 +61,21 @@ def load_tokenizer(path: str | None):
 
 
 def load_model(
-    path: str | None, precision: str, device: torch.device, fast_linear: bool = True, group_size: int = 64
+    path: str | None,
+    precision: str,
+    device: torch.device,
+    group_size: int = 64,
+    kernels: str | None = "auto",
+    widths: tuple[int, ...] = (1, 5),
 ) -> LoadedModel:
     """Load ``path`` at ``precision`` onto ``device``, in eval mode.
 
     Float precisions (fp32/bf16/fp16) load directly; quantized ones (int8, nf4, int4, rtn-int8,
     rtn-int4) go through their backend in :mod:`spectoolkit.quant` (``group_size`` for the
-    group-wise ones). Attention runs through :mod:`spectoolkit.models.attention` (no KV copy per
-    verify forward; a backend's row-wise choice, as bitsandbytes makes, is kept); ``fast_linear``
-    enables the fp32 CPU GEMM path of :mod:`spectoolkit.models.fast_linear`.
+    group-wise ones). With ``kernels`` (``auto`` | ``reference``) the model decodes row-invariantly:
+    attention row by row (:func:`~spectoolkit.models.attention.rowwise_gqa_attention`) and every
+    linear through the variant :mod:`spectoolkit.models.kernel_choice` picks for its shape, timed at
+    ``widths`` (a decode step and the run's verify width); ``None`` leaves the model as loaded.
     """
     if precision not in DTYPES and precision not in QUANT_PRECISIONS:
         raise SpecToolkitError(f"precision '{precision}' is not one of {', '.join((*DTYPES, *QUANT_PRECISIONS))}")
@@ -75,6 +83,11 @@ def load_model(
     if precision in QUANT_PRECISIONS:
         model = load_quantized(location, precision, device, group_size)
     else:
-        model = load_float_model(location, precision, device, fast_linear)
-    use_packed_attention(model)
-    return LoadedModel(model, location, precision, model.get_output_embeddings().out_features)
+        model = load_float_model(location, precision, device)
+    chosen: dict[str, str] = {}
+    if kernels is None:
+        use_packed_attention(model)
+    else:
+        use_rowwise_attention(model)
+        chosen = choose_kernels(model, kernels, widths)
+    return LoadedModel(model, location, precision, model.get_output_embeddings().out_features, chosen)

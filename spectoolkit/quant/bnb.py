@@ -51,7 +51,6 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.models.attention import MAX_ROWWISE_ROWS, use_rowwise_attention
-from spectoolkit.models.fast_linear import use_gemm_linears
 from spectoolkit.models.paths import resolve_path
 
 BNB_KINDS = ("int8", "nf4")
@@ -131,8 +130,6 @@ def load_bnb(path: str | None, config: BnbConfig, device: torch.device) -> torch
     use_rowwise_attention(model)  # batch-invariant: a verify row sees the decode step's attention call
     if config.kind == "int8" and config.llm_int8_threshold > 0:
         use_rowwise_int8(model)
-    if device.type == "cpu" and config.dtype == torch.float32:
-        use_gemm_linears(model)  # the float output head (int8/nf4 linears are not nn.Linear)
     return model
 
 

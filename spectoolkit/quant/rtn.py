@@ -279,7 +279,7 @@ def load_quantized(
         raise SpecToolkitError(f"precision '{precision}' is not an RTN precision ({', '.join(PRECISION_BITS)})")
     cfg = RtnConfig(PRECISION_BITS[precision], group_size)
     device = resolve_device(device) if isinstance(device, str) else device
-    model = load_float_model(resolve_path(path), BASE_PRECISION, device, fast_linear=True)
+    model = load_float_model(resolve_path(path), BASE_PRECISION, device)
     use_packed_attention(model)  # as load_model does for a float checkpoint
     quantize_model_rtn(model, cfg, skip=() if quantize_lm_head else ("lm_head",))
     return model

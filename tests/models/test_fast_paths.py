@@ -1,4 +1,4 @@
-"""The CPU fast paths against their references: GemmLinear vs F.linear, packed/row-wise GQA vs transformers SDPA."""
+"""The CPU fast paths against their references: linear kernel variants vs F.linear, packed/row-wise GQA vs SDPA."""
 
 from __future__ import annotations
 
@@ -15,38 +15,45 @@ from spectoolkit.models.attention import (
     use_rowwise_attention,
 )
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.fast_linear import GemmLinear, use_gemm_linears
+from spectoolkit.models.kernel_choice import (
+    BY_NAME,
+    ChoiceCache,
+    ChunkedForward,
+    choose_kernels,
+    install,
+    linear_layers,
+)
 from spectoolkit.models.tiny import tiny_llama
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemm_linear_matches_f_linear(rows, bias):
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_kernel_variants_match_f_linear(rows, bias, name):
     torch.manual_seed(rows)
     layer = torch.nn.Linear(96, 160, bias=bias)
     inputs = torch.randn(1, rows, 96)
     expected = F.linear(inputs, layer.weight, layer.bias)
-    use_gemm_linears(layer)
-    assert isinstance(layer, GemmLinear)
+    install(layer, BY_NAME[name])
     got = layer(inputs)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_use_gemm_linears_keeps_tied_parameters_and_skips_half_precision():
+def test_kernel_choice_keeps_tied_parameters():
     model = tiny_llama(vocab_size=64)
     model.lm_head.weight = model.model.embed_tokens.weight  # tie
     before = {name: p.data_ptr() for name, p in model.named_parameters()}
-    count = use_gemm_linears(model)
-    assert count == sum(isinstance(m, GemmLinear) for m in model.modules()) > 0
+    chosen = choose_kernels(model, "auto", cache=ChoiceCache(None))
+    assert chosen and all(isinstance(m.forward, ChunkedForward) for _, m in linear_layers(model))
     assert {name: p.data_ptr() for name, p in model.named_parameters()} == before
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert use_gemm_linears(tiny_llama(vocab_size=64).to(torch.bfloat16)) == 0
 
 
-def test_gemm_linear_model_logits_match_reference():
+def test_kernel_variant_model_logits_match_reference():
     reference, fast = tiny_llama(vocab_size=128, seed=3), tiny_llama(vocab_size=128, seed=3)
-    use_gemm_linears(fast)
+    for _, layer in linear_layers(fast):
+        install(layer, BY_NAME["gemm8"])
     ids = torch.arange(3, 40)[None]
     with torch.no_grad():
         torch.testing.assert_close(fast(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-5)

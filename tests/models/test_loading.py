@@ -7,7 +7,7 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models import resolve_device, resolve_path
-from spectoolkit.models.fast_linear import GemmLinear
+from spectoolkit.models.kernel_choice import BY_NAME, ChunkedForward, linear_layers
 from spectoolkit.models.loading import load_model
 from spectoolkit.models.tiny import save_tiny_llama
 
@@ -29,10 +29,11 @@ def test_load_tiny_checkpoint_at_each_precision(tmp_path):
         loaded = load_model(str(directory), precision, torch.device("cpu"))
         assert next(loaded.model.parameters()).dtype == dtype
         assert loaded.vocab_size == 96 and loaded.weight_bytes() > 0
-        has_gemm = any(isinstance(m, GemmLinear) for m in loaded.model.modules())
-        assert has_gemm == (precision == "fp32")
-    plain = load_model(str(directory), "fp32", torch.device("cpu"), fast_linear=False)
-    assert not any(isinstance(m, GemmLinear) for m in plain.model.modules())
+        # every linear runs the row-invariant variant measured for its shape on this machine
+        assert loaded.kernels and set(loaded.kernels.values()) <= set(BY_NAME)
+        assert all(isinstance(m.forward, ChunkedForward) for _, m in linear_layers(loaded.model))
+    plain = load_model(str(directory), "fp32", torch.device("cpu"), kernels=None)
+    assert not plain.kernels and not any(isinstance(m.forward, ChunkedForward) for m in plain.model.modules())
 
 
 def test_bad_precision_and_device():

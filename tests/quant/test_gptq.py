@@ -232,8 +232,8 @@ def test_gptq_beats_round_to_nearest_on_held_text(tiny_model: torch.nn.Module, t
 
     tokenizer = load_tokenizer(str(tiny_float))
     chats = load_workload(WorkloadConfig(kind="sharegpt", num_prompts=3))  # the start: not calibration text
-    reference = load_model(str(tiny_float), "fp32", torch.device("cpu"), fast_linear=False).model
-    rtn = load_model(str(tiny_float), "fp32", torch.device("cpu"), fast_linear=False).model
+    reference = load_model(str(tiny_float), "fp32", torch.device("cpu"), kernels=None).model
+    rtn = load_model(str(tiny_float), "fp32", torch.device("cpu"), kernels=None).model
     with torch.no_grad():
         for name, module in rtn.named_modules():
             if isinstance(module, torch.nn.Linear) and name != "lm_head":
@@ -287,3 +287,14 @@ def test_embedded_model_int4_agrees_with_fp32() -> None:
         quantized.reset()
         agree.append(reference.forward(row).argmax(-1) == quantized.forward(row).argmax(-1))
     assert torch.cat(agree).float().mean() >= 0.75
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8", "int4"])
+def test_gptq_verify_forward_equals_decode_steps_bit_for_bit(tiny_quantized: Path, kv: str) -> None:
+    """GPTQModel's int4 kernel under the chosen row-invariant variant: k-row verify = k decode steps."""
+    from spectoolkit.models.loading import load_model
+    from tests.models.test_kernel_choice import verify_and_steps
+
+    loaded = load_model(str(tiny_quantized), "int4", torch.device("cpu"), kernels="auto")
+    window, steps = verify_and_steps(loaded.model, kv)
+    assert torch.equal(window, steps), (loaded.kernels, (window.float() - steps.float()).abs().max())

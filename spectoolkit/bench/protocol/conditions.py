@@ -91,7 +91,12 @@ def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
             "transformers": transformers.__version__,
             "python": platform.python_version(),
             "triton_kernels": kernels_usable(models.device),  # verify, rtn-* matmul, quantized-KV attention
+            "kernels": cfg.runtime.kernels,  # linear kernel variants: measured here (auto) or the reference
         },  # fmt: skip
+        "kernels": {  # linear shape -> the row-invariant variant it runs (spectoolkit.models.kernel_choice)
+            "target": models.target.kernels,
+            "draft": models.draft.kernels if models.draft else {},
+        },
         "target": {"path": models.target.path, "precision": cfg.target.precision, "group_size": cfg.target.group_size},
         "draft": {
             "kind": cfg.draft.kind,

@@ -146,7 +146,7 @@ def build(cfg: RunConfig) -> RunSetup:
     device = resolve_device(cfg.device)
     _check_arm_set(cfg)
     tokenizer = load_tokenizer(cfg.model.target_path)
-    target = load_model(cfg.model.target_path, cfg.target.precision, device, group_size=cfg.target.group_size)
+    target = load_model(cfg.model.target_path, cfg.target.precision, device, cfg.target.group_size, *_kernels(cfg))
     eos_ids = eos_ids_of(tokenizer, target.model)
     draft, warnings = _load_draft(cfg, target, device) if cfg.draft.kind == "model" else (None, [])
     drafter = make_drafter(cfg, cfg.sampling, target, draft, eos_ids)
@@ -211,7 +211,7 @@ def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
     """Baseline (reference precision), quantization only, speculation only, both (DESIGN §3)."""
     cfg = parts.cfg
     ref_precision, quant = cfg.bench.reference_precision, cfg.target.precision
-    reference = load_model(cfg.model.target_path, ref_precision, parts.device)
+    reference = load_model(cfg.model.target_path, ref_precision, parts.device, 64, *_kernels(cfg))
     ref_runner = CachedModel(reference.model, cfg.kv.target)
     gamma = cfg.speculate.gamma
     arms = [
@@ -235,4 +235,11 @@ def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
         if not report.compatible:
             raise SpecToolkitError(report.message())
         warnings = report.warnings
-    return load_model(draft_path, cfg.draft.precision, device, group_size=cfg.draft.group_size), warnings
+    draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, cfg.runtime.kernels, (1, 2))
+    return draft, warnings
+
+
+def _kernels(cfg: RunConfig) -> tuple[str, tuple[int, int]]:
+    """``runtime.kernels`` and the widths a target's kernels are timed at: a decode step and the widest verify."""
+    gammas = cfg.bench.gammas if cfg.bench.arms == "gamma_sweep" else (cfg.speculate.gamma,)
+    return cfg.runtime.kernels, (1, max(gammas) + 1)

@@ -1,0 +1,284 @@
+"""Linear kernels chosen by measurement on the machine at hand, among row-invariant variants.
+
+Two things decide how a linear layer should run, and neither can be known in advance:
+
+- **Speed.** The same weights run through different BLAS kernels depending on the row count
+  (gemv for one row, small-gemm paths for a few) and on the orientation (``F.linear`` or
+  ``W @ Xᵀ``); which is fastest differs between machines of the same kind (measured: the
+  ``W @ Xᵀ`` path that was 2× faster where it was tuned is 3–4× slower than ``F.linear`` elsewhere).
+- **Exactness (DESIGN §1, §6).** A k-token verify forward must compute each row as the one-token
+  decode step does, or a speculative output can differ from the target alone's. A kernel whose
+  per-row result depends on how many rows it is given breaks that by a last bit, which a quantized
+  KV cache or a bf16 head turns into a different token.
+
+A *variant* runs the layer's own forward on fixed-size chunks of ``chunk`` rows (the last chunk
+padded by repeating its last row), so a decode step and every verify row go through the very same
+kernel call shape; ``chunk = 1`` (the layer's forward one row at a time) is the reference: a decode
+step of the reference is exactly the stock one-row call. At load time, per layer shape, each
+variant is (1) probed for row invariance on the real weights — rows of a multi-row call must equal
+the same rows alone, bit for bit — and (2) timed at a decode step and a verify width; the fastest
+invariant variant wins, the reference on ties (within :data:`TIE_MARGIN`). Calls with more than
+:data:`MAX_CHUNKED_ROWS` rows are prefills, which the baseline and speculative arms make alike, and
+keep the layer's plain forward. Choices are cached per machine fingerprint (CPU model, cores, torch
+version, threads, device) in ``<cache>/kernels/<fingerprint>.json``: a choice made on one machine
+is never reused on another. ``runtime.kernels=reference`` skips the measurement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from spectoolkit.models.attention import MAX_ROWWISE_ROWS
+
+MAX_CHUNKED_ROWS = MAX_ROWWISE_ROWS  # verify windows up to γ = 32; longer calls are prefills
+TIE_MARGIN = 0.03  # a variant must beat the reference by more than this share to be chosen
+PROBE_ROWS = (2, 5, 9)  # multi-row calls whose rows must equal the same rows alone
+Timer = Callable[["Variant", int, Callable[[], object]], float]  # (variant, rows, call) -> seconds per call
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a linear layer runs rows: ``chunk`` rows per call, through ``F.linear`` or ``W @ Xᵀ``."""
+
+    name: str
+    chunk: int
+    gemm: bool = False  # W @ Xᵀ (plain fp32 nn.Linear only)
+
+
+REFERENCE = Variant("rows1", 1)
+VARIANTS = (REFERENCE, Variant("rows2", 2), Variant("rows4", 4), Variant("rows8", 8),
+            Variant("gemm2", 2, gemm=True), Variant("gemm8", 8, gemm=True))  # fmt: skip
+BY_NAME = {variant.name: variant for variant in VARIANTS}
+
+
+def _gemm(layer: nn.Linear, rows: torch.Tensor) -> torch.Tensor:
+    """rows [c, K] -> [c, N] as W @ Xᵀ (MKL's gemm in that orientation)."""
+    out = torch.mm(layer.weight, rows.t()).t()
+    return out + layer.bias if layer.bias is not None else out
+
+
+class ChunkedForward:
+    """A layer's forward run on chunks of ``variant.chunk`` rows (the last one padded); see the module docstring."""
+
+    def __init__(self, layer: nn.Module, variant: Variant) -> None:
+        self.layer_forward = type(layer).forward.__get__(layer)  # the class's own forward, not this one
+        self.layer = layer
+        self.variant = variant
+
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs [..., K] -> [..., N]."""
+        rows = inputs.reshape(-1, inputs.shape[-1])  # [M, K]
+        count, chunk = rows.shape[0], self.variant.chunk
+        if count > MAX_CHUNKED_ROWS or (count == chunk and not self.variant.gemm):
+            return self.layer_forward(inputs)
+        pieces = []
+        for start in range(0, count, chunk):
+            part = rows[start : start + chunk]  # [m, K], m <= chunk
+            kept = part.shape[0]
+            if kept < chunk:  # contiguous copies: a stride-0 expand may take another kernel path
+                part = torch.cat([part, part[-1:].repeat(chunk - kept, 1)])
+            out = _gemm(self.layer, part) if self.variant.gemm else self.layer_forward(part)
+            pieces.append(out[:kept])
+        out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # [M, N]
+        return out.reshape(*inputs.shape[:-1], out.shape[-1])
+
+
+def install(layer: nn.Module, variant: Variant) -> None:
+    """Run ``layer`` as ``variant`` from now on (an instance attribute; the module keeps its parameters)."""
+    layer.forward = ChunkedForward(layer, variant)
+
+
+def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The layers to choose kernels for: plain ``nn.Linear`` and quantized linears (any module with
+    ``in_features``/``out_features`` and no child modules); bitsandbytes int8 layers keep their own
+    row-wise forward (:mod:`spectoolkit.quant.bnb`)."""
+    layers = []
+    for name, module in model.named_modules():
+        if type(module).__name__ == "RowwiseLinear8bitLt" or any(True for _ in module.children()):
+            continue
+        if isinstance(module, nn.Linear) or (hasattr(module, "in_features") and hasattr(module, "out_features")):
+            layers.append((name, module))
+    return layers
+
+
+def _activation_dtype(model: nn.Module) -> torch.dtype:
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return embeddings.weight.dtype if embeddings is not None else torch.float32
+
+
+def shape_key(layer: nn.Module, dtype: torch.dtype, widths: tuple[int, ...]) -> str:
+    """What identifies a choice: layer class, shape, activation dtype, bias, the widths it was timed at."""
+    bias = getattr(layer, "bias", None) is not None
+    return f"{type(layer).__name__}:{layer.in_features}x{layer.out_features}:{dtype}:bias={bias}:w={widths}"
+
+
+def candidates(layer: nn.Module, dtype: torch.dtype) -> list[Variant]:
+    """Variants that apply: W @ Xᵀ only for a plain fp32 ``nn.Linear`` on the CPU."""
+    plain_fp32 = type(layer) is nn.Linear and layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu"
+    return [variant for variant in VARIANTS if not variant.gemm or plain_fp32]
+
+
+def _device(layer: nn.Module) -> torch.device:
+    """Where the layer's tensors live (quantized layers may hold only buffers)."""
+    tensor = next(iter(layer.parameters()), None)
+    tensor = tensor if tensor is not None else next(iter(layer.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def _run(layer: nn.Module, variant: Variant, rows: torch.Tensor) -> torch.Tensor:
+    forward = ChunkedForward(layer, variant)
+    return forward(rows)
+
+
+@torch.inference_mode()
+def row_invariant(
+    layer: nn.Module, variant: Variant, dtype: torch.dtype, probe_rows: Iterable[int] = PROBE_ROWS
+) -> bool:
+    """Whether every row of a multi-row call of ``variant`` equals that row alone, bit for bit."""
+    device = _device(layer)
+    generator = torch.Generator().manual_seed(0)
+    for count in probe_rows:
+        rows = torch.randn(count, layer.in_features, generator=generator).to(device=device, dtype=dtype)  # [M, K]
+        together = _run(layer, variant, rows)  # [M, N]
+        for index in range(count):
+            if not torch.equal(together[index], _run(layer, variant, rows[index : index + 1])[0]):
+                return False
+    return True
+
+
+def median_time(variant: Variant, rows: int, function: Callable[[], object], repeats: int = 15) -> float:
+    """Median seconds of ``function()`` (``variant`` on ``rows`` rows) over ``repeats`` calls after two untimed ones."""
+    for _ in range(2):
+        function()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+@torch.inference_mode()
+def variant_cost(
+    layer: nn.Module, variant: Variant, dtype: torch.dtype, widths: tuple[int, ...], timer: Timer
+) -> float:
+    """Seconds of one call at each width in ``widths`` (a decode step and a verify window), summed."""
+    device = _device(layer)
+    total = 0.0
+    for width in widths:
+        rows = torch.randn(width, layer.in_features, generator=torch.Generator().manual_seed(width))
+        rows = rows.to(device=device, dtype=dtype)
+        total += timer(variant, width, lambda rows=rows: _run(layer, variant, rows))
+    return total
+
+
+def choose_variant(
+    layer: nn.Module, dtype: torch.dtype, widths: tuple[int, ...], timer: Timer = median_time
+) -> Variant:
+    """The fastest row-invariant variant for ``layer`` (the reference unless another beats it by TIE_MARGIN)."""
+    costs = {REFERENCE: variant_cost(layer, REFERENCE, dtype, widths, timer)}
+    for variant in candidates(layer, dtype):
+        if variant != REFERENCE and row_invariant(layer, variant, dtype):
+            costs[variant] = variant_cost(layer, variant, dtype, widths, timer)
+    best = min(costs, key=costs.get)
+    return best if costs[best] < (1 - TIE_MARGIN) * costs[REFERENCE] else REFERENCE
+
+
+def fingerprint(device: torch.device) -> str:
+    """The machine a choice was measured on: CPU model, cores, torch version and threads, accelerator."""
+    facts = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": device.type,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class ChoiceCache:
+    """Kernel choices of one machine fingerprint, a JSON file of shape key -> variant name."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.choices: dict[str, str] = {}
+        if path is not None and path.is_file():
+            try:
+                loaded = json.loads(path.read_text(encoding="utf-8"))
+                self.choices = {k: v for k, v in loaded.items() if isinstance(v, str) and v in BY_NAME}
+            except (OSError, ValueError, AttributeError):
+                self.choices = {}  # an unreadable cache is measured again, never trusted
+
+    def get(self, key: str) -> Variant | None:
+        name = self.choices.get(key)
+        return BY_NAME[name] if name else None
+
+    def put(self, key: str, variant: Variant) -> None:
+        self.choices[key] = variant.name
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.choices, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(self.path)
+
+
+def default_cache(device: torch.device) -> ChoiceCache:
+    from spectoolkit.embedded import cache_root
+
+    return ChoiceCache(cache_root() / "kernels" / f"{fingerprint(device)}.json")
+
+
+def choose_kernels(
+    model: nn.Module,
+    mode: str = "auto",
+    widths: tuple[int, ...] = (1, 5),
+    cache: ChoiceCache | None = None,
+    timer: Timer = median_time,
+) -> dict[str, str]:
+    """Install a kernel variant on every linear layer of ``model``; returns shape key -> variant name.
+
+    ``mode="reference"`` installs the reference everywhere; ``"auto"`` measures (or reads from
+    ``cache``, by default the machine's cache file) the fastest row-invariant variant per shape.
+    """
+    layers = linear_layers(model)
+    if not layers:
+        return {}
+    dtype = _activation_dtype(model)
+    device = _device(layers[0][1])
+    if mode == "auto" and cache is None:
+        cache = default_cache(device)
+    chosen: dict[str, Variant] = {}
+    for _, layer in layers:
+        key = shape_key(layer, dtype, widths)
+        if key not in chosen:
+            variant = REFERENCE if mode == "reference" else cache.get(key)
+            if variant is None:
+                variant = choose_variant(layer, dtype, widths, timer)
+                cache.put(key, variant)
+            chosen[key] = variant
+        install(layer, chosen[key])
+    return {key: variant.name for key, variant in chosen.items()}
