@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectoolkit.metrics.summary_sections import Conditions, CostModel, Exactness, QuantQuality
+from spectoolkit.metrics.summary_sections import BaselineCheck, Conditions, CostModel, Exactness, QuantQuality
 from spectoolkit.metrics.tolerant import from_mapping, num
 
 SUMMARY_SCHEMA_VERSION = 2  # 1: no schema_version key (same fields)
@@ -96,7 +96,7 @@ class GroupStats:
 @dataclass
 class Summary:
     """``summary.json``: the statistics of :func:`~spectoolkit.metrics.summary.summarize` plus the
-    sections the runner adds (cost model, exactness, quantization quality, conditions)."""
+    sections the runner adds (cost model, exactness, quantization quality, baseline check, conditions)."""
 
     schema_version: int = SUMMARY_SCHEMA_VERSION
     complete: bool | None = None  # False: interrupted, the numbers are partial
@@ -118,6 +118,7 @@ class Summary:
     cost_model: dict[str, CostModel] = field(default_factory=dict)
     exactness: Exactness | None = None
     quant_quality: QuantQuality | None = None
+    baseline_check: BaselineCheck | None = None  # None: bench.baseline_check=false, or an older run
     conditions: Conditions = field(default_factory=Conditions)
 
     @classmethod

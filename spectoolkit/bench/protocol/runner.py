@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from spectoolkit.bench.protocol.baseline_check import stock_baseline_check
 from spectoolkit.bench.protocol.calibrate import calibration_context, calibration_widths, measure_verify_costs
 from spectoolkit.bench.protocol.conditions import host_rss_bytes, run_conditions
 from spectoolkit.bench.protocol.exactness import greedy_exactness
@@ -55,6 +56,8 @@ def run(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
         with RecordWriter(out_dir / RECORDS_FILE) as writer:
             _warm_up(setup.arm_set, cfg, prompts)
             extra["verify_costs"] = _calibrate(setup.arm_set, cfg, prompts, setup.models.max_positions)
+            if cfg.bench.baseline_check:  # is our baseline as fast as stock transformers?
+                extra["baseline_check"] = stock_baseline_check(cfg, setup, prompts)
             _measure(setup.arm_set, setup.models.device, cfg, requests, prompts, writer, progress)
         extra["exactness"] = _exactness(cfg, setup.arm_set, requests, prompts, out_dir)
         extra["quant_quality"] = _quality(cfg, setup.models)

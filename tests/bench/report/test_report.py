@@ -148,6 +148,8 @@ def make_run(kind: str = "standard", speedup: float = 1.25, temperature: float =
         "quant_quality": {"reference": "bf16", "quantized": "int4", "kl_mean": 0.11, "top1_agreement": 0.89,
                           "ppl_ref": 3.6, "ppl_quant": 3.98, "ppl_delta": 0.38, "positions": 379, "texts": 8}
         if kind == "four_groups" else None,
+        "baseline_check": {"stock_tokens_per_s": 24.0, "baseline_tokens_per_s": 25.0, "ratio": 25.0 / 24.0,
+                           "prompts": 3, "max_new_tokens": 32, "stock": "transformers 5.24.0 generate, sdpa, fp32"},
         "conditions": {
             "hardware": {"device": "cpu", "cpu": "AMD EPYC", "cpu_count": 2, "torch_threads": 2},
             "software": {"torch": "2.13.0", "transformers": "5.24.0", "python": "3.11.7"},
@@ -243,6 +245,7 @@ def test_report_of_a_summary_built_by_the_real_aggregation(tmp_path):
     summary = summarize(typed_records(records), greedy=True, arms=arm_info, primary="spec")
     summary["cost_model"] = cost_models(typed_records(records), arm_info, {"spec": {1: 0.02, 5: 0.03}})
     summary["conditions"] = template["conditions"]
+    summary["baseline_check"] = template["baseline_check"]
     text = write_report(write_run(tmp_path / "run", summary, records)).read_text(encoding="utf-8")
     assert "**Headline:** `spec` decodes at **1.25×**" in text
     cost_section = text.split("## Cost model")[1].split("## Memory")[0]
@@ -287,6 +290,7 @@ def test_draft_none_run_has_no_headline_and_renders_na(tmp_path):
         "baseline reproducible": "PASS", "vocab/tokenizer checked": "N/A", "sampling equal across arms": "N/A",
         "α per task type": "N/A", "draft and rollback time counted": "PASS", "P95/P99 stated": "PASS",
         "memory delta stated": "PASS", "exactness": "N/A", "fallback switch": "PASS",
+        "baseline at least as fast as stock transformers": "PASS",
     }  # fmt: skip
 
 
@@ -438,6 +442,38 @@ def test_one_repeat_makes_spread_not_applicable_and_no_baseline_fails_fallback()
 def test_fallback_evidence_flags_alpha_below_break_even():
     summary, _ = make_run(alpha=0.4)
     assert "α below break-even" in cl.check_fallback(typed(summary)).evidence
+
+
+@pytest.mark.parametrize(("ratio", "status"), [(0.5, "FAIL"), (0.949, "FAIL"), (0.95, "PASS"), (1.1, "PASS")])
+def test_baseline_vs_stock_fails_below_the_ratio_limit(ratio, status):
+    summary, records = make_run()
+    summary["baseline_check"].update(stock_tokens_per_s=20.0, baseline_tokens_per_s=20.0 * ratio, ratio=ratio)
+    item = cl.check_baseline_vs_stock(typed(summary))
+    assert item.status == status, item
+    assert f"ours {20.0 * ratio:.2f} tok/s vs stock transformers 20.00 tok/s (ratio {ratio:.3f}, limit 0.95)" in (
+        item.evidence
+    )
+    assert statuses(summary, records)["baseline at least as fast as stock transformers"] == status
+    if status == "FAIL":  # the headline's caution names it
+        assert "baseline at least as fast as stock transformers" in render_report(typed(summary), [], {})
+
+
+@pytest.mark.parametrize(
+    ("section", "status", "words"),
+    [
+        (None, "N/A", "bench.baseline_check=false"),
+        ({"skipped": "rtn-int4 is our own format"}, "N/A", "skipped: rtn-int4 is our own format"),
+        ({"error": "OutOfMemoryError: CUDA out of memory"}, "FAIL", "failed: OutOfMemoryError"),
+        ({"stock_tokens_per_s": 20.0}, "FAIL", "without a ratio"),
+    ],
+)
+def test_baseline_vs_stock_absent_skipped_or_failed(section, status, words):
+    summary, _ = make_run()
+    summary["baseline_check"] = section
+    if section is None:
+        del summary["baseline_check"]
+    item = cl.check_baseline_vs_stock(typed(summary))
+    assert item.status == status and words in item.evidence, item
 
 
 # ---- interpretation rules ------------------------------------------------------------------------

@@ -1,0 +1,96 @@
+"""The stock-baseline check (bench.protocol.baseline_check) on a tiny checkpoint: a deliberately slowed
+baseline fails the checklist item; a real run writes ``summary.json["baseline_check"]`` unless
+``bench.baseline_check=false``.
+
+Timings of the tiny model are noise: only the slowed case, where the sleep dominates, is asserted on
+its ratio; elsewhere only presence and positivity.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from spectoolkit.bench.protocol.baseline_check import stock_baseline_check
+from spectoolkit.bench.protocol.runner import SUMMARY_FILE, run
+from spectoolkit.bench.protocol.setup import build
+from spectoolkit.bench.report.checklist import FAIL, NA, STOCK_RATIO_LIMIT, check_baseline_vs_stock
+from spectoolkit.config import BenchConfig, DraftConfig, ModelConfig, RunConfig, TargetConfig, WorkloadConfig
+from spectoolkit.metrics.summary_schema import Summary
+from spectoolkit.workloads.prompts import encode_prompt, load_workload
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+MAX_NEW_TOKENS = 6
+SLOWDOWN_S = 0.25  # per call of our baseline: far above a tiny-model generation of 6 tokens
+RATES = ("stock_tokens_per_s", "baseline_tokens_per_s", "ratio")
+
+
+def _config(checkpoint: Path, out: Path, **overrides) -> RunConfig:
+    values = dict(
+        draft=DraftConfig(kind="none"),
+        model=ModelConfig(target_path=str(checkpoint)),
+        workload=WorkloadConfig(kind="builtin", max_new_tokens=MAX_NEW_TOKENS, num_prompts=2),
+        bench=BenchConfig(warmup=0, repeat=1),
+        device="cpu",
+        output_dir=str(out),
+    )
+    return RunConfig(**{**values, **overrides})
+
+
+def _prompts(cfg: RunConfig, setup) -> list[list[int] | str]:
+    requests = load_workload(cfg.workload)
+    return [encode_prompt(setup.models.tokenizer, r, cfg.workload.chat_template) for r in requests] + ["too long"]
+
+
+def test_a_slowed_baseline_fails_the_checklist_item(tiny_checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
+    cfg = _config(tiny_checkpoint, tmp_path)
+    setup = build(cfg)
+    engine = setup.arm_set.baseline.engine
+    generate = engine.generate
+
+    def slowed(*args, **kwargs):
+        time.sleep(SLOWDOWN_S)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", slowed)
+    check = stock_baseline_check(cfg, setup, _prompts(cfg, setup))
+    assert check["prompts"] == 2 and check["max_new_tokens"] == MAX_NEW_TOKENS  # the error string is left out
+    assert check["stock"].startswith("transformers ") and check["stock"].endswith("fp32")
+    assert check["ratio"] == pytest.approx(check["baseline_tokens_per_s"] / check["stock_tokens_per_s"])
+    assert check["baseline_tokens_per_s"] < MAX_NEW_TOKENS / SLOWDOWN_S
+    assert check["ratio"] < STOCK_RATIO_LIMIT
+    item = check_baseline_vs_stock(Summary.from_dict({"baseline_check": check}))
+    assert item.status == FAIL and "limit 0.95" in item.evidence, item
+
+
+def test_our_own_formats_are_skipped_and_a_stock_failure_is_recorded(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch
+) -> None:
+    cfg = _config(tiny_checkpoint, tmp_path, target=TargetConfig(precision="rtn-int8"))
+    setup = build(cfg)
+    check = stock_baseline_check(cfg, setup, _prompts(cfg, setup))
+    assert set(check) == {"skipped"} and "rtn-int8" in check["skipped"]
+    assert check_baseline_vs_stock(Summary.from_dict({"baseline_check": check})).status == NA
+
+    def broken(*args, **kwargs):
+        raise OSError("no such checkpoint\nsecond line")
+
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", broken)
+    setup.arm_set.baseline.target_precision = "fp32"
+    assert stock_baseline_check(cfg, setup, _prompts(cfg, setup)) == {"error": "OSError: no such checkpoint"}
+    assert stock_baseline_check(cfg, setup, ["too long"]) is None
+
+
+def test_a_run_writes_the_check_unless_switched_off(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    summary = run(_config(tiny_checkpoint, tmp_path / "on"), progress=False)
+    written = json.loads((tmp_path / "on" / SUMMARY_FILE).read_text(encoding="utf-8"))
+    assert written["baseline_check"] == summary["baseline_check"]
+    assert all(written["baseline_check"][key] > 0 for key in RATES), written["baseline_check"]
+    off = _config(tiny_checkpoint, tmp_path / "off", bench=BenchConfig(warmup=0, repeat=1, baseline_check=False))
+    run(off, progress=False)
+    written = json.loads((tmp_path / "off" / SUMMARY_FILE).read_text(encoding="utf-8"))
+    assert written.get("baseline_check") is None
+    assert check_baseline_vs_stock(Summary.from_dict(written)).status == NA
