@@ -3,7 +3,7 @@
 On the configured target, drafter and workload it runs, in order:
 
 1. greedy exactness: every prompt decoded by the target alone and speculatively (greedy), each
-   divergence classified by the reference's top-2 margin (:mod:`spectoolkit.eval.exactness`);
+   divergence replayed from the spec run's recorded rounds (:mod:`spectoolkit.eval.exactness`);
    the pairs are appended to ``exactness_records.jsonl`` as they are produced;
 2. analytic stochastic exactness: the total variation between the distribution the verifier
    produces and the target's processed distribution at real positions (``max_tv``), with negative
@@ -94,8 +94,10 @@ def _greedy(cfg: RunConfig, arm_set: ArmSet, prompts: dict[str, list[int]], pair
         for case_id, ids in prompts.items():
             for arm in arm_set.arms:
                 out = arm.engine.generate(ids, cfg.workload.max_new_tokens, None)
+                # the rounds (draft/accept lengths) are what a divergence is replayed from
                 pair = {"arm": arm.name, "case_id": case_id, "repeat_idx": 0, "output_ids": out.output_ids,
-                        "accepted_tokens": out.accepted_tokens}  # fmt: skip
+                        "accepted_tokens": out.accepted_tokens, "draft_lengths": out.draft_lengths,
+                        "accept_lengths": out.accept_lengths}  # fmt: skip
                 pairs.write(json.dumps(pair) + "\n")
                 pairs.flush()
                 records.append(RequestRecord.from_dict(pair))

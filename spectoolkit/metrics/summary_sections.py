@@ -1,5 +1,6 @@
 """Typed sections of ``summary.json`` that the runner adds beside the statistics: the cost model of each
-drafting arm, the greedy exactness verdict, the quantization quality and the run conditions.
+drafting arm, the greedy exactness verdict, the quantization quality, the stock-baseline check and the
+run conditions.
 
 Read with :func:`spectoolkit.metrics.tolerant.from_mapping` through ``Summary.from_dict``: a missing or
 wrong-typed field is None (or empty), never an exception. Times are seconds, memory is bytes.
@@ -40,9 +41,11 @@ class ExactnessArm:
     verdict: str | None = None
     pairs: int | None = None
     identical: int | None = None
-    near_ties: int | None = None
+    divergent_pairs: int | None = None
+    divergent_share: float | None = None  # divergent_pairs / pairs
+    near_ties: int | None = None  # divergences the target alone reproduced
     unexplained: int | None = None
-    threshold: float | None = None  # top-2 logit margin under which a divergence is a near-tie
+    threshold: float | None = None  # dtype-aware top-2 logit margin of a rounding flip (information only)
 
 
 @dataclass
@@ -57,8 +60,13 @@ class DivergenceEntry:
     spec_token: int | None = None
     margin: float | None = None  # None: not examined
     threshold: float | None = None
-    classification: str | None = None
-    flip_width: int | None = None
+    classification: str | None = None  # near_tie only when reproduced
+    flip_width: int | None = None  # records without rounds: the k-token forward that emits the spec token
+    replayed_token: int | None = None  # the target alone's token in the replayed spec round
+    replay_round: int | None = None  # 0: prefill, r >= 1: verify round r; None: not replayed
+    replay_window_start: int | None = None  # absolute position of the round's pending token
+    replay_width: int | None = None  # k_r + 1 (prefill: the prompt length)
+    reproduced: bool | None = None  # the target alone emitted the spec token there
 
 
 @dataclass
@@ -69,6 +77,9 @@ class Exactness:
     passed: bool | None = None
     pairs: int | None = None
     identical: int | None = None
+    divergent_pairs: int | None = None
+    divergent_share: float | None = None  # above max_tie_share, reproduced divergences fail as "by rounding"
+    max_tie_share: float | None = None
     near_ties: int | None = None
     unexplained: int | None = None
     divergences: list[DivergenceEntry] = field(default_factory=list)
@@ -89,6 +100,23 @@ class QuantQuality:
     positions: int | None = None
     texts: int | None = None
     error: str | None = None  # the measurement failed; the run was kept
+
+
+@dataclass
+class BaselineCheck:
+    """Our baseline arm against stock transformers ``generate`` (``bench.protocol.baseline_check``).
+
+    Tokens/s = output tokens / wall time of the call, prefill included; ``ratio`` = ours / stock.
+    """
+
+    stock_tokens_per_s: float | None = None
+    baseline_tokens_per_s: float | None = None
+    ratio: float | None = None
+    prompts: int | None = None  # run prompts timed
+    max_new_tokens: int | None = None
+    stock: str | None = None  # how the stock side ran: transformers version, attention, precision
+    skipped: str | None = None  # why no stock counterpart was timed (e.g. our own rtn-* format)
+    error: str | None = None  # the stock side failed; the run was kept
 
 
 @dataclass

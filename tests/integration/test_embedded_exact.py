@@ -56,7 +56,8 @@ def test_greedy_spec_equals_baseline_for_all_gammas(setup, drafter_kind):
         for prompt, reference in zip(prompts, references, strict=True):
             out = engine.generate(prompt, MAX_NEW, None)
             if out.output_ids != reference:
-                found = divergence(runner, prompt, reference, out.output_ids, near_tie_threshold("fp32"))
+                found = divergence(runner, prompt, reference, out.output_ids, near_tie_threshold("fp32"),
+                                   draft_lengths=out.draft_lengths, accept_lengths=out.accept_lengths)  # fmt: skip
                 pytest.fail(f"{drafter_kind} gamma={gamma}: {found}")
             accepted += out.accepted_tokens
     assert accepted > 0  # the drafter really proposed tokens the target accepted

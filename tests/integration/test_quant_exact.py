@@ -80,7 +80,8 @@ def _check(target_precision: str, draft: str, kv: str) -> None:
     for prompt in _prompts():
         reference = baseline.generate(list(prompt), MAX_NEW, None).output_ids
         out = spec.generate(list(prompt), MAX_NEW, None)
-        found = divergence(runner, list(prompt), reference, out.output_ids, near_tie_threshold(target_precision, kv))
+        found = divergence(runner, list(prompt), reference, out.output_ids, near_tie_threshold(target_precision, kv),
+                           draft_lengths=out.draft_lengths, accept_lengths=out.accept_lengths)  # fmt: skip
         if found:
             assert found.classification == NEAR_TIE, f"unexplained divergence: {found}"
             print(f"near-tie divergence: {found}")  # reported, explained

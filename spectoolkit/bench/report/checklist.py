@@ -26,6 +26,7 @@ SPREAD_LIMIT = 0.10  # (max - min) / median of baseline throughput over repeats
 MIN_DRAFTED = 200  # drafted tokens per task type before its α is worth quoting
 SPLIT_TOLERANCE = 0.01  # prefill + draft + verify + overhead vs total time
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "random_seed")
+STOCK_RATIO_LIMIT = 0.95  # our baseline tokens/s / stock transformers generate tokens/s
 
 
 @dataclass(frozen=True)
@@ -188,14 +189,18 @@ def exactness_text(section: Exactness) -> str:
     """One line for the exactness section: verdict, counts and the first divergences with margins."""
     text = (f"verdict {section.verdict}: {section.identical} of {section.pairs} pairs identical, "
             f"{section.near_ties} near-tie, {section.unexplained} unexplained divergence(s)")  # fmt: skip
+    if section.divergent_pairs is not None:
+        text += f"; {section.divergent_pairs} of {section.pairs} pairs diverge ({fmt(section.divergent_share, '.0%')})"
     details = [
         f"{d.arm} {d.case_id} repeat {d.repeat_idx} token {d.position}: "
         f"{d.reference_token} vs {d.spec_token}, margin {fmt(d.margin, '.3g')} "
-        f"(near-tie ≤ {fmt(d.threshold, '.3g')}"
+        f"(tie threshold {fmt(d.threshold, '.3g')}"
         + (f"; the target flips at width {d.flip_width}" if d.flip_width else "")
+        + (f"; replayed round {d.replay_round} (width {d.replay_width}) emits {d.replayed_token}"
+           if d.replay_round is not None else "")
         + f") → {d.classification}"
         for d in section.divergences[:3]
-    ]
+    ]  # fmt: skip
     return text + (" — " + "; ".join(details) if details else "")
 
 
@@ -226,6 +231,27 @@ def check_fallback(summary: Summary) -> CheckItem:
     return CheckItem(name, PASS, text)
 
 
+def check_baseline_vs_stock(summary: Summary) -> CheckItem:
+    """Our baseline decodes at least STOCK_RATIO_LIMIT × as fast as stock transformers ``generate``
+    (a slow baseline inflates every speedup)."""
+    name = "baseline at least as fast as stock transformers"
+    check = summary.baseline_check
+    if check is None:
+        return CheckItem(name, NA, "not measured (bench.baseline_check=false, or a run older than the check)")
+    if check.skipped:
+        return CheckItem(name, NA, f"skipped: {check.skipped}")
+    if check.error:
+        return CheckItem(name, FAIL, f"stock transformers run failed: {check.error}")
+    if check.ratio is None:
+        return CheckItem(name, FAIL, "baseline_check recorded without a ratio")
+    status = PASS if check.ratio >= STOCK_RATIO_LIMIT else FAIL
+    evidence = (
+        f"ours {fmt(check.baseline_tokens_per_s, '.2f')} tok/s vs stock transformers "
+        f"{fmt(check.stock_tokens_per_s, '.2f')} tok/s (ratio {check.ratio:.3f}, limit {STOCK_RATIO_LIMIT:.2f})"
+    )
+    return CheckItem(name, status, evidence + (f"; {check.stock}" if check.stock else ""))
+
+
 def evaluate_checklist(summary: Summary, records: Records) -> list[CheckItem]:
     """Every pre-launch checklist item, in the order of the issue."""
     return [
@@ -238,4 +264,5 @@ def evaluate_checklist(summary: Summary, records: Records) -> list[CheckItem]:
         check_memory_delta(summary),
         check_exactness(summary, records),
         check_fallback(summary),
+        check_baseline_vs_stock(summary),
     ]
