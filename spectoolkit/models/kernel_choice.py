@@ -40,11 +40,12 @@ import torch
 from torch import nn
 
 from spectoolkit.models.attention import MAX_ROWWISE_ROWS
+from spectoolkit.models.cached import CachedModel
 
 MAX_CHUNKED_ROWS = MAX_ROWWISE_ROWS  # verify windows up to γ = 32; longer calls are prefills
 TIE_MARGIN = 0.03  # a variant must beat the reference by more than this share to be chosen
 PROBE_ROWS = (2, 5, 9)  # multi-row calls whose rows must equal the same rows alone
-Timer = Callable[["Variant", int, Callable[[], object]], float]  # (variant, rows, call) -> seconds per call
+Timer = Callable[["Variant", int, Callable[[], object]], float]  # (variant, rows, call) -> seconds of one call
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ class ChunkedForward:
         count, chunk = rows.shape[0], self.variant.chunk
         if count > MAX_CHUNKED_ROWS or (count == chunk and not self.variant.gemm):
             return self.layer_forward(inputs)
+        if count == 1:  # a decode step: the row repeated to a whole chunk (contiguous, not a stride-0 view)
+            part = rows.repeat(chunk, 1)  # [chunk, K]
+            out = (_gemm(self.layer, part) if self.variant.gemm else self.layer_forward(part))[:1]  # [1, N]
+            return out.reshape(*inputs.shape[:-1], out.shape[-1])
         pieces = []
         for start in range(0, count, chunk):
             part = rows[start : start + chunk]  # [m, K], m <= chunk
@@ -157,42 +162,79 @@ def row_invariant(
     return True
 
 
-def median_time(variant: Variant, rows: int, function: Callable[[], object], repeats: int = 15) -> float:
-    """Median seconds of ``function()`` (``variant`` on ``rows`` rows) over ``repeats`` calls after two untimed ones."""
-    for _ in range(2):
-        function()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+def one_call(variant: Variant, rows: int, function: Callable[[], object]) -> float:
+    """Seconds of one call of ``function`` (``variant`` on ``rows`` rows): the default :data:`Timer`."""
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def _sample_rows(layer: nn.Module, dtype: torch.dtype, width: int) -> torch.Tensor:
+    rows = torch.randn(width, layer.in_features, generator=torch.Generator().manual_seed(width))
+    return rows.to(_device(layer), dtype)  # [width, K]
 
 
 @torch.inference_mode()
-def variant_cost(
-    layer: nn.Module, variant: Variant, dtype: torch.dtype, widths: tuple[int, ...], timer: Timer
-) -> float:
-    """Seconds of one call at each width in ``widths`` (a decode step and a verify window), summed."""
-    device = _device(layer)
-    total = 0.0
-    for width in widths:
-        rows = torch.randn(width, layer.in_features, generator=torch.Generator().manual_seed(width))
-        rows = rows.to(device=device, dtype=dtype)
-        total += timer(variant, width, lambda rows=rows: _run(layer, variant, rows))
-    return total
+def measure(
+    layers: list[nn.Module],
+    variants: list[Variant],
+    dtype: torch.dtype,
+    widths: tuple[int, ...],
+    timer: Timer,
+    step: Callable[[int], object] | None = None,
+    repeats: int = 5,
+) -> dict[Variant, tuple[float, ...]]:
+    """Median seconds per width of each variant on ``layers`` (one shape), the variants interleaved per
+    repeat so drift is shared. With ``step`` (a whole model forward of a given width) the variant is
+    installed on the layers and the model step is timed — the weights then stream as in a real decode
+    step; without it, one pass over the layers is timed (weights partly cache-resident: optimistic)."""
+    samples: dict[Variant, list[list[float]]] = {variant: [[] for _ in widths] for variant in variants}
+    calls = {}
+    for variant in variants:
+        for index, width in enumerate(widths):
+            if step is None:
+                rows = _sample_rows(layers[0], dtype, width)
+                calls[variant, index] = lambda v=variant, r=rows: [_run(layer, v, r) for layer in layers]
+            else:
+                calls[variant, index] = lambda w=width: step(w)
+    for repeat in range(repeats + 1):  # pass 0 warms every shape up
+        for variant in variants if repeat % 2 else variants[::-1]:
+            if step is not None:
+                for layer in layers:
+                    install(layer, variant)
+            for index, width in enumerate(widths):
+                elapsed = timer(variant, width, calls[variant, index])
+                if repeat:
+                    samples[variant][index].append(elapsed)
+    return {variant: tuple(statistics.median(s) for s in per_width) for variant, per_width in samples.items()}
 
 
 def choose_variant(
-    layer: nn.Module, dtype: torch.dtype, widths: tuple[int, ...], timer: Timer = median_time
+    layers: list[nn.Module],
+    dtype: torch.dtype,
+    widths: tuple[int, ...],
+    timer: Timer = one_call,
+    step: Callable[[int], object] | None = None,
 ) -> Variant:
-    """The fastest row-invariant variant for ``layer`` (the reference unless another beats it by TIE_MARGIN)."""
-    costs = {REFERENCE: variant_cost(layer, REFERENCE, dtype, widths, timer)}
-    for variant in candidates(layer, dtype):
-        if variant != REFERENCE and row_invariant(layer, variant, dtype):
-            costs[variant] = variant_cost(layer, variant, dtype, widths, timer)
-    best = min(costs, key=costs.get)
-    return best if costs[best] < (1 - TIE_MARGIN) * costs[REFERENCE] else REFERENCE
+    """The variant ``layers`` (one shape) run: the reference unless an invariant variant decodes no slower
+    (``widths[0]``, within TIE_MARGIN: the baseline must not pay for the verify) and verifies
+    (``widths[-1]``) faster by more than TIE_MARGIN. Invariance is probed on the first layer's weights;
+    with ``step``, the two most promising candidates of a cheap layer-pass timing are timed as whole steps."""
+    invariant = [v for v in candidates(layers[0], dtype) if v != REFERENCE and row_invariant(layers[0], v, dtype)]
+    if not invariant:
+        return REFERENCE
+    widths = (widths[0], widths[-1])
+    times = measure(layers, [REFERENCE, *invariant], dtype, widths, timer, repeats=5)
+    if step is not None:
+        promising = [v for v in invariant if times[v][0] <= 1.5 * times[REFERENCE][0]]
+        promising = sorted(promising, key=lambda v: times[v][1])[:2]
+        times = measure(layers, [REFERENCE, *promising], dtype, widths, timer, step, repeats=5)
+        for layer in layers:
+            install(layer, REFERENCE)
+        invariant = promising
+    decode_limit, verify_limit = (1 + TIE_MARGIN) * times[REFERENCE][0], (1 - TIE_MARGIN) * times[REFERENCE][1]
+    fit = [v for v in invariant if times[v][0] <= decode_limit and times[v][1] < verify_limit]
+    return min(fit, key=lambda v: times[v][1], default=REFERENCE)
 
 
 def fingerprint(device: torch.device) -> str:
@@ -257,28 +299,55 @@ def choose_kernels(
     mode: str = "auto",
     widths: tuple[int, ...] = (1, 5),
     cache: ChoiceCache | None = None,
-    timer: Timer = median_time,
+    timer: Timer = one_call,
+    step: Callable[[int], object] | None = None,
 ) -> dict[str, str]:
     """Install a kernel variant on every linear layer of ``model``; returns shape key -> variant name.
 
-    ``mode="reference"`` installs the reference everywhere; ``"auto"`` measures (or reads from
-    ``cache``, by default the machine's cache file) the fastest row-invariant variant per shape.
+    ``mode="reference"`` installs the reference everywhere; ``"auto"`` reads each shape's choice from
+    ``cache`` (by default the machine's cache file) or measures it (:func:`choose_variant`; ``step(w)``
+    runs one model forward of width w, e.g. :func:`model_step`). Shapes are measured largest first,
+    the others on their current variant.
     """
     layers = linear_layers(model)
     if not layers:
         return {}
     dtype = _activation_dtype(model)
-    device = _device(layers[0][1])
     if mode == "auto" and cache is None:
-        cache = default_cache(device)
-    chosen: dict[str, Variant] = {}
+        cache = default_cache(_device(layers[0][1]))
+    groups: dict[str, list[nn.Module]] = {}
     for _, layer in layers:
-        key = shape_key(layer, dtype, widths)
-        if key not in chosen:
-            variant = REFERENCE if mode == "reference" else cache.get(key)
-            if variant is None:
-                variant = choose_variant(layer, dtype, widths, timer)
-                cache.put(key, variant)
-            chosen[key] = variant
-        install(layer, chosen[key])
+        groups.setdefault(shape_key(layer, dtype, widths), []).append(layer)
+    chosen = {key: REFERENCE if mode == "reference" else cache.get(key) for key in groups}
+    for key, group in groups.items():
+        for layer in group:
+            install(layer, chosen[key] or REFERENCE)
+    by_size = sorted(
+        groups, key=lambda key: -len(groups[key]) * groups[key][0].in_features * groups[key][0].out_features
+    )
+    for key in by_size:
+        if chosen[key] is None:
+            chosen[key] = choose_variant(groups[key], dtype, widths, timer, step)
+            cache.put(key, chosen[key])
+            for layer in groups[key]:
+                install(layer, chosen[key])
     return {key: variant.name for key, variant in chosen.items()}
+
+
+def model_step(model: nn.Module, context_len: int = 64) -> Callable[[int], object]:
+    """``step(w)``: one forward of ``w`` tokens on top of a ``context_len``-token context of ``model``
+    (synthetic ids), rolled back after, as a decode step (w = 1) or a verify window does. The context
+    is prefilled at the first call, so a model whose choices are all cached pays nothing."""
+    runners: list[CachedModel] = []
+    vocab = model.get_input_embeddings().num_embeddings
+    context = [(7 + 13 * index) % vocab for index in range(context_len)]
+
+    @torch.inference_mode()
+    def step(width: int) -> object:
+        if not runners:
+            runners.append(CachedModel(model))
+            runners[0].forward(context, last_only=True)
+        runners[0].forward(context[:width])
+        runners[0].truncate(context_len)
+
+    return step

@@ -15,7 +15,7 @@ import torch
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.models.attention import use_packed_attention, use_rowwise_attention
 from spectoolkit.models.float_model import DTYPES, load_float_model
-from spectoolkit.models.kernel_choice import choose_kernels
+from spectoolkit.models.kernel_choice import choose_kernels, model_step
 from spectoolkit.models.paths import resolve_path
 from spectoolkit.quant import QUANT_PRECISIONS
 from spectoolkit.quant.bnb_scales import scale_bytes
@@ -89,5 +89,5 @@ def load_model(
         use_packed_attention(model)
     else:
         use_rowwise_attention(model)
-        chosen = choose_kernels(model, kernels, widths)
+        chosen = choose_kernels(model, kernels, widths, step=model_step(model))
     return LoadedModel(model, location, precision, model.get_output_embeddings().out_features, chosen)

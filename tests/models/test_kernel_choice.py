@@ -33,17 +33,17 @@ def _prefer(name: str, others: float = 2.0):
 
 
 def test_reference_wins_when_the_fast_path_is_slower():
-    assert kc.choose_variant(_layer(), torch.float32, (1, 5), _prefer("rows1")) == kc.REFERENCE
+    assert kc.choose_variant([_layer()], torch.float32, (1, 5), _prefer("rows1")) == kc.REFERENCE
 
 
 def test_reference_wins_ties_and_near_ties():
-    assert kc.choose_variant(_layer(), torch.float32, (1, 5), lambda v, r, f: 1.0) == kc.REFERENCE
+    assert kc.choose_variant([_layer()], torch.float32, (1, 5), lambda v, r, f: 1.0) == kc.REFERENCE
     near = lambda variant, rows, function: 0.99 if variant.name == "rows2" else 1.0  # noqa: E731  within margin
-    assert kc.choose_variant(_layer(), torch.float32, (1, 5), near) == kc.REFERENCE
+    assert kc.choose_variant([_layer()], torch.float32, (1, 5), near) == kc.REFERENCE
 
 
 def test_a_faster_invariant_variant_is_chosen():
-    assert kc.choose_variant(_layer(), torch.float32, (1, 5), _prefer("rows2")).name == "rows2"
+    assert kc.choose_variant([_layer()], torch.float32, (1, 5), _prefer("rows2")).name == "rows2"
 
 
 class _BatchDependent(nn.Linear):
@@ -60,7 +60,7 @@ def test_a_variant_that_is_not_row_invariant_is_never_chosen():
     layer = _BatchDependent(64, 48)
     assert kc.row_invariant(layer, kc.REFERENCE, torch.float32)  # one row per call: invariant by construction
     assert not kc.row_invariant(layer, kc.BY_NAME["rows8"], torch.float32)
-    assert kc.choose_variant(layer, torch.float32, (1, 5), _prefer("rows8", others=100.0)) == kc.REFERENCE
+    assert kc.choose_variant([layer], torch.float32, (1, 5), _prefer("rows8", others=100.0)) == kc.REFERENCE
 
 
 def test_choices_are_cached_per_machine_fingerprint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
