@@ -240,7 +240,7 @@ def choose_variant(
 def fingerprint(device: torch.device) -> str:
     """The machine a choice was measured on: CPU model, cores, torch version and threads, accelerator."""
     facts = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -250,7 +250,8 @@ def fingerprint(device: torch.device) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo, else what platform reports)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:

@@ -8,19 +8,15 @@ card and of the issue run by default; a wider grid is marked slow.
 
 from __future__ import annotations
 
-from functools import cache
-
 import pytest
-import torch
 
 from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
-from spectoolkit.workloads.prompts import Request, encode_prompt
+from tests.integration import embedded
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +27,6 @@ PROMPTS = (
 )
 MAX_NEW = 24
 GAMMA = 4
-CPU = torch.device("cpu")
 
 # (target, draft, KV of the target, KV of the draft)
 DEFAULT = [
@@ -51,36 +46,20 @@ SLOW = [
 ]
 
 
-@cache
-def _tokenizer():
-    return load_tokenizer(None)
-
-
-@cache
-def _model(precision: str):
-    return load_model(None, precision, CPU)
-
-
-@cache
-def _prompts() -> tuple[tuple[int, ...], ...]:
-    tok = _tokenizer()
-    return tuple(tuple(encode_prompt(tok, Request(str(i), "qa", p), True)) for i, p in enumerate(PROMPTS))
-
-
 def _check(target_precision: str, draft: str, kv_target: str, kv_draft: str | None) -> None:
-    target = _model(target_precision)
-    eos = eos_ids_of(_tokenizer(), target.model)
+    target = embedded.model(target_precision)
+    eos = eos_ids_of(embedded.tokenizer(), target.model)
     runner = CachedModel(target.model, kv_target)
     if draft == "ngram":
         drafter = NgramDrafter(3, 2, target.vocab_size, one_hot_probs=False)
     else:
-        draft_model = _model(draft).model
+        draft_model = embedded.model(draft).model
         drafter = ModelDrafter(draft_model, GreedyChooser(), target.vocab_size, target.vocab_size, eos,
                                kv_precision=kv_draft)  # fmt: skip
     baseline = BaselineEngine(runner, GreedyVerifier(), eos)
     spec = SpeculativeEngine(runner, drafter, GreedyVerifier(), GAMMA, eos)
     drafted = 0
-    for prompt in _prompts():
+    for prompt in embedded.encoded(PROMPTS):
         reference = baseline.generate(list(prompt), MAX_NEW, None).output_ids
         out = spec.generate(list(prompt), MAX_NEW, None)
         assert out.output_ids == reference, f"divergence on prompt {prompt[:8]}…: {out.output_ids} vs {reference}"

@@ -10,20 +10,17 @@ grid runs by default; the full target × draft × KV grid is marked slow (`make 
 from __future__ import annotations
 
 import itertools
-from functools import cache
 
 import pytest
-import torch
 
 from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.eval.exactness import NEAR_TIE, divergence, near_tie_threshold
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
-from spectoolkit.workloads.prompts import Request, encode_prompt
+from tests.integration import embedded
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +30,6 @@ PROMPTS = (
 )
 MAX_NEW = 16
 GAMMA = 4
-CPU = torch.device("cpu")
 
 REPRESENTATIVE = [
     ("fp32", "rtn-int4", "int8"),
@@ -50,34 +46,18 @@ KVS = ("bf16", "fp8", "int8", "int4")
 FULL = [c for c in itertools.product(TARGETS, DRAFTS, KVS) if c not in REPRESENTATIVE]
 
 
-@cache
-def _tokenizer():
-    return load_tokenizer(None)
-
-
-@cache
-def _model(precision: str):
-    return load_model(None, precision, CPU)
-
-
-@cache
-def _prompts() -> tuple[tuple[int, ...], ...]:
-    tok = _tokenizer()
-    return tuple(tuple(encode_prompt(tok, Request(str(i), "qa", p), True)) for i, p in enumerate(PROMPTS))
-
-
 def _check(target_precision: str, draft: str, kv: str) -> None:
-    target = _model(target_precision)
-    eos = eos_ids_of(_tokenizer(), target.model)
+    target = embedded.model(target_precision)
+    eos = eos_ids_of(embedded.tokenizer(), target.model)
     runner = CachedModel(target.model, kv)
     if draft == "ngram":
         drafter = NgramDrafter(3, 2, target.vocab_size, one_hot_probs=False)
     else:
-        draft_model = _model(draft).model
+        draft_model = embedded.model(draft).model
         drafter = ModelDrafter(draft_model, GreedyChooser(), target.vocab_size, target.vocab_size, eos, kv_precision=kv)
     baseline = BaselineEngine(runner, GreedyVerifier(), eos)
     spec = SpeculativeEngine(runner, drafter, GreedyVerifier(), GAMMA, eos)
-    for prompt in _prompts():
+    for prompt in embedded.encoded(PROMPTS):
         reference = baseline.generate(list(prompt), MAX_NEW, None).output_ids
         out = spec.generate(list(prompt), MAX_NEW, None)
         found = divergence(runner, list(prompt), reference, out.output_ids, near_tie_threshold(target_precision, kv),

@@ -79,7 +79,7 @@ def test_choices_are_cached_per_machine_fingerprint(tmp_path: Path, monkeypatch:
     threads = torch.get_num_threads()
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
     assert kc.fingerprint(device) != path.stem  # another thread count is another machine
-    monkeypatch.setattr(kc, "_cpu_model", lambda: "another CPU")
+    monkeypatch.setattr(kc, "cpu_model", lambda: "another CPU")
     assert kc.fingerprint(device) != path.stem
 
 

@@ -12,30 +12,20 @@ import torch
 from spectoolkit.bench.protocol.setup import ArmSet, RunFacts, RunSetup
 from spectoolkit.config import RunConfig
 from spectoolkit.kernels.runtime import kernels_usable
+from spectoolkit.models.kernel_choice import cpu_model
 
 
 def hardware(device: torch.device) -> dict[str, Any]:
     """CPU model and threads, and the accelerator's name when one is used."""
     info: dict[str, Any] = {
         "device": str(device),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def host_rss_bytes() -> int | None:
