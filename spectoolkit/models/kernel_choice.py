@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from spectoolkit.models.attention import MAX_ROWWISE_ROWS
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.cached import CachedModel, synchronize
 
 MAX_CHUNKED_ROWS = MAX_ROWWISE_ROWS  # verify windows up to γ = 32; longer calls are prefills
 TIE_MARGIN = 0.03  # a variant must beat the reference by more than this share to be chosen
@@ -350,5 +350,6 @@ def model_step(model: nn.Module, context_len: int = 64) -> Callable[[int], objec
             runners[0].forward(context, last_only=True)
         runners[0].forward(context[:width])
         runners[0].truncate(context_len)
+        synchronize(runners[0].device)  # a CUDA step is timed to its end, not to its launch
 
     return step
