@@ -130,3 +130,20 @@ def test_a_verify_forward_equals_decode_steps_bit_for_bit(checkpoint: Path, prec
     loaded = load_model(str(checkpoint), precision, torch.device("cpu"), group_size=32, kernels=kernels)
     window, steps = verify_and_steps(loaded.model, kv)
     assert torch.equal(window, steps), (loaded.kernels, (window.float() - steps.float()).abs().max())
+
+
+def test_whole_model_steps_decide_when_a_step_is_given():
+    from spectoolkit.models.tiny import tiny_llama
+
+    model = tiny_llama(vocab_size=64).eval()
+    real_step = kc.model_step(model)
+    widths_seen: list[int] = []
+
+    def step(width: int) -> object:
+        widths_seen.append(width)
+        return real_step(width)
+
+    chosen = kc.choose_kernels(model, "auto", cache=kc.ChoiceCache(None), timer=_prefer("rows2"), step=step)
+    assert set(chosen.values()) == {"rows2"}
+    assert set(widths_seen) == {1, 5}  # a decode step and the verify width, as whole model forwards
+    assert all(layer.forward.variant.name == "rows2" for _, layer in kc.linear_layers(model))
