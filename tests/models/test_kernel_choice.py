@@ -143,7 +143,13 @@ def test_whole_model_steps_decide_when_a_step_is_given():
         widths_seen.append(width)
         return real_step(width)
 
-    chosen = kc.choose_kernels(model, "auto", cache=kc.ChoiceCache(None), timer=_prefer("rows2"), step=step)
+    prefer = _prefer("rows2")
+
+    def timer(variant, rows, function):  # runs the call, reports the preferred cost
+        function()
+        return prefer(variant, rows, function)
+
+    chosen = kc.choose_kernels(model, "auto", cache=kc.ChoiceCache(None), timer=timer, step=step)
     assert set(chosen.values()) == {"rows2"}
     assert set(widths_seen) == {1, 5}  # a decode step and the verify width, as whole model forwards
     assert all(layer.forward.variant.name == "rows2" for _, layer in kc.linear_layers(model))
