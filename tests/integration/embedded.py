@@ -6,7 +6,13 @@ from functools import cache
 
 import torch
 
+from spectoolkit.bench.protocol.setup import eos_ids_of
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
+from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.loading import LoadedModel, load_model, load_tokenizer
+from spectoolkit.sampling import GreedyChooser
+from spectoolkit.verify import GreedyVerifier
 from spectoolkit.workloads.prompts import Request, encode_prompt
 
 
@@ -24,3 +30,22 @@ def model(precision: str) -> LoadedModel:
 def encoded(prompts: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
     """Chat-templated prompt ids of ``prompts``."""
     return tuple(tuple(encode_prompt(tokenizer(), Request(str(i), "qa", p), True)) for i, p in enumerate(prompts))
+
+
+def greedy_engines(
+    target_precision: str, draft: str, kv_target: str, kv_draft: str | None, gamma: int
+) -> tuple[CachedModel, BaselineEngine, SpeculativeEngine]:
+    """The target runner, the target alone and greedy speculation with ``draft`` (a precision or "ngram")."""
+    target = model(target_precision)
+    eos = eos_ids_of(tokenizer(), target.model)
+    runner = CachedModel(target.model, kv_target)
+    if draft == "ngram":
+        drafter = NgramDrafter(3, 2, target.vocab_size, one_hot_probs=False)
+    else:
+        drafter = ModelDrafter(model(draft).model, GreedyChooser(), target.vocab_size, target.vocab_size, eos,
+                               kv_precision=kv_draft)  # fmt: skip
+    return (
+        runner,
+        BaselineEngine(runner, GreedyVerifier(), eos),
+        SpeculativeEngine(runner, drafter, GreedyVerifier(), gamma, eos),
+    )

@@ -10,12 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from spectoolkit.bench.protocol.setup import eos_ids_of
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
-from spectoolkit.engine import BaselineEngine, SpeculativeEngine
-from spectoolkit.models.cached import CachedModel
-from spectoolkit.sampling import GreedyChooser
-from spectoolkit.verify import GreedyVerifier
 from tests.integration import embedded
 
 pytestmark = pytest.mark.integration
@@ -47,17 +41,7 @@ SLOW = [
 
 
 def _check(target_precision: str, draft: str, kv_target: str, kv_draft: str | None) -> None:
-    target = embedded.model(target_precision)
-    eos = eos_ids_of(embedded.tokenizer(), target.model)
-    runner = CachedModel(target.model, kv_target)
-    if draft == "ngram":
-        drafter = NgramDrafter(3, 2, target.vocab_size, one_hot_probs=False)
-    else:
-        draft_model = embedded.model(draft).model
-        drafter = ModelDrafter(draft_model, GreedyChooser(), target.vocab_size, target.vocab_size, eos,
-                               kv_precision=kv_draft)  # fmt: skip
-    baseline = BaselineEngine(runner, GreedyVerifier(), eos)
-    spec = SpeculativeEngine(runner, drafter, GreedyVerifier(), GAMMA, eos)
+    _, baseline, spec = embedded.greedy_engines(target_precision, draft, kv_target, kv_draft, GAMMA)
     drafted = 0
     for prompt in embedded.encoded(PROMPTS):
         reference = baseline.generate(list(prompt), MAX_NEW, None).output_ids

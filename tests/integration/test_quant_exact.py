@@ -13,13 +13,7 @@ import itertools
 
 import pytest
 
-from spectoolkit.bench.protocol.setup import eos_ids_of
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
-from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.eval.exactness import NEAR_TIE, divergence, near_tie_threshold
-from spectoolkit.models.cached import CachedModel
-from spectoolkit.sampling import GreedyChooser
-from spectoolkit.verify import GreedyVerifier
 from tests.integration import embedded
 
 pytestmark = pytest.mark.integration
@@ -47,16 +41,7 @@ FULL = [c for c in itertools.product(TARGETS, DRAFTS, KVS) if c not in REPRESENT
 
 
 def _check(target_precision: str, draft: str, kv: str) -> None:
-    target = embedded.model(target_precision)
-    eos = eos_ids_of(embedded.tokenizer(), target.model)
-    runner = CachedModel(target.model, kv)
-    if draft == "ngram":
-        drafter = NgramDrafter(3, 2, target.vocab_size, one_hot_probs=False)
-    else:
-        draft_model = embedded.model(draft).model
-        drafter = ModelDrafter(draft_model, GreedyChooser(), target.vocab_size, target.vocab_size, eos, kv_precision=kv)
-    baseline = BaselineEngine(runner, GreedyVerifier(), eos)
-    spec = SpeculativeEngine(runner, drafter, GreedyVerifier(), GAMMA, eos)
+    runner, baseline, spec = embedded.greedy_engines(target_precision, draft, kv, kv, GAMMA)
     for prompt in embedded.encoded(PROMPTS):
         reference = baseline.generate(list(prompt), MAX_NEW, None).output_ids
         out = spec.generate(list(prompt), MAX_NEW, None)
