@@ -30,6 +30,11 @@ def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     _require(value in allowed, f"{name}={value!r} is not supported; use one of {', '.join(allowed)}")
 
 
+def _number(value: Any, types) -> bool:
+    """``value`` is of ``types`` and not a bool (YAML's true/false are ints to Python)."""
+    return isinstance(value, types) and not isinstance(value, bool)
+
+
 def _check_group_size(name: str, group_size: int) -> None:
     _require(group_size >= 16 and group_size & (group_size - 1) == 0, f"{name}={group_size} must be a power of 2 >= 16")
 
@@ -208,6 +213,73 @@ class RuntimeConfig:
         _one_of("runtime.kernels", self.kernels, KERNEL_MODES)
 
 
+@dataclass(frozen=True)
+class ServeConfig:
+    """Serving under load (:mod:`spectoolkit.serving`): continuous batching, measured per load level.
+
+    ``enabled``: the run measures load levels instead of one request at a time. Levels: closed loop
+    (``concurrency``: N clients, each sends its next request when its previous one finishes) and open
+    loop (``rate``: Poisson arrivals, requests/s, from ``sampling.seed``); either list may be empty,
+    not both. ``requests_per_level``: requests sent per level and repeat (None: max(prompts, 2×N)).
+    Scheduler: ``max_num_tokens`` tokens per step (decode + draft + prefill chunks), ``max_num_seqs``
+    running sequences, ``max_kv_tokens`` KV slots (None: enough for ``max_num_seqs`` full sequences),
+    KV in blocks of ``block_size`` slots. Load control: speculate only while at most ``spec_max_batch``
+    sequences run (None: always), and at most ``max_draft_tokens`` candidate tokens per step (None: no
+    cap). ``batch_invariant``: fixed per-row reductions (a request's output cannot depend on its batch).
+    ``slo_ttft_ms``/``slo_tpot_ms``: P99 targets checked in the report. ``step_log``: steps.jsonl.
+    """
+
+    enabled: bool = False
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    rate: tuple[float, ...] = ()
+    requests_per_level: int | None = None
+    warmup_requests: int = 2
+    max_num_tokens: int = 256
+    max_num_seqs: int = 64
+    max_kv_tokens: int | None = None
+    block_size: int = 16
+    spec_max_batch: int | None = None
+    max_draft_tokens: int | None = None
+    batch_invariant: bool = False
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    step_log: bool = False
+
+    def __post_init__(self) -> None:
+        levels, rates = self.concurrency, self.rate
+        _require(
+            isinstance(levels, (list, tuple)) and all(_number(n, int) and n >= 1 for n in levels),
+            f"serve.concurrency={levels!r} must be a list of client counts >= 1, e.g. [1,2,4,8,16]",
+        )
+        _require(
+            isinstance(rates, (list, tuple)) and all(_number(r, (int, float)) and r > 0 for r in rates),
+            f"serve.rate={rates!r} must be a list of arrival rates > 0 (requests/s), e.g. [0.5,1,2]",
+        )
+        _require(
+            bool(levels) or bool(rates), "serve.concurrency and serve.rate are both empty: give at least one load level"
+        )
+        object.__setattr__(self, "concurrency", tuple(sorted(set(levels))))
+        object.__setattr__(self, "rate", tuple(sorted({float(r) for r in rates})))
+        _require(
+            self.requests_per_level is None or self.requests_per_level >= 1, "serve.requests_per_level must be >= 1"
+        )
+        _require(self.warmup_requests >= 0, "serve.warmup_requests must be >= 0")
+        _require(self.max_num_tokens >= 1, "serve.max_num_tokens must be >= 1")
+        _require(self.max_num_seqs >= 1, "serve.max_num_seqs must be >= 1")
+        _require(self.block_size >= 1, "serve.block_size must be >= 1")
+        _require(
+            self.max_kv_tokens is None or self.max_kv_tokens >= self.block_size,
+            "serve.max_kv_tokens must be >= serve.block_size",
+        )
+        _require(self.spec_max_batch is None or self.spec_max_batch >= 0, "serve.spec_max_batch must be >= 0 or null")
+        _require(
+            self.max_draft_tokens is None or self.max_draft_tokens >= 0, "serve.max_draft_tokens must be >= 0 or null"
+        )
+        for name in ("slo_ttft_ms", "slo_tpot_ms"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, f"serve.{name} must be > 0 (milliseconds) or null")
+
+
 EVAL_KINDS = ("none", "exactness", "lmeval")
 
 
@@ -266,6 +338,7 @@ class RunConfig:
     quant_quality: QuantQualityConfig = field(default_factory=QuantQualityConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     device: str = "auto"
     output_dir: str = "."
     resume: bool = True  # skip when output_dir holds a complete job of this config (spectoolkit.bench.sweep.jobs)
@@ -319,6 +392,7 @@ _SECTIONS = {
     "quant_quality": QuantQualityConfig,
     "eval": EvalConfig,
     "runtime": RuntimeConfig,
+    "serve": ServeConfig,
 }
 
 

@@ -61,11 +61,14 @@ class ModelDrafter:
         return self.runner.cache.allocated_bytes()
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits [V_draft] -> [V_target]: ids past the shared range can never be proposed."""
-        logits = logits.float()
-        shared, target = self.shared_vocab_size, self.target_vocab_size
-        if logits.shape[-1] == target and shared == target:
-            return logits
-        aligned = logits.new_full((target,), float("-inf"))
-        aligned[:shared] = logits[:shared]
-        return aligned
+        return align_logits(logits, self.shared_vocab_size, self.target_vocab_size)
+
+
+def align_logits(logits: torch.Tensor, shared: int, target: int) -> torch.Tensor:
+    """Draft logits [V_draft] -> fp32 [V_target]: ids past the ``shared`` range can never be proposed."""
+    logits = logits.float()
+    if logits.shape[-1] == target and shared == target:
+        return logits
+    aligned = logits.new_full((target,), float("-inf"))
+    aligned[:shared] = logits[:shared]
+    return aligned

@@ -33,6 +33,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,11 @@ from spectoolkit.models.cached import CachedModel, synchronize
 MAX_CHUNKED_ROWS = MAX_ROWWISE_ROWS  # verify windows up to γ = 32; longer calls are prefills
 TIE_MARGIN = 0.03  # a variant must beat the reference by more than this share to be chosen
 PROBE_ROWS = (2, 5, 9)  # multi-row calls whose rows must equal the same rows alone
+# How chunked layers run rows, set for the duration of a forward by the serving engine
+# (spectoolkit.serving.ragged): "chosen" as described above; "plain" the layer's own forward for any
+# row count (a batched step: one call for all rows); "invariant" the chosen chunks for every row count,
+# prefills included (serve.batch_invariant: no row's result depends on the others).
+ROW_MODE: ContextVar[str] = ContextVar("spectoolkit_row_mode", default="chosen")
 Timer = Callable[["Variant", int, Callable[[], object]], float]  # (variant, rows, call) -> seconds of one call
 
 
@@ -79,9 +85,16 @@ class ChunkedForward:
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs [..., K] -> [..., N]."""
+        mode = ROW_MODE.get()
+        if mode == "plain":
+            return self.layer_forward(inputs)
         rows = inputs.reshape(-1, inputs.shape[-1])  # [M, K]
         count, chunk = rows.shape[0], self.variant.chunk
-        if count > MAX_CHUNKED_ROWS or (count == chunk and not self.variant.gemm):
+        if (
+            count == 0
+            or (count > MAX_CHUNKED_ROWS and mode != "invariant")
+            or (count == chunk and not self.variant.gemm)
+        ):
             return self.layer_forward(inputs)
         if count == 1:  # a decode step: the row repeated to a whole chunk (contiguous, not a stride-0 view)
             part = rows.repeat(chunk, 1)  # [chunk, K]

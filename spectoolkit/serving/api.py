@@ -1,0 +1,80 @@
+"""What a serving engine takes and gives back: requests in, finished requests and step stats out.
+
+A load generator (:mod:`spectoolkit.bench.load`) submits :class:`ServeRequest` objects and calls
+``step()`` until the engine has no work; each finished request comes back once as a
+:class:`FinishedRequest` with its token times, from which TTFT, TPOT and inter-token latencies are
+computed. Times are ``time.perf_counter()`` seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class ServeRequest:
+    """One request as a client sends it."""
+
+    request_id: str  # unique among the requests in the engine at once
+    prompt_ids: list[int]  # [L] token ids (may be empty or overlong: the engine fails it alone)
+    max_new_tokens: int
+    seed: int = 0  # per-request sampling generator seed (stochastic mode)
+    arrival: float | None = None  # perf_counter when sent; None: stamped by submit()
+
+
+@dataclass
+class FinishedRequest:
+    """A request that left the engine: done, or failed alone with ``error``."""
+
+    request_id: str
+    output_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+    arrival: float = 0.0
+    scheduled: float | None = None  # first admitted into the running batch (queue time = scheduled - arrival)
+    token_times: list[float] = field(default_factory=list)  # [output_len] when each token was emitted
+    finish: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)  # running batch size of each step it took part in
+    verify_rounds: int = 0  # target forwards after its prefill that emitted tokens for it
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round with drafts
+    draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round with drafts
+    preemptions: int = 0  # times its KV was freed and its tokens recomputed
+    prompt_len: int = 0
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step (one target forward over the ragged batch)."""
+
+    index: int
+    batch_size: int  # sequences in the forward
+    num_tokens: int  # tokens in the forward (pending + drafts + prefill chunks)
+    prefill_tokens: int
+    draft_tokens: int  # candidate tokens verified this step (their KV is temporary until accepted)
+    reserved_kv_tokens: int  # KV slots held for candidates before the forward
+    used_kv_tokens: int  # committed KV slots after the step, all sequences
+    queued: int  # requests waiting after the step
+    speculating: bool  # False: load control fell back to plain decode
+    step_time: float  # seconds, drafting included
+    draft_time: float
+    finished: int
+
+
+class ServingEngine(Protocol):
+    """Continuous batching: submit requests at any time, step until idle."""
+
+    name: str
+
+    def submit(self, request: ServeRequest) -> None:
+        """Queue ``request``; it joins the running batch at a later step."""
+
+    def step(self) -> list[FinishedRequest]:
+        """Run one scheduler step (one target forward); returns the requests that finished in it."""
+
+    def has_work(self) -> bool:
+        """Whether any request is queued or running."""
+
+    def reset(self) -> None:
+        """Drop every request and free all KV (between load levels)."""

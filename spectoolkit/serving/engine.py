@@ -1,0 +1,231 @@
+"""Continuous batching with speculation: one engine for batch 1 and batch B (issue 15).
+
+A step: the scheduler plans who runs (:mod:`~spectoolkit.serving.scheduler`), the blocks for every
+sequence's tokens and candidates are reserved, the drafter proposes k_i <= the planned drafts for each
+decoding sequence, and one ragged target forward (:mod:`~spectoolkit.serving.ragged`) scores every
+sequence's pending token + drafts and every prefill chunk. Then, per sequence (DESIGN §2): the verifier
+accepts K_i drafts and emits one correction/bonus token; the target keeps KV for prefix + pending +
+accepted (``num_computed = len(tokens) + K_i``) and frees the blocks past it; the drafter is told the
+same length. A sequence whose logits are not finite fails alone; finished sequences leave at once and
+queued ones join at the next step. With no drafter (or under load control) the same loop is plain
+continuous-batching decode, which is the baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from spectoolkit.drafting.base import Proposal
+from spectoolkit.engine.output import cut
+from spectoolkit.models.cached import synchronize
+from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
+from spectoolkit.serving.blocks import BlockAllocator, BlockTable
+from spectoolkit.serving.paged_kv import PagedKVPool
+from spectoolkit.serving.ragged import Segment, ragged_forward, use_ragged_attention
+from spectoolkit.serving.scheduler import Plan, Scheduler, SchedulerLimits, Work
+from spectoolkit.serving.sequence import Sequence, new_sequence
+from spectoolkit.verify.base import Verifier
+
+_NO_DRAFTS = Proposal([], None)
+
+
+class ContinuousEngine:
+    """Serves many requests at once on ``model`` (a target whose KV lives in ``pool``)."""
+
+    def __init__(
+        self,
+        name: str,
+        model: torch.nn.Module,
+        pool: PagedKVPool,
+        allocator: BlockAllocator,
+        verifier: Verifier,
+        limits: SchedulerLimits,
+        eos_ids: frozenset[int],
+        max_positions: int,
+        drafter=None,
+        stochastic: bool = False,
+        invariant: bool = False,
+    ) -> None:
+        use_ragged_attention(model)
+        self.name, self.model, self.pool, self.allocator = name, model, pool, allocator
+        self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
+        self.max_positions, self.stochastic, self.invariant = max_positions, stochastic, invariant
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.scheduler = Scheduler(limits, allocator)
+        self.on_step: Callable[[StepStats], None] | None = None
+        self._failed: list[FinishedRequest] = []
+        self._steps = 0
+
+    # ---- the ServingEngine protocol ------------------------------------------------------------
+
+    def submit(self, request: ServeRequest) -> None:
+        if request.arrival is None:
+            request.arrival = time.perf_counter()
+        reason = self._reject_reason(request)
+        if reason:
+            failed = FinishedRequest(request.request_id, error=reason, arrival=request.arrival)
+            failed.finish, failed.prompt_len = time.perf_counter(), len(request.prompt_ids or [])
+            self._failed.append(failed)
+            return
+        seq = new_sequence(request, BlockTable(self.allocator), -1, self.stochastic)
+        self.scheduler.queue.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.queue or self.scheduler.running or self._failed)
+
+    def reset(self) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.queue):
+            seq.table.release()
+            if self.drafter is not None:
+                self.drafter.release(seq)
+        self.scheduler.running.clear()
+        self.scheduler.queue.clear()
+        self._failed.clear()
+        if self.drafter is not None:
+            self.drafter.reset()
+
+    def step(self) -> list[FinishedRequest]:
+        """One scheduler step: plan, draft, one target forward, verify and commit per sequence."""
+        finished, self._failed = self._failed, []
+        started = time.perf_counter()
+        plan = self.scheduler.schedule(self._forget)
+        if not plan.work:
+            return finished
+        reserved = sum(work.drafts for work in plan.work)
+        proposals = self._draft(plan)
+        draft_time = time.perf_counter() - started
+        logits = self._forward(plan.work, proposals)  # [R, V]
+        now = time.perf_counter()
+        row = 0
+        for work, proposal in zip(plan.work, proposals, strict=True):
+            seq = work.seq
+            seq.result.batch_sizes.append(len(plan.work))
+            if seq.result.scheduled is None:
+                seq.result.scheduled = started
+            reaches_end = seq.num_computed + work.feed == len(seq.tokens)
+            if not reaches_end:  # a prefill chunk: nothing to emit yet
+                seq.num_computed += work.feed
+                seq.table.publish_committed(seq.tokens, seq.num_computed)
+                continue
+            rows = logits[row : row + 1 + len(proposal)]  # [k+1, V]
+            row += 1 + len(proposal)
+            done = self._commit(seq, work, proposal, rows, now)
+            if done is not None:
+                finished.append(done)
+        self._report(plan, reserved, started, draft_time, len(finished))
+        return finished
+
+    # ---- the parts of a step ------------------------------------------------------------------
+
+    def _draft(self, plan: Plan) -> list[Proposal]:
+        proposals = [_NO_DRAFTS] * len(plan.work)
+        asked = [i for i, work in enumerate(plan.work) if work.drafts > 0]
+        if asked and self.drafter is not None:
+            made = self.drafter.propose([plan.work[i].seq for i in asked], [plan.work[i].drafts for i in asked])
+            for i, proposal in zip(asked, made, strict=True):
+                proposals[i] = proposal
+        return proposals
+
+    def _forward(self, works: list[Work], proposals: list[Proposal]) -> torch.Tensor:
+        segments = []
+        for work, proposal in zip(works, proposals, strict=True):
+            seq = work.seq
+            feed = seq.tokens[seq.num_computed : seq.num_computed + work.feed]
+            rows = []
+            if seq.num_computed + work.feed == len(seq.tokens):  # its last token is fed: logits wanted
+                feed = feed + proposal.draft_ids
+                rows = list(range(work.feed - 1, len(feed)))
+            segments.append(Segment(seq.table, feed, seq.num_computed, rows))
+        logits = ragged_forward(self.model, self.pool, segments, self.invariant)
+        synchronize(logits.device)
+        return logits
+
+    def _commit(self, seq: Sequence, work: Work, proposal: Proposal, rows: torch.Tensor, now: float):
+        """Verify ``seq``'s rows [k+1, V], emit and keep its accepted prefix; its result when it is done."""
+        if not bool(torch.isfinite(rows).all()):
+            return self._fail(seq, "the target produced non-finite logits for this request (NaN/inf)", now)
+        first = len(seq.tokens) == seq.prompt_len
+        if proposal.draft_ids:
+            draft_ids = torch.tensor(proposal.draft_ids, dtype=torch.long, device=rows.device)
+            result = self.verifier.verify(draft_ids, rows, proposal.draft_probs, seq.generator)
+            accepted, next_token = result.num_accepted, result.next_token
+        else:
+            accepted, next_token = 0, self.verifier.select(rows[0], seq.generator)
+        kept = len(seq.tokens) + accepted  # prefix + pending + accepted drafts have KV
+        emitted = cut(proposal.draft_ids[:accepted] + [next_token], seq.room, self.eos_ids)
+        seq.tokens.extend(emitted)
+        seq.num_computed = kept
+        seq.table.truncate(kept)
+        seq.table.publish_committed(seq.tokens, min(kept, len(seq.tokens)))
+        if self.drafter is not None:
+            self.drafter.rollback(seq, kept)
+        self._count(seq, first, work, proposal, accepted, emitted, now)
+        if seq.room <= 0 or emitted[-1] in self.eos_ids:
+            return self._finish(seq, now)
+        return None
+
+    def _count(self, seq: Sequence, first: bool, work: Work, proposal: Proposal, accepted, emitted, now) -> None:
+        result = seq.result
+        result.token_times.extend([now] * len(emitted))
+        if first:
+            return  # the prefill's token: not a verify round
+        result.verify_rounds += 1
+        if self.drafter is not None:
+            result.drafted_tokens += len(proposal)
+            result.accepted_tokens += accepted
+            result.draft_lengths.append(len(proposal))
+            result.accept_lengths.append(accepted)
+
+    def _finish(self, seq: Sequence, now: float) -> FinishedRequest:
+        self.scheduler.finish(seq)
+        self._forget(seq)
+        seq.result.output_ids = seq.output_ids
+        seq.result.finish = now
+        return seq.result
+
+    def _fail(self, seq: Sequence, reason: str, now: float) -> FinishedRequest:
+        seq.result.error = reason
+        return self._finish(seq, now)
+
+    def _forget(self, seq: Sequence) -> None:
+        if self.drafter is not None:
+            self.drafter.release(seq)
+
+    def _report(self, plan: Plan, reserved: int, started: float, draft_time: float, finished: int) -> None:
+        self._steps += 1
+        if self.on_step is None:
+            return
+        prefill = sum(w.feed for w in plan.work if not w.seq.decoding or w.feed > 1)
+        used = (self.allocator.num_blocks - self.allocator.num_free) * self.allocator.block_size
+        self.on_step(StepStats(
+            index=self._steps, batch_size=len(plan.work), num_tokens=plan.num_tokens, prefill_tokens=prefill,
+            draft_tokens=sum(w.drafts for w in plan.work), reserved_kv_tokens=reserved, used_kv_tokens=used,
+            queued=len(self.scheduler.queue), speculating=plan.speculating,
+            step_time=time.perf_counter() - started, draft_time=draft_time, finished=finished,
+        ))  # fmt: skip
+
+    def _reject_reason(self, request: ServeRequest) -> str | None:
+        """Why ``request`` cannot run at all (it then fails alone), or None."""
+        ids = request.prompt_ids
+        if not isinstance(ids, list) or not ids:
+            return "empty prompt"
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+            return f"prompt has token ids outside the vocabulary [0, {self.vocab_size})"
+        if request.max_new_tokens < 1:
+            return f"max_new_tokens={request.max_new_tokens} must be >= 1"
+        needed = len(ids) + request.max_new_tokens + self.scheduler.limits.gamma
+        if len(ids) + request.max_new_tokens > self.max_positions:
+            return (f"prompt of {len(ids)} tokens + max_new_tokens {request.max_new_tokens} exceeds the "
+                    f"model's context of {self.max_positions} positions")  # fmt: skip
+        capacity = self.allocator.num_blocks * self.allocator.block_size
+        if needed > capacity:
+            return f"needs {needed} KV slots but the pool holds {capacity}: raise serve.max_kv_tokens"
+        return None
+
+    def kv_bytes(self) -> dict[str, int]:
+        used = (self.allocator.num_blocks - self.allocator.num_free) * self.allocator.block_size
+        draft = self.drafter.kv_bytes() if self.drafter is not None else 0
+        return {"target_kv_bytes": used * self.pool.slot_bytes(), "draft_kv_bytes": draft}

@@ -1,0 +1,94 @@
+"""Build the serving arms of a run: the same continuous-batching engine with and without a drafter.
+
+Both arms run the run's target model object, each with its own paged KV pool (and the spec arm's
+draft model its own), so baseline and speculation see the same weights and kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spectoolkit.config import RunConfig, ServeConfig
+from spectoolkit.sampling import make_chooser
+from spectoolkit.serving.blocks import BlockAllocator
+from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
+from spectoolkit.serving.engine import ContinuousEngine
+from spectoolkit.serving.paged_kv import PagedKVPool
+from spectoolkit.serving.scheduler import SchedulerLimits
+from spectoolkit.verify.factory import make_verifier
+
+DEFAULT_SEQ_SLOTS = 2048  # KV slots per sequence assumed when serve.max_kv_tokens is null
+
+
+@dataclass
+class ServingArm:
+    name: str
+    engine: ContinuousEngine
+    gamma: int
+    drafter: str
+    target_precision: str
+    draft_precision: str | None
+    reference: str | None
+
+
+def kv_slots(serve: ServeConfig, max_positions: int) -> int:
+    """Slots of a pool: ``serve.max_kv_tokens``, else room for the sequences the largest level runs."""
+    if serve.max_kv_tokens is not None:
+        return serve.max_kv_tokens
+    sequences = min(serve.max_num_seqs, max((*serve.concurrency, 16)))
+    return sequences * min(max_positions, DEFAULT_SEQ_SLOTS)
+
+
+def make_pool(model: torch.nn.Module, precision: str, num_slots: int) -> PagedKVPool:
+    """A paged pool shaped for ``model``'s attention layers, storing KV at ``precision``."""
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    parameter = next(model.parameters())
+    dtype = model.get_input_embeddings().weight.dtype
+    compute = dtype if dtype.is_floating_point else torch.float32
+    return PagedKVPool(config.num_hidden_layers, config.num_key_value_heads, head_dim, num_slots, precision,
+                       compute, parameter.device)  # fmt: skip
+
+
+def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:
+    """ "baseline" (the target alone, continuous batching) and, with a drafter, "spec"."""
+    models = setup.models
+    serve = cfg.serve
+    slots = kv_slots(serve, models.max_positions)
+    arms = [_arm(cfg, setup, "baseline", None, slots)]
+    if cfg.draft.kind != "none":
+        arms.append(_arm(cfg, setup, "spec", _drafter(cfg, models, slots), slots))
+    return arms
+
+
+def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int) -> ServingArm:
+    models, serve = setup.models, cfg.serve
+    gamma = cfg.speculate.gamma if drafter is not None else 0
+    blocks = max(1, slots // serve.block_size)
+    limits = SchedulerLimits(serve.max_num_tokens, serve.max_num_seqs, gamma, serve.spec_max_batch,
+                             serve.max_draft_tokens)  # fmt: skip
+    target = models.target.model
+    engine = ContinuousEngine(
+        name, target, make_pool(target, cfg.kv.target, blocks * serve.block_size),
+        BlockAllocator(blocks, serve.block_size), make_verifier(cfg.sampling, models.device), limits,
+        models.eos_ids, models.max_positions, drafter, not cfg.sampling.greedy, serve.batch_invariant,
+    )  # fmt: skip
+    draft_precision = cfg.draft.precision if cfg.draft.kind == "model" and drafter is not None else None
+    drafter_name = drafter.name if drafter is not None else "none"
+    reference = "baseline" if drafter is not None else None
+    return ServingArm(name, engine, gamma, drafter_name, cfg.target.precision, draft_precision, reference)
+
+
+def _drafter(cfg: RunConfig, models, slots: int):
+    target = models.target
+    if cfg.draft.kind == "ngram":
+        return BatchNgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not cfg.sampling.greedy)
+    draft = models.draft
+    blocks = max(1, slots // cfg.serve.block_size)
+    pool = make_pool(draft.model, cfg.kv.draft, blocks * cfg.serve.block_size)
+    shared = min(target.vocab_size, draft.vocab_size)
+    allocator = BlockAllocator(blocks, cfg.serve.block_size)
+    chooser, name = make_chooser(cfg.sampling), f"model-{cfg.draft.precision}"
+    return BatchModelDrafter(draft.model, chooser, pool, allocator, target.vocab_size, shared, models.eos_ids, name)

@@ -1,0 +1,98 @@
+"""Paged KV storage: every layer's keys and values in one pool of slots, in any KV precision.
+
+Per layer and kind (key/value), each stored field is a tensor [H_kv, num_slots, width]: the model's
+dtype (``auto``), a cast dtype (fp32/bf16/fp16), or the per-token quantized fields of
+:mod:`spectoolkit.kvcache.formats` (fp8/int8/int4). A token is converted once, when it is written to
+its slot (DESIGN §2); slots are addressed by :class:`~spectoolkit.serving.blocks.BlockTable`. Rolling
+a sequence back writes nothing: its rejected slots are simply written over by its next tokens, so a
+sequence's KV is bit-identical to one that never saw them. Pages of the pool are touched only when
+written (``torch.empty``), so a large pool costs memory only for the slots in use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kvcache.formats import KV_FORMATS
+from spectoolkit.precisions import KV_PRECISIONS
+
+_CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+KINDS = ("key", "value")
+
+
+class PagedKVPool:
+    """Slots [0, num_slots) of ``num_layers`` layers, each [H_kv, num_slots, D] per kind (or its fields)."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_slots: int,
+        precision: str,
+        compute_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if precision not in KV_PRECISIONS:
+            raise SpecToolkitError(f"unknown KV precision {precision!r}; choose one of {', '.join(KV_PRECISIONS)}")
+        self.precision = precision
+        self.compute_dtype = compute_dtype
+        self.num_slots = num_slots
+        self.format = KV_FORMATS.get(precision)
+        if self.format is not None:
+            fields = self.format.fields(head_dim)
+        else:
+            fields = {"data": (head_dim, _CAST_DTYPES.get(precision, compute_dtype))}
+        self.fields = tuple(fields)
+        self.layers: list[dict[str, dict[str, torch.Tensor]]] = [
+            {
+                kind: {
+                    name: torch.empty(num_kv_heads, num_slots, width, dtype=dtype, device=device)
+                    for name, (width, dtype) in fields.items()
+                }
+                for kind in KINDS
+            }
+            for _ in range(num_layers)
+        ]  # layer -> kind -> field -> [H_kv, num_slots, width]
+
+    def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store keys/values [H_kv, n, D] at ``slots`` [n] (long) of ``layer``."""
+        for kind, states in zip(KINDS, (keys, values), strict=True):
+            for name, stored in self._encode(states).items():  # [H_kv, n, width]
+                _bits(self.layers[layer][kind][name]).index_copy_(1, slots, _bits(stored))
+
+    def gather(self, layer: int, kind: str, slots: torch.Tensor) -> torch.Tensor:
+        """States [H_kv, n, D] in the compute dtype of ``slots`` [n] (long): a copy."""
+        return self._decode(self.stored(layer, kind, slots))
+
+    def span(self, layer: int, kind: str, start: int, end: int) -> torch.Tensor:
+        """States [H_kv, end-start, D] of consecutive slots [start, end): a view when stored as computed."""
+        stored = {name: buf[:, start:end] for name, buf in self.layers[layer][kind].items()}
+        return self._decode(stored)
+
+    def _encode(self, states: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.format is not None:
+            return self.format.quantize(states)
+        return {"data": states.to(self.layers[0]["key"]["data"].dtype)}
+
+    def _decode(self, stored: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.format is not None:
+            return self.format.dequantize(stored, self.compute_dtype)
+        return stored["data"].to(self.compute_dtype)  # a no-op (the same tensor) when no cast is needed
+
+    def slot_bytes(self) -> int:
+        """Bytes one slot takes over all layers, keys and values."""
+        return sum(buf[:, :1].numel() * buf.element_size() for layer in self.layers for kind in layer.values()
+                   for buf in kind.values())  # fmt: skip
+
+    def stored(self, layer: int, kind: str, slots: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The raw stored fields [H_kv, n, width] of ``slots`` (for bit-exact comparisons in tests)."""
+        return {
+            name: _bits(buf).index_select(1, slots).view(buf.dtype) for name, buf in self.layers[layer][kind].items()
+        }
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as raw bytes where torch's CPU index kernels lack its dtype (float8), else itself."""
+    return tensor.view(torch.uint8) if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else tensor

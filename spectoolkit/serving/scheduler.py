@@ -1,0 +1,145 @@
+"""Which sequences run in the next step, with how many tokens, drafts and KV blocks.
+
+Every step (vLLM v1's unified token budget):
+
+1. **Admission**, first come first served: a queued request joins while fewer than ``max_num_seqs``
+   run and the free blocks hold its whole uncomputed history plus the pending token (leading blocks
+   of a live identical prompt prefix are shared instead, :mod:`~spectoolkit.serving.blocks`).
+2. **Load control**: speculate only while at most ``spec_max_batch`` sequences run; above that the
+   step is plain decode (the fallback under load).
+3. **Tokens**, within ``max_num_tokens``: each decoding sequence its pending token first; then its
+   drafts k_i <= min(γ, room − 1), within ``max_draft_tokens`` for the step; then prefill chunks of
+   the others (a long prompt spreads over steps).
+4. **KV**: the blocks for a sequence's tokens *and its candidates* are reserved before anything is
+   drafted. When blocks run out, the latest admitted running sequence is preempted: its blocks are
+   freed and it goes back to the front of the queue, to be recomputed from its tokens later — no other
+   sequence's state is touched, and nothing already emitted changes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from spectoolkit.serving.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_num_tokens: int
+    max_num_seqs: int
+    gamma: int  # 0: no drafter
+    spec_max_batch: int | None
+    max_draft_tokens: int | None
+
+
+@dataclass
+class Work:
+    """A sequence's share of the step: ``feed`` of its uncomputed tokens, then up to ``drafts`` candidates."""
+
+    seq: Sequence
+    feed: int
+    drafts: int = 0
+
+
+@dataclass
+class Plan:
+    work: list[Work] = field(default_factory=list)  # in running order
+    preempted: list[Sequence] = field(default_factory=list)
+    speculating: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(w.feed + w.drafts for w in self.work)
+
+
+class Scheduler:
+    """Holds the queue and the running sequences; :meth:`schedule` plans one step."""
+
+    def __init__(self, limits: SchedulerLimits, allocator) -> None:
+        self.limits = limits
+        self.allocator = allocator
+        self.queue: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def schedule(self, on_preempt) -> Plan:
+        """Plan the next step; ``on_preempt(seq)`` is told about every sequence sent back to the queue."""
+        self._admit()
+        plan = Plan(speculating=self._may_speculate())
+        budget = self.limits.max_num_tokens
+        decoding = [seq for seq in self.running if seq.decoding]
+        by_seq: dict[int, Work] = {}
+        for seq in decoding:  # 1. every pending token
+            if (
+                budget < 1
+                or seq not in self.running
+                or not self._reserve(seq, seq.num_computed + 1, plan, by_seq, on_preempt)
+            ):
+                continue
+            by_seq[id(seq)] = Work(seq, 1)
+            budget -= 1
+        draft_budget = self.limits.max_draft_tokens
+        draft_budget = budget if draft_budget is None else min(draft_budget, budget)
+        for seq in decoding if plan.speculating else ():  # 2. their candidates
+            work = by_seq.get(id(seq))
+            if work is None or seq not in self.running:
+                continue
+            drafts = min(self.limits.gamma, seq.room - 1, draft_budget)
+            if drafts > 0 and self._reserve(seq, seq.num_computed + 1 + drafts, plan, by_seq, on_preempt, wait=False):
+                work.drafts = drafts
+                draft_budget -= drafts
+                budget -= drafts
+        for seq in [s for s in self.running if not s.decoding]:  # 3. prefill chunks
+            chunk = min(seq.uncomputed, budget)
+            if chunk < 1 or seq not in self.running:
+                continue
+            if self._reserve(seq, seq.num_computed + chunk, plan, by_seq, on_preempt):
+                by_seq[id(seq)] = Work(seq, chunk)
+                budget -= chunk
+        plan.work = [by_seq[id(seq)] for seq in self.running if id(seq) in by_seq]
+        return plan
+
+    def _admit(self) -> None:
+        while self.queue and len(self.running) < self.limits.max_num_seqs:
+            seq = self.queue[0]
+            if not seq.table.blocks:  # share a live identical prefix (never the last prompt token)
+                seq.num_computed = seq.table.share_prefix(seq.tokens, len(seq.tokens) - 1)
+            if seq.table.missing(len(seq.tokens) + 1) > self.allocator.num_free:
+                return  # wait for blocks to be freed (a lone sequence always fits: checked at submit)
+            self.queue.popleft()
+            seq.order = max((s.order for s in self.running), default=-1) + 1
+            self.running.append(seq)
+
+    def _may_speculate(self) -> bool:
+        limit = self.limits.spec_max_batch
+        return self.limits.gamma > 0 and (limit is None or len(self.running) <= limit)
+
+    def _reserve(self, seq: Sequence, positions: int, plan: Plan, by_seq, on_preempt, wait: bool = True) -> bool:
+        """Blocks for positions [0, positions) of ``seq``, preempting the latest running sequences if needed.
+
+        ``wait=False`` (candidates): give up instead of preempting. False when ``seq`` itself was preempted.
+        """
+        while seq.table.missing(positions) > self.allocator.num_free:
+            if not wait:
+                return False
+            victim = max(self.running, key=lambda s: s.order)
+            self.preempt(victim, plan, by_seq, on_preempt)
+            if victim is seq:
+                return False
+        seq.table.ensure(positions)
+        return True
+
+    def preempt(self, seq: Sequence, plan: Plan, by_seq, on_preempt) -> None:
+        """Free ``seq``'s KV and send it back to the front of the queue (recompute later)."""
+        self.running.remove(seq)
+        by_seq.pop(id(seq), None)
+        seq.table.release()
+        seq.num_computed = 0
+        seq.result.preemptions += 1
+        self.queue.appendleft(seq)
+        plan.preempted.append(seq)
+        on_preempt(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        seq.table.release()
