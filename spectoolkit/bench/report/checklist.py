@@ -4,7 +4,9 @@ Pure functions over the typed ``Summary`` (and the ``RequestRecord``s when prese
 ``CheckItem`` with PASS / FAIL / N/A and the number it rests on. Nothing here formats Markdown or
 touches files; the interpretation rules are in ``report.interpret``.
 
-Missing keys (older summaries) and nulls never raise. An item that cannot be evidenced FAILs (a
+A serving run (issue 15) has its own list, :func:`evaluate_serving_checklist`: tails stated per load
+level, P99 TTFT/TPOT against ``serve.slo_ttft_ms``/``serve.slo_tpot_ms`` (only when given), exactness
+under batching. Missing keys (older summaries) and nulls never raise. An item that cannot be evidenced FAILs (a
 launch decision must not rest on it); an item that cannot apply to this run (one repeat, no
 drafter, sampling instead of greedy) is N/A.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spectoolkit.bench.report.load import Records, drafting_arms, fmt, num, primary_alpha, sampling_mode
+from spectoolkit.metrics.load_curves import CONCURRENCY, RATE, ServingSummary, meets_up_to
 from spectoolkit.metrics.summary import first_divergence as first_token_diff
 from spectoolkit.metrics.summary import output_pairs
 from spectoolkit.metrics.summary_schema import BASELINE, Summary
@@ -55,10 +58,11 @@ def check_baseline_spread(summary: Summary) -> CheckItem:
     return CheckItem(name, status, f"spread {spread:.3f} over {len(repeats)} repeats (limit {SPREAD_LIMIT:.2f})")
 
 
-def check_compat(summary: Summary) -> CheckItem:
-    """The drafter proposes ids of the target's vocabulary (conditions.compat)."""
+def check_compat(summary: Summary, has_drafter: bool | None = None) -> CheckItem:
+    """The drafter proposes ids of the target's vocabulary (conditions.compat); ``has_drafter`` None: the
+    summary's arms say whether the run drafts."""
     name = "vocab/tokenizer checked"
-    if not drafting_arms(summary):
+    if not (drafting_arms(summary) if has_drafter is None else has_drafter):
         return CheckItem(name, NA, "no drafter (draft=none)")
     compat = summary.conditions.compat
     warnings = summary.conditions.compat_warnings
@@ -266,3 +270,96 @@ def evaluate_checklist(summary: Summary, records: Records) -> list[CheckItem]:
         check_fallback(summary),
         check_baseline_vs_stock(summary),
     ]
+
+
+# ---- serving runs (issue 15) ---------------------------------------------------------------------
+
+SLOS = (("TTFT", "ttft_p99", "slo_ttft_ms"), ("TPOT", "tpot_p99", "slo_tpot_ms"))  # (name, LevelStats field, serve key)
+
+
+def check_serving_tails(serving: ServingSummary) -> CheckItem:
+    """Request-level P95 and P99 latency are stated for every arm at every load level it ran."""
+    name = "P95/P99 stated at every load level"
+    cells = [(arm, level.label, serving.stats(arm, level.key)) for arm in serving.arms for level in serving.levels]
+    cells = [(arm, label, stats) for arm, label, stats in cells if (stats.num_requests or 0) > 0]
+    if not cells:
+        return CheckItem(name, FAIL, "no load level with a successful request")
+    missing = [f"{arm} {label}" for arm, label, s in cells if s.latency_p95 is None or s.latency_p99 is None]
+    if missing:
+        return CheckItem(name, FAIL, f"not stated for {len(missing)} of {len(cells)}: {', '.join(missing[:4])}")
+    return CheckItem(name, PASS, f"stated for {len(cells)} (arm, level) pairs")
+
+
+def _ms(seconds: float | None) -> str:
+    return fmt(seconds * 1e3 if seconds is not None else None, ".1f")
+
+
+def _slo_evidence(serving: ServingSummary, arm: str, metric: str, limit_s: float) -> tuple[str, list[str], bool]:
+    """(evidence for ``arm``, its levels without the metric, whether every measured level meets the limit)."""
+    parts, missing, ok = [], [], True
+    for kind in (CONCURRENCY, RATE):
+        levels, values = serving.curve(arm, metric, kind)
+        if not levels:
+            continue
+        missing += [f"{arm} {lv.label}" for lv, v in zip(serving.of_kind(kind), values, strict=True) if v is None]
+        if all(v is None for v in values):
+            parts.append(f"not measured at any {kind} level")
+            continue
+        ok = ok and all(v <= limit_s for v in values if v is not None)
+        top = meets_up_to(levels, values, limit_s)
+        unit = " req/s" if kind == RATE else ""
+        meets = f"meets it up to {kind} {top:g}{unit}" if top is not None else f"meets it at no {kind} level"
+        shown = ", ".join(f"{x:g}: {_ms(v)}" for x, v in zip(levels, values, strict=True))
+        parts.append(f"{meets} (p99 ms by {kind}: {shown})")
+    return f"{arm} " + "; ".join(parts), missing, ok
+
+
+def check_slo(serving: ServingSummary, name: str, metric: str, slo_ms: float) -> CheckItem:
+    """``metric`` (a P99, seconds) ≤ ``slo_ms`` at every load level of every arm; evidence: the highest
+    level up to which each arm meets it (``load_curves.meets_up_to``) and the P99 per level."""
+    item = f"{name} P99 ≤ serve.slo_{name.lower()}_ms ({slo_ms:g} ms) at every level"
+    evidence, missing, ok = [], [], True
+    for arm in serving.arms:
+        text, absent, arm_ok = _slo_evidence(serving, arm, metric, slo_ms / 1e3)
+        evidence.append(text)
+        missing += absent
+        ok = ok and arm_ok
+    if not evidence:
+        return CheckItem(item, FAIL, "no load level measured")
+    tail = f"; not measured: {', '.join(missing[:4])}" if missing else ""
+    return CheckItem(item, PASS if ok and not missing else FAIL, "; ".join(evidence) + tail)
+
+
+def _divergence_text(serving: ServingSummary) -> str:
+    exactness = serving.exactness
+    found = exactness.divergent if exactness else []
+    listed = [f"{d.arm} at {serving.label_of(d.level)}: {d.case_id} token {d.position}" for d in found[:3]]
+    return f"{len(found)} divergent: " + "; ".join(listed) + ("; …" if len(found) > 3 else "")
+
+
+def check_exact_under_batching(serving: ServingSummary, mode: str | None) -> CheckItem:
+    """Greedy: every request at every load level equals its batch-1 target-alone output (serving_exactness)."""
+    name = "exact under batching"
+    if mode == "sampling":
+        return CheckItem(name, NA, "sampling: the per-request distribution test of the quality eval applies")
+    if mode is None:
+        return CheckItem(name, FAIL, "sampling temperature not recorded")
+    exactness = serving.exactness
+    if exactness is None:
+        return CheckItem(name, FAIL, "not checked: no serving_exactness in summary.json")
+    reference = exactness.reference or "the batch-1 reference"
+    if not exactness.checked:
+        return CheckItem(name, FAIL, f"no request compared with {reference}")
+    if exactness.divergent:
+        return CheckItem(name, FAIL, f"{exactness.checked} checked against {reference}, {_divergence_text(serving)}")
+    return CheckItem(name, PASS, f"{exactness.checked} requests at every level equal {reference}, token for token")
+
+
+def evaluate_serving_checklist(summary: Summary, serving: ServingSummary, records: Records) -> list[CheckItem]:
+    """The checklist of a serving run: compat, tails per level, the SLOs given in ``serve``, exactness."""
+    items = [check_compat(summary, bool(serving.drafting_arms)), check_serving_tails(serving)]
+    for name, metric, key in SLOS:
+        slo = num(serving.serve.get(key))
+        if slo is not None:
+            items.append(check_slo(serving, name, metric, slo))
+    return items + [check_exact_under_batching(serving, sampling_mode(summary, records))]

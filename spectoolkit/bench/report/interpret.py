@@ -1,6 +1,8 @@
 """Interpretation rules of the run report (DESIGN §1 and §3): each rule says whether it applies, with its numbers.
 
-Pure functions over the typed ``Summary``; nothing here formats Markdown or touches files.
+Pure functions over the typed ``Summary`` (serving runs, DESIGN §6: over the ``ServingSummary`` of
+:mod:`spectoolkit.metrics.load_curves`, curves over the concurrency levels); nothing here formats
+Markdown or touches files.
 """
 
 from __future__ import annotations
@@ -8,12 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spectoolkit.bench.report.load import fmt, is_quantized, primary_alpha
+from spectoolkit.metrics.load_curves import CONCURRENCY, ServingSummary, falls_with_load, growth, points
 from spectoolkit.metrics.summary_schema import BASELINE, ArmStats, Quantiles, Summary
 from spectoolkit.metrics.summary_sections import CostModel
 
 ALPHA_GAP = 0.15  # α spread across task types that justifies per-task-type enablement
 HIGH_ALPHA = 0.7
 MODEL_ERROR_LIMIT = 0.15  # |predicted - measured| / measured speedup
+LOAD_GROWTH = 1.5  # low → high load: TTFT p99 and throughput both grow by more than this
 
 
 @dataclass(frozen=True)
@@ -171,3 +175,68 @@ def interpret(summary: Summary) -> list[Finding]:
     rules = (rule_ttft_vs_throughput, rule_keep_off, rule_draft_too_expensive, rule_alpha_by_task, rule_tail_risk,
              rule_cost_model_error, rule_quantized_target)  # fmt: skip
     return [rule(summary) for rule in rules]
+
+
+# ---- serving runs (DESIGN §6) --------------------------------------------------------------------
+
+
+def _span(levels: list[float], values: list[float | None]) -> str:
+    """First and last measured point, e.g. ``1.40× at concurrency 1 → 0.80× at 16``."""
+    curve = points(levels, values)
+    (low, first), (high, last) = curve[0], curve[-1]
+    return f"{first:.2f}× at concurrency {low:g} → {last:.2f}× at {high:g}"
+
+
+def rule_speedup_falls_with_load(serving: ServingSummary, arm: str) -> Finding:
+    """Speedup falling (up to noise) as concurrency rises ⇒ the bottleneck moved to compute/scheduling."""
+    rule = f"speedup falls as concurrency rises ({arm})"
+    levels, speedups = serving.curve(arm, "speedup")
+    falls = falls_with_load(levels, speedups)
+    if falls is None:
+        return Finding(rule, False, "n/a: speedup measured at fewer than two concurrency levels")
+    advice = "the bottleneck moved to compute/scheduling; speculate at low load only (serve.spec_max_batch)"
+    return _verdict(rule, falls, f"speedup {_span(levels, speedups)}", advice)
+
+
+def rule_ttft_and_throughput_up_with_load(serving: ServingSummary, arm: str) -> Finding:
+    """From the lowest to the highest concurrency, TTFT p99 and throughput both × > LOAD_GROWTH ⇒ batch jobs."""
+    rule = f"TTFT up, throughput up under load ({arm})"
+    levels, ttfts = serving.curve(arm, "ttft_p99")
+    _, throughputs = serving.curve(arm, "output_throughput")
+    both = [(x, t, y) for x, t, y in zip(levels, ttfts, throughputs, strict=True) if t is not None and y is not None]
+    xs = [x for x, _, _ in both]
+    ttft_growth, tput_growth = growth(xs, [t for _, t, _ in both]), growth(xs, [y for _, _, y in both])
+    if ttft_growth is None or tput_growth is None:
+        return Finding(rule, False, "n/a: TTFT p99 and throughput measured together at fewer than two levels")
+    numbers = (f"concurrency {xs[0]:g} → {xs[-1]:g}: TTFT p99 ×{ttft_growth:.2f}, output throughput "
+               f"×{tput_growth:.2f} (threshold ×{LOAD_GROWTH} each)")  # fmt: skip
+    advice = "batch jobs, not interactive: the extra throughput is paid for in waiting for the first token"
+    return _verdict(rule, ttft_growth > LOAD_GROWTH and tput_growth > LOAD_GROWTH, numbers, advice)
+
+
+def rule_tpot_better_throughput_worse(serving: ServingSummary, arm: str) -> Finding:
+    """At some concurrency the arm's TPOT p50 beats the baseline's while its throughput is below it."""
+    rule = f"TPOT better, throughput worse ({arm})"
+    hits, measured = [], 0
+    for level in serving.of_kind(CONCURRENCY):
+        tpot, base = serving.stats(arm, level.key).tpot_p50, serving.stats(BASELINE, level.key).tpot_p50
+        speedup = serving.speedup(arm, level.key)
+        if None in (tpot, base, speedup):
+            continue
+        measured += 1
+        if tpot < base and speedup < 1:
+            hits.append(f"{level.value:g} (TPOT p50 {tpot * 1e3:.1f} vs {base * 1e3:.1f} ms, {speedup:.2f}×)")
+    if not measured:
+        return Finding(rule, False, "n/a: TPOT p50 and speedup not measured at any concurrency level")
+    if not hits:
+        return Finding(rule, False, f"at none of {measured} concurrency levels")
+    advice = ("each request streams faster while the machine serves fewer tokens: judge by throughput at "
+              "the load you serve")  # fmt: skip
+    return _verdict(rule, True, "at concurrency " + ", ".join(hits), advice)
+
+
+def interpret_serving(serving: ServingSummary) -> list[Finding]:
+    """Every serving rule: speedup and TPOT rules per drafting arm, the TTFT/throughput rule per arm."""
+    findings = [rule(serving, arm) for arm in serving.drafting_arms
+                for rule in (rule_speedup_falls_with_load, rule_tpot_better_throughput_worse)]  # fmt: skip
+    return findings + [rule_ttft_and_throughput_up_with_load(serving, arm) for arm in serving.arms]

@@ -4,7 +4,7 @@ Follows DESIGN §3 (metric definitions) and issue 4: the report never states a h
 without the conditions it holds under (hardware, precisions, KV, γ, sampling, batch/concurrency,
 workload, repeats); an incomplete run or one without a baseline gets no headline at all. The
 checklist is in ``report.checklist``, the interpretation rules in ``report.interpret``, plots in
-``report.plots``, the sweep report in ``bench.sweep.report``.
+``report.plots``, the sweep report in ``bench.sweep.report``; a serving run's report in ``report.serving``.
 Older summaries, nulls, baseline-only runs and runs without a successful request render "n/a".
 """
 
@@ -30,6 +30,8 @@ from spectoolkit.bench.report.load import (
     speed,
 )
 from spectoolkit.bench.report.quality import exactness_section, quality_section
+from spectoolkit.bench.report.serving import load_serving, render_serving_report
+from spectoolkit.bench.report.serving_plots import serving_plots
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary_schema import BASELINE, TIME_PARTS, ArmStats, GroupStats, Summary
 from spectoolkit.metrics.summary_sections import CostModel
@@ -377,10 +379,19 @@ def render_report(summary: Summary, records: Records, plots: dict[str, Path], ti
 
 
 def write_report(run_dir: Path) -> Path:
-    """Write ``run_dir/report.md`` (atomically) and its plots in ``run_dir/plots/``; returns the report path."""
+    """Write ``run_dir/report.md`` (atomically) and its plots in ``run_dir/plots/``; returns the report path.
+
+    A serving run (``mode: serving``, issue 15) gets the serving report (``report.serving``) instead: it
+    has no batch-1 arms, so the sections above do not apply to it."""
     run_dir = Path(run_dir)
     summary, records = load_summary(run_dir), load_records(run_dir)
-    plots = plotting.run_plots(summary, records, run_dir / "plots")
+    serving = load_serving(run_dir)
+    if serving is not None:
+        plots = serving_plots(serving, run_dir / "plots")
+        text = render_serving_report(summary, serving, records, plots, run_dir.name)
+    else:
+        plots = plotting.run_plots(summary, records, run_dir / "plots")
+        text = render_report(summary, records, plots, run_dir.name)
     path = run_dir / REPORT_NAME
-    atomic_write(path, render_report(summary, records, plots, run_dir.name))
+    atomic_write(path, text)
     return path

@@ -2,7 +2,8 @@
 
 One row per job (``sweep.table``): its swept axes, status and headline metrics, linked to the
 job's own report; then plots (``sweep.plots``): speedup vs γ per draft, α by task type, and
-quality vs speed. Also ``report_path_for``: the report that fits a directory (a run's, or a sweep's).
+quality vs speed; then, for jobs of a serving run (issue 15), their throughput and speedup vs
+concurrency (``report.serving``). Also ``report_path_for``: the report that fits a directory (a run's, or a sweep's).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 
 from spectoolkit.bench.report.load import atomic_write, fmt, md_table, speed
 from spectoolkit.bench.report.render import REPORT_NAME, write_report
+from spectoolkit.bench.report.serving import sweep_serving_section
+from spectoolkit.bench.report.serving_plots import plot_sweep_curves
 from spectoolkit.bench.sweep import plots as sweep_plots
 from spectoolkit.bench.sweep.table import SWEEP_CSV_NAME, SWEEP_DEPTH, axis_key, sweep_rows, write_csv
 from spectoolkit.errors import SpecToolkitError
@@ -42,8 +45,25 @@ def _common(axes: list[str], shown: list[str], rows: list[dict[str, Any]]) -> st
     return ", ".join(f"`{axis}={rows[0].get(axis)}`" for axis in axes if axis not in shown)
 
 
+def _label(row: dict[str, Any], axes: list[str]) -> str:
+    """The job's overrides of the shown axes, or its directory."""
+    return " ".join(o for o in row["overrides"].split() if axis_key(o) in axes) or row["job"]
+
+
+def _serving_lines(sweep_dir: Path, rows: list[dict[str, Any]], axes: list[str]) -> list[str]:
+    """The serving jobs' load curves; [] without one (a classic sweep's report is unchanged)."""
+    curves = {}
+    for row in rows:
+        if row.get("_serving") is not None:
+            label = _label(row, axes)
+            curves[label if label not in curves else row["job"]] = row["_serving"]
+    if not curves:
+        return []
+    return sweep_serving_section(curves, plot_sweep_curves(curves, sweep_dir / "plots" / "serving_curves.png"))
+
+
 def _table_row(row: dict[str, Any], axes: list[str], has_summary: bool) -> list[Any]:
-    label = " ".join(o for o in row["overrides"].split() if axis_key(o) in axes) or row["job"]
+    label = _label(row, axes)
     name = f"[{label}]({row['job']}/{REPORT_NAME})" if has_summary else label
     return [name, row["status"] or "n/a", *(row.get(axis) for axis in axes), row["arm"] or "n/a",
             speed(row["speedup"]), speed(row["predicted_speedup"]), fmt(row["alpha"]),
@@ -77,6 +97,7 @@ def write_sweep_report(sweep_dir: Path) -> Path:
     common = _common(axes, shown, rows)
     lines = [f"# Sweep report: {sweep_dir.name}", "", intro, *([f"Every job: {common}."] if common else []), "", *table]
     lines += [f"![{title}](plots/{path.name})\n" for title, path in figures if path]
+    lines += _serving_lines(sweep_dir, rows, shown)
     path = sweep_dir / SWEEP_REPORT_NAME
     atomic_write(path, "\n".join(lines).rstrip() + "\n")
     return path

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from spectoolkit.bench.report.load import atomic_write, load_summary
+from spectoolkit.bench.report.serving import load_serving, primary_arm
 from spectoolkit.bench.sweep.jobs import JOB_FILE, read_job
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.summary_schema import BASELINE, ArmStats, Summary
@@ -136,12 +137,15 @@ def job_row(job_dir: Path, sweep_dir: Path) -> dict[str, Any]:
     except SpecToolkitError:
         summary = None
     row.update(_metrics(summary) if summary else dict.fromkeys(METRICS))
+    serving = load_serving(job_dir) if summary else None
+    if summary and serving:  # a serving run has no batch-1 arms: its curves are the sweep report's serving part
+        row["arm"] = primary_arm(summary, serving)
     if summary and row["speculate.gamma"] is None:  # no saved config: the primary arm says its γ
         stats = summary.arms.get(row["arm"])
         row["speculate.gamma"] = stats.gamma if stats else None
     if row["status"] is None and summary is not None:  # a run made without job.json (library use)
         row["status"] = "complete" if summary.complete else "incomplete"
-    row["_config"], row["_summary"] = config, summary  # private: not CSV columns (the writer ignores them)
+    row["_config"], row["_summary"], row["_serving"] = config, summary, serving  # private: not CSV columns
     return row
 
 
@@ -166,8 +170,8 @@ def columns_for(axes: list[str]) -> list[str]:
 def sweep_rows(sweep_dir: Path) -> tuple[list[str], list[dict[str, Any]]]:
     """(swept axes, rows) for every job below ``sweep_dir``; an axis is a key some job overrode.
 
-    Each row also carries its job's summary (or None) under ``_summary``, read once for the table and
-    the report.
+    Each row also carries its job's summary (or None) under ``_summary`` and, for a serving run, its
+    serving part under ``_serving``, read once for the table and the report.
     """
     sweep_dir = Path(sweep_dir)
     rows = [job_row(job_dir, sweep_dir) for job_dir in find_jobs(sweep_dir)]
