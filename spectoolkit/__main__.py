@@ -70,6 +70,10 @@ def _run_job(config, values: dict) -> str | None:
 
 
 def _bench_job(config) -> str:
+    if config.serve.enabled:  # serving under load: load levels instead of one request at a time
+        from spectoolkit.bench.load.runner import format_serving_table, run_serving
+
+        return format_serving_table(run_serving(config))
     from spectoolkit.bench.protocol.runner import run
     from spectoolkit.bench.protocol.table import format_summary
 

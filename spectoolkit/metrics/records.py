@@ -2,7 +2,9 @@
 
 One record per request × repeat × arm. Records are appended and flushed as they are produced, so
 an interrupted run keeps every finished request. Every line carries ``schema_version``
-(:data:`RECORD_SCHEMA_VERSION`); a line without one is version 1, the same fields as version 2.
+(:data:`RECORD_SCHEMA_VERSION`); a line without one is version 1, the same fields as version 2;
+version 3 adds the optional serving fields (:data:`SERVING_FIELDS`), which older lines read as unset.
+The serving fields (``load_level`` … ``token_offsets``) are optional additions: absent in older lines.
 :func:`read_records` gives back the dataclass each line was written from.
 """
 
@@ -16,7 +18,10 @@ from typing import Any
 
 from spectoolkit.metrics.tolerant import from_mapping
 
-RECORD_SCHEMA_VERSION = 2  # 1: no schema_version key (the fields are the same)
+RECORD_SCHEMA_VERSION = 3  # 1: no schema_version key (the fields of 2); 3: + SERVING_FIELDS
+# Optional fields of serving runs (spectoolkit.bench.load), absent in batch-1 lines of any version.
+SERVING_FIELDS = ("load_level", "rate", "arrival_offset", "queue_time", "tpot", "itl_p50", "itl_p99", "preemptions",
+                  "mean_batch_size", "token_offsets")  # fmt: skip
 Round = tuple[int, int]  # (drafted k, accepted K) of one verification round
 
 
@@ -38,8 +43,8 @@ class RequestRecord:
     draft_len: int  # γ (0 for the baseline)
     kv_target: str = "auto"  # KV-cache storage precisions (spectoolkit.kvcache)
     kv_draft: str | None = None
-    batch_size: int = 1
-    concurrency: int = 1
+    batch_size: int = 1  # serving: the mean running batch over its steps, rounded (exact: mean_batch_size)
+    concurrency: int = 1  # serving: the closed-loop clients, or (open loop) the mean in flight over its life, rounded
     input_len: int = 0
     output_len: int = 0
     drafted_tokens: int = 0
@@ -61,6 +66,17 @@ class RequestRecord:
     draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round
     output_ids: list[int] = field(default_factory=list)
     error: str | None = None
+    # Serving under load (spectoolkit.bench.load); None/empty in batch-1 runs. Times in seconds.
+    load_level: str | None = None  # the level's key: "4" (closed loop, 4 clients) or "rate=0.5" (open loop)
+    rate: float | None = None  # open loop: arrivals per second
+    arrival_offset: float | None = None  # arrival - the level run's start
+    queue_time: float | None = None  # first admitted into the running batch - arrival
+    tpot: float | None = None  # (last token time - first token time) / (output_len - 1)
+    itl_p50: float | None = None  # inter-token latency: gaps between distinct emission times (a step: one delivery)
+    itl_p99: float | None = None
+    preemptions: int | None = None  # times its KV was freed and recomputed
+    mean_batch_size: float | None = None  # mean running batch over its steps (batch_size: this, rounded)
+    token_offsets: list[float] = field(default_factory=list)  # [output_len] emission time of each token - arrival
     schema_version: int = RECORD_SCHEMA_VERSION
 
     def to_json(self) -> str:

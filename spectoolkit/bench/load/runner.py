@@ -1,0 +1,173 @@
+"""``serve.enabled`` runs: the load-level protocol end to end (DESIGN §6, issue 15).
+
+Loads the workload and models as the batch-1 protocol does (same prompts, same "cannot run" reasons),
+builds the serving arms (``spectoolkit.serving.factory.serving_arms``), runs every level
+(:mod:`spectoolkit.bench.load.levels`), then writes ``records.jsonl`` (an older one set aside),
+``summary.json`` (atomically; after Ctrl-C too, with ``"complete": false``) and ``report.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from spectoolkit.bench.load.levels import LoadSweep, StepLog, reference_outputs, run_levels
+from spectoolkit.bench.load.plan import cases_of, check_fits, load_levels
+from spectoolkit.bench.load.records import ServingArmLike
+from spectoolkit.bench.load.summary import REFERENCE_LEVEL, references_from_level, serving_summary
+from spectoolkit.bench.protocol.conditions import run_conditions
+from spectoolkit.bench.protocol.runner import RECORDS_FILE, SUMMARY_FILE, _encode, _report, _set_aside
+from spectoolkit.bench.protocol.setup import RunSetup, build
+from spectoolkit.config import RunConfig
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.metrics.records import RecordWriter, read_records, write_json_atomic
+from spectoolkit.metrics.summary_schema import SUMMARY_SCHEMA_VERSION
+from spectoolkit.workloads.prompts import load_workload
+
+STEPS_FILE = "steps.jsonl"
+
+
+def _serving_arms(cfg: RunConfig, setup: RunSetup) -> list[ServingArmLike]:
+    from spectoolkit.serving.factory import serving_arms  # the engine core; imported only when serving
+
+    arms = list(serving_arms(cfg, setup))
+    if not arms:
+        raise SpecToolkitError("serve.enabled=true but no serving arm was built: check draft and bench.arms")
+    return arms
+
+
+def _set_aside_steps(path: Path) -> None:
+    """Like the records file: an older steps.jsonl is renamed, never appended to."""
+    if path.exists():
+        stamp, count = time.strftime("%Y%m%d-%H%M%S"), 1
+        aside = path.with_name(f"steps.{stamp}.jsonl")
+        while aside.exists():
+            aside, count = path.with_name(f"steps.{stamp}-{count}.jsonl"), count + 1
+        path.rename(aside)
+
+
+def _step_log(out_dir: Path, enabled: bool) -> contextlib.AbstractContextManager[StepLog | None]:
+    if not enabled:
+        return contextlib.nullcontext()
+    _set_aside_steps(out_dir / STEPS_FILE)
+    return contextlib.closing(StepLog(out_dir / STEPS_FILE))
+
+
+def run_serving(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
+    """Run every load level of ``cfg.serve`` for every arm; returns the summary (also written)."""
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    requests = load_workload(cfg.workload)
+    setup = build(cfg)
+    cases = cases_of(requests, [_encode(setup.models, request, cfg) for request in requests])
+    check_fits(cases, cfg.serve, cfg.workload.max_new_tokens)
+    levels = load_levels(cfg.serve)
+    sweep = LoadSweep(cfg, _serving_arms(cfg, setup), levels, cases)
+    _set_aside(out_dir / RECORDS_FILE)
+    references: dict[str, list[int]] | None = None
+    complete = False
+    total = len(levels) * cfg.bench.repeat * len(sweep.arms)
+    try:
+        with tqdm(total=total, disable=not progress, desc="load runs", unit="run") as bar:
+            sweep.on_run = lambda arm, level, repeat: bar.update()
+            with RecordWriter(out_dir / RECORDS_FILE) as writer, _step_log(out_dir, cfg.serve.step_log) as log:
+                run_levels(sweep, writer, log)
+        if cfg.sampling.greedy and not _has_reference_level(sweep):
+            references = reference_outputs(sweep, _reference_arm(sweep.arms))
+        complete = True
+    finally:  # Ctrl-C included: keep what was finished and say the run is incomplete
+        summary = _write_summary(cfg, setup, sweep, out_dir, complete, references)
+    return summary
+
+
+def _has_reference_level(sweep: LoadSweep) -> bool:
+    return any(level.key == REFERENCE_LEVEL for level in sweep.levels)
+
+
+def _reference_arm(arms: list[ServingArmLike]) -> ServingArmLike:
+    """The target-alone arm the exactness reference comes from (the baseline)."""
+    return next((arm for arm in arms if arm.reference is None), arms[0])
+
+
+def _conditions(cfg: RunConfig, setup: RunSetup, arms: list[ServingArmLike]) -> dict[str, Any]:
+    """The batch-1 run conditions, with the serving arms and load settings in place of batch 1."""
+    conditions = run_conditions(cfg, setup)
+    conditions["arms"] = [
+        {"name": arm.name, "target_precision": arm.target_precision, "drafter": arm.drafter, "gamma": arm.gamma,
+         "reference": arm.reference}
+        for arm in arms
+    ]  # fmt: skip
+    conditions["primary_arm"] = _primary(arms)
+    conditions["batch_size"] = conditions["concurrency"] = None  # they vary: see serving_levels
+    conditions["serve"] = dataclasses.asdict(cfg.serve)
+    return conditions
+
+
+def _primary(arms: list[ServingArmLike]) -> str | None:
+    return next((arm.name for arm in arms if arm.gamma > 0), None)
+
+
+def _write_summary(
+    cfg: RunConfig,
+    setup: RunSetup,
+    sweep: LoadSweep,
+    out_dir: Path,
+    complete: bool,
+    references: dict[str, list[int]] | None,
+) -> dict[str, Any]:
+    path = out_dir / RECORDS_FILE
+    records = read_records(path) if path.exists() else []
+    arms = {arm.name: arm.reference for arm in sweep.arms}
+    if cfg.sampling.greedy and _has_reference_level(sweep):  # the batch-1 outputs were measured at level "1"
+        references = references_from_level(records, _reference_arm(sweep.arms).name)
+    summary: dict[str, Any] = {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "mode": "serving",
+        "complete": complete,
+        "requests": len(records),
+        "errors": sum(1 for r in records if r.error),
+        "error_reasons": sorted({r.error for r in records if r.error})[:20],
+        "primary_arm": _primary(sweep.arms),
+        "serve": dataclasses.asdict(cfg.serve),
+        **serving_summary(records, sweep.levels, arms, sweep.steps, references, cfg.sampling.greedy),
+        "conditions": _conditions(cfg, setup, sweep.arms),
+    }
+    write_json_atomic(out_dir / SUMMARY_FILE, summary)
+    _report(out_dir)
+    return summary
+
+
+def _cell(value: Any, spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    return "-" if value is None else format(value * scale, spec) + suffix
+
+
+def format_serving_table(summary: dict[str, Any]) -> str:
+    """Level × arm: output tok/s, speedup, TTFT p99, TPOT p99 (ms), mean batch, α; then exactness."""
+    columns = ("level", "arm", "reqs", "out tok/s", "speedup", "ttft p99 ms", "tpot p99 ms", "batch", "alpha")
+    rows = []
+    for level in summary.get("serving_levels", []):
+        for arm, by_level in summary.get("serving", {}).items():
+            stats = by_level.get(level["key"])
+            if stats is None:
+                continue
+            rows.append([
+                level["key"], arm, str(stats["num_requests"]), _cell(stats["output_throughput"], ".2f"),
+                _cell(stats["speedup"], ".2f", suffix="x"), _cell(stats["ttft_p99"], ".1f", 1e3),
+                _cell(stats["tpot_p99"], ".1f", 1e3), _cell(stats["mean_batch_size"], ".2f"),
+                _cell(stats["acceptance_rate"], ".3f"),
+            ])  # fmt: skip
+    widths = [max([len(col), *(len(row[i]) for row in rows)]) for i, col in enumerate(columns)]
+    lines = ["  ".join(col.rjust(w) for col, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    exact = summary.get("serving_exactness")
+    exact_text = (
+        f"{exact['checked'] - len(exact['divergent'])}/{exact['checked']} outputs equal {exact['reference']}"
+        if exact else "n/a (sampling)"
+    )  # fmt: skip
+    lines.append(f"greedy exactness: {exact_text} | errors: {summary['errors']} | complete: {summary['complete']}")
+    return "\n".join(lines)

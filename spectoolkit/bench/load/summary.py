@@ -1,0 +1,207 @@
+"""Aggregate the records of a load sweep: ``summary["serving"][arm][level]`` (DESIGN §3, §6).
+
+Conventions, per (arm, level) over its successful records (never means of per-request means):
+- output_throughput = output tokens / (last finish − first arrival) of each run, median over repeats;
+  request_throughput likewise with successful requests; speedup = the arm's output_throughput / its
+  reference arm's, per repeat (the same time window), then the median; None for a target-alone arm
+- ttft/tpot/latency quantiles are request-level; itl quantiles pool every delivery gap of every request
+  (:mod:`spectoolkit.bench.load.timing`); numpy linear interpolation
+- acceptance_rate = accepted / drafted; mean_accept_length = 1 + accepted / rounds with drafts (vLLM)
+- mean_batch_size = mean running batch per engine step; peak_temp_kv_tokens = max candidate KV
+  reserved in a step; speculating_share = steps that speculated / steps
+- mean_in_flight = total time in the system / window (Little's law), median over repeats
+- exact_match (greedy) = share of successful requests whose output equals the batch-1 reference output
+  of their case; None when sampling or nothing was checked
+A leaf module (metrics and the serving API only), so the report may import it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from spectoolkit.bench.load.timing import delivery_gaps
+from spectoolkit.metrics.records import RequestRecord
+from spectoolkit.metrics.summary import first_divergence, quantiles
+from spectoolkit.serving.api import StepStats
+
+if TYPE_CHECKING:
+    from spectoolkit.bench.load.plan import Level
+
+Records = list[RequestRecord]
+REFERENCE_LEVEL = "1"  # a closed loop of one client: the batch-1 reference when the sweep has it
+
+
+@dataclass
+class StepTotals:
+    """Engine steps of one run (arm, level, repeat), totalled as they come."""
+
+    steps: int = 0
+    speculating: int = 0
+    batch_total: int = 0  # sum of running batch sizes
+    peak_reserved_kv: int = 0  # most candidate KV slots reserved in one step
+
+    def add(self, stats: StepStats) -> None:
+        self.steps += 1
+        self.speculating += int(stats.speculating)
+        self.batch_total += stats.batch_size
+        self.peak_reserved_kv = max(self.peak_reserved_kv, stats.reserved_kv_tokens)
+
+
+StepBook = dict[tuple[str, str, int], StepTotals]  # (arm, level key, repeat) -> its steps
+
+
+def _median(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def run_rates(records: Records) -> dict[str, float | None]:
+    """Throughputs of one run: output tokens and successful requests per second of its window."""
+    spans = [(r.arrival_offset, r.arrival_offset + r.total_time) for r in records
+             if r.arrival_offset is not None and r.total_time is not None]  # fmt: skip
+    window = max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0
+    ok = [r for r in records if not r.error]
+    if window <= 0:
+        return {"output_throughput": None, "request_throughput": None, "mean_in_flight": None}
+    return {
+        "output_throughput": sum(r.output_len for r in ok) / window,
+        "request_throughput": len(ok) / window,
+        "mean_in_flight": sum(end - start for start, end in spans) / window,
+    }
+
+
+def _by_repeat(records: Records) -> dict[int, Records]:
+    groups: dict[int, Records] = defaultdict(list)
+    for record in records:
+        groups[record.repeat_idx].append(record)
+    return dict(sorted(groups.items()))
+
+
+def acceptance(records: Records) -> dict[str, float | None]:
+    """acceptance_rate = accepted / drafted; mean_accept_length = 1 + accepted / rounds with drafts."""
+    drafted = sum(r.drafted_tokens for r in records)
+    accepted = sum(r.accepted_tokens for r in records)
+    rounds = sum(sum(d > 0 for d in r.draft_lengths) for r in records)
+    mean_accept_length = 1 + accepted / rounds if rounds else None
+    return {"acceptance_rate": _ratio(accepted, drafted), "mean_accept_length": mean_accept_length}
+
+
+def _steps(totals: list[StepTotals]) -> dict[str, float | None]:
+    steps = sum(t.steps for t in totals)
+    return {
+        "mean_batch_size": _ratio(sum(t.batch_total for t in totals), steps),
+        "peak_temp_kv_tokens": max(t.peak_reserved_kv for t in totals) if steps else None,
+        "speculating_share": _ratio(sum(t.speculating for t in totals), steps),
+    }
+
+
+def _pooled_itl(records: Records) -> list[float]:
+    return [gap for r in records for gap in delivery_gaps(r.token_offsets)]
+
+
+def _checked(records: Records, references: dict[str, list[int]] | None) -> list[tuple[RequestRecord, int | None]]:
+    """(record, first divergence or None) for every successful record whose case has a reference."""
+    if references is None:
+        return []
+    return [(r, first_divergence(references[r.case_id], r.output_ids)) for r in records if r.case_id in references]
+
+
+def level_stats(
+    records: Records, totals: list[StepTotals], references: dict[str, list[int]] | None, greedy: bool
+) -> dict[str, Any]:
+    """The statistics of one arm at one level (all its repeats)."""
+    ok = [r for r in records if not r.error]
+    rates = {repeat: run_rates(group) for repeat, group in _by_repeat(records).items()}
+    ttft, tpot = quantiles([r.ttft for r in ok], (50, 99)), quantiles([r.tpot for r in ok], (50, 99))
+    itl, latency = quantiles(_pooled_itl(ok), (50, 99)), quantiles([r.total_time for r in ok], (95, 99))
+    checked = _checked(ok, references) if greedy else []
+    by_task: dict[str, Records] = defaultdict(list)
+    for record in records:
+        by_task[record.task_type].append(record)
+    return {
+        "output_throughput": _median([rate["output_throughput"] for rate in rates.values()]),
+        "output_throughput_by_repeat": {str(k): rate["output_throughput"] for k, rate in rates.items()},
+        "request_throughput": _median([rate["request_throughput"] for rate in rates.values()]),
+        "mean_in_flight": _median([rate["mean_in_flight"] for rate in rates.values()]),
+        "ttft_p50": ttft["p50"], "ttft_p99": ttft["p99"], "tpot_p50": tpot["p50"], "tpot_p99": tpot["p99"],
+        "itl_p50": itl["p50"], "itl_p99": itl["p99"], "latency_p95": latency["p95"], "latency_p99": latency["p99"],
+        **_steps(totals),
+        **acceptance(ok),
+        "preemptions": sum(r.preemptions or 0 for r in ok),
+        "errors": len(records) - len(ok),
+        "num_requests": len(records),
+        "speedup": None,
+        "exact_match": sum(pos is None for _, pos in checked) / len(checked) if checked else None,
+        "by_task": {task: {**acceptance([r for r in group if not r.error]), "num_requests": len(group)}
+                    for task, group in sorted(by_task.items())},
+    }  # fmt: skip
+
+
+def _speedup(arm: dict[int, Records], reference: dict[int, Records]) -> float | None:
+    """Median over repeats of output_throughput(arm) / output_throughput(reference), same repeat."""
+    ratios = []
+    for repeat, group in arm.items():
+        if repeat in reference:
+            mine, theirs = run_rates(group)["output_throughput"], run_rates(reference[repeat])["output_throughput"]
+            ratios.append(mine / theirs if mine is not None and theirs else None)
+    return _median(ratios)
+
+
+def references_from_level(records: Records, arm: str, level_key: str = REFERENCE_LEVEL) -> dict[str, list[int]]:
+    """case_id -> output ids of ``arm``'s first successful request of that case at ``level_key``."""
+    out: dict[str, list[int]] = {}
+    for record in sorted(records, key=lambda r: r.repeat_idx):
+        if record.arm == arm and record.load_level == level_key and not record.error:
+            out.setdefault(record.case_id, record.output_ids)
+    return out
+
+
+def _exactness(records: Records, reference_arm: str, references: dict[str, list[int]] | None) -> dict[str, Any]:
+    checked = _checked([r for r in records if not r.error], references)
+    divergent = [
+        {"arm": r.arm, "level": r.load_level, "case_id": r.case_id, "repeat": r.repeat_idx, "position": pos}
+        for r, pos in checked if pos is not None
+    ]  # fmt: skip
+    return {"reference": f"{reference_arm} at concurrency 1", "divergent": divergent, "checked": len(checked)}
+
+
+def serving_summary(
+    records: Records,
+    levels: list[Level],
+    arms: dict[str, str | None],
+    steps: StepBook,
+    references: dict[str, list[int]] | None,
+    greedy: bool,
+) -> dict[str, Any]:
+    """``serving_levels``, ``serving`` ({arm: {level key: stats}}) and ``serving_exactness`` (greedy runs).
+
+    ``arms`` maps each arm name to its reference arm (None for a target-alone arm), in run order;
+    ``references`` maps case_id -> the batch-1 output ids of the target-alone reference.
+    """
+    groups: dict[tuple[str, str], Records] = defaultdict(list)
+    for record in records:
+        groups[(record.arm, record.load_level)].append(record)
+    serving: dict[str, dict[str, Any]] = {}
+    for arm, reference in arms.items():
+        serving[arm] = {}
+        for level in levels:
+            totals = [t for (name, key, _), t in steps.items() if (name, key) == (arm, level.key)]
+            stats = level_stats(groups.get((arm, level.key), []), totals, references, greedy)
+            if reference is not None:
+                mine, theirs = groups.get((arm, level.key), []), groups.get((reference, level.key), [])
+                stats["speedup"] = _speedup(_by_repeat(mine), _by_repeat(theirs))
+            serving[arm][level.key] = stats
+    reference_arm = next((name for name, ref in arms.items() if ref is None), next(iter(arms), "baseline"))
+    return {
+        "serving_levels": [level.as_json() for level in levels],
+        "serving": serving,
+        "serving_exactness": _exactness(records, reference_arm, references) if greedy else None,
+    }
