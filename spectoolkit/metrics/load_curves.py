@@ -108,6 +108,11 @@ class BatchDivergence:
     level: str | None = None
     case_id: Any = None
     position: int | None = None  # output token index of the first difference
+    classification: str | None = None  # near_tie | unexplained (spectoolkit.bench.load.exactness); None: not replayed
+    margin: float | None = None  # the target alone's top-2 logit margin there (batch 1)
+    threshold: float | None = None
+    reference_token: int | None = None
+    token: int | None = None
 
 
 @dataclass
@@ -117,6 +122,9 @@ class ServingExactness:
     reference: str | None = None
     divergent: list[BatchDivergence] = field(default_factory=list)
     checked: int | None = None
+    verdict: str | None = None  # exact | exact up to near-ties | unexplained divergence | not batch-invariant
+    near_ties: int | None = None
+    unexplained: int | None = None
 
 
 @dataclass

@@ -59,7 +59,7 @@ class _Layout:
     offsets: list[int]  # [B] row of each sequence's first token in the flattened T
     context: list[int]  # [B] keys after the write: start + q
     key_slots: list[torch.Tensor]  # [B] of [context_b] long: the slots of positions [0, context_b)
-    spans: list[int | None]  # [B] first slot if the sequence's keys are consecutive slots, else None
+    spans: list[int | None]  # [B] first slot of a lone sequence whose keys are consecutive slots, else None
     padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None  # see _pad
 
 
@@ -78,9 +78,10 @@ def build_layout(pool: PagedKVPool, segments: list[Segment], invariant: bool, de
         lengths.append(q)
         offsets.append(offset)
         context.append(end)
-        span = segment.table.contiguous(end)
+        span = segment.table.contiguous(end) if not invariant and len(segments) == 1 else None
         spans.append(span)
-        key_slots.append(torch.tensor(segment.table.slots(0, end), dtype=torch.long, device=device))
+        slots = segment.table.slots(0, end) if span is None else []  # a slice needs no slot list
+        key_slots.append(torch.tensor(slots, dtype=torch.long, device=device))
         offset += q
     write_slots = torch.tensor(write, dtype=torch.long, device=device)
     layout = _Layout(pool, invariant, write_slots, starts, lengths, offsets, context, key_slots, spans, None)
@@ -147,7 +148,7 @@ def _ragged_attention(module, query, key, value, attention_mask, dropout=0.0, sc
 def _keys_values(layout: _Layout, layer: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence b's keys and values [H_kv, context_b, D]: a pool slice when consecutive (not in invariant mode)."""
     span = layout.spans[b]
-    if span is not None and not layout.invariant:
+    if span is not None:
         end = span + layout.context[b]
         return layout.pool.span(layer, "key", span, end), layout.pool.span(layer, "value", span, end)
     slots = layout.key_slots[b]

@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
+from spectoolkit.bench.load.exactness import classify_divergences
 from spectoolkit.bench.load.levels import LoadSweep, StepLog, reference_outputs, run_levels
 from spectoolkit.bench.load.plan import cases_of, check_fits, load_levels
 from spectoolkit.bench.load.records import ServingArmLike
@@ -137,9 +139,25 @@ def _write_summary(
         **serving_summary(records, sweep.levels, arms, sweep.steps, references, cfg.sampling.greedy),
         "conditions": _conditions(cfg, setup, sweep.arms),
     }
+    if summary.get("serving_exactness") and summary["serving_exactness"]["divergent"]:
+        summary["serving_exactness"] = _classified(cfg, sweep, summary["serving_exactness"], records, references)
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
     _report(out_dir)
     return summary
+
+
+def _classified(cfg: RunConfig, sweep: LoadSweep, section: dict, records, references) -> dict[str, Any]:
+    """The divergences replayed with the target alone (:mod:`spectoolkit.bench.load.exactness`); a failure
+    there is reported in the section instead of losing the run."""
+    model = getattr(_reference_arm(sweep.arms).engine, "model", None)  # the target both arms run
+    if not isinstance(model, torch.nn.Module) or references is None:
+        return section
+    prompts = {case.case_id: case.prompt_ids for case in sweep.cases if case.prompt_ids}
+    try:
+        return classify_divergences(section, records, prompts, references, model, cfg.target.precision, cfg.kv.target,
+                                    cfg.serve.batch_invariant)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001  the measurements are kept whatever the replay does
+        return {**section, "classification_error": f"{type(exc).__name__}: {exc}"}
 
 
 def _cell(value: Any, spec: str, scale: float = 1.0, suffix: str = "") -> str:

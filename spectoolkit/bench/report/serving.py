@@ -294,8 +294,25 @@ def _exactness_section(summary: Summary, serving: ServingSummary, records: Recor
               f"(`{reference}`), serve.batch_invariant={invariant}: {fmt(exactness.checked, '.0f')} checked, "
               f"{len(found)} divergent.", ""]  # fmt: skip
     if found:
-        rows = [[d.arm, serving.label_of(d.level), d.case_id, d.position] for d in found]
-        lines += md_table(["arm", "load level", "case", "first differing output token"], rows)
+        rows = [
+            [
+                d.arm,
+                serving.label_of(d.level),
+                d.case_id,
+                d.position,
+                d.reference_token,
+                d.token,
+                fmt(d.margin, ".3g"),
+                fmt(d.threshold, ".3g"),
+                d.classification or "not replayed",
+            ]
+            for d in found
+        ]
+        lines += md_table(["arm", "load level", "case", "first differing output token", "reference token", "token",
+                           "target-alone top-2 margin", "near-tie threshold", "class"], rows)  # fmt: skip
+        if exactness.verdict:
+            lines += [f"Verdict: **{exactness.verdict}** ({exactness.near_ties} near-tie, "
+                      f"{exactness.unexplained} unexplained).", ""]  # fmt: skip
         lines += ["A divergence under batching is a kernel whose per-row result depends on the batch, or a bug: it "
                   "must be reproduced by replaying the step with the target alone (DESIGN §6); `serve.batch_invariant="
                   "true` must make it disappear.", ""]  # fmt: skip

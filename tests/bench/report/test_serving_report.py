@@ -243,3 +243,18 @@ def test_sweep_report_shows_serving_curves_and_leaves_classic_jobs_alone(tmp_pat
     assert (sweep / "1" / "report.md").read_text(encoding="utf-8").startswith("# Serving report: 1")
     rows = {row["job"]: row for row in csv.DictReader((sweep / "sweep_summary.csv").open(encoding="utf-8"))}
     assert rows["1"]["arm"] == "spec" and rows["0"]["arm"] == "quant+spec"
+
+
+def test_near_tie_divergences_pass_as_exact_up_to_near_ties_and_unexplained_ones_fail(tmp_path: Path) -> None:
+    tie = {"arm": "spec", "level": "8", "case_id": "qa/1", "position": 5, "classification": "near_tie",
+           "margin": 2e-4, "threshold": 1e-3, "reference_token": 11, "token": 12}  # fmt: skip
+    summary = serving_summary(divergent=[tie])
+    summary["serving_exactness"].update(verdict="exact up to near-ties", near_ties=1, unexplained=0)
+    item = checklist(summary)["exact under batching"]
+    assert item.status == cl.PASS and "near_tie, margin 0.0002" in item.evidence
+    text = write_report(write_serving_run(tmp_path / "tie", summary)).read_text()
+    assert "| spec | concurrency 8 | qa/1 | 5 | 11 | 12 | 0.0002 | 0.001 | near_tie |" in text
+    assert "Verdict: **exact up to near-ties** (1 near-tie, 0 unexplained)." in text
+    summary["serving_exactness"].update(verdict="unexplained divergence", near_ties=0, unexplained=1)
+    summary["serving_exactness"]["divergent"][0]["classification"] = "unexplained"
+    assert checklist(summary)["exact under batching"].status == cl.FAIL
