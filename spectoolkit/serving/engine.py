@@ -30,6 +30,7 @@ from spectoolkit.serving.sequence import Sequence, new_sequence
 from spectoolkit.verify.base import Verifier
 
 _NO_DRAFTS = Proposal([], None)
+NON_FINITE = "the target produced non-finite logits for this request (NaN/inf)"
 
 
 class ContinuousEngine:
@@ -95,9 +96,11 @@ class ContinuousEngine:
         if not plan.work:
             return finished
         reserved = sum(work.drafts for work in plan.work)
+        prefill = sum(work.feed for work in plan.work if not work.seq.decoding)  # before anything commits
         proposals = self._draft(plan)
         draft_time = time.perf_counter() - started
         logits = self._forward(plan.work, proposals)  # [R, V]
+        finite = torch.isfinite(logits).all(dim=-1).tolist()  # [R]: one check for the whole step
         now = time.perf_counter()
         row = 0
         for work, proposal in zip(plan.work, proposals, strict=True):
@@ -111,11 +114,12 @@ class ContinuousEngine:
                 seq.table.publish_committed(seq.tokens, seq.num_computed)
                 continue
             rows = logits[row : row + 1 + len(proposal)]  # [k+1, V]
+            ok = all(finite[row : row + 1 + len(proposal)])
             row += 1 + len(proposal)
-            done = self._commit(seq, work, proposal, rows, now)
+            done = self._commit(seq, work, proposal, rows, now) if ok else self._fail(seq, NON_FINITE, now)
             if done is not None:
                 finished.append(done)
-        self._report(plan, reserved, started, draft_time, len(finished))
+        self._report(plan, reserved, prefill, started, draft_time, len(finished))
         return finished
 
     # ---- the parts of a step ------------------------------------------------------------------
@@ -145,8 +149,6 @@ class ContinuousEngine:
 
     def _commit(self, seq: Sequence, work: Work, proposal: Proposal, rows: torch.Tensor, now: float):
         """Verify ``seq``'s rows [k+1, V], emit and keep its accepted prefix; its result when it is done."""
-        if not bool(torch.isfinite(rows).all()):
-            return self._fail(seq, "the target produced non-finite logits for this request (NaN/inf)", now)
         first = len(seq.tokens) == seq.prompt_len
         if proposal.draft_ids:
             draft_ids = torch.tensor(proposal.draft_ids, dtype=torch.long, device=rows.device)
@@ -194,11 +196,12 @@ class ContinuousEngine:
         if self.drafter is not None:
             self.drafter.release(seq)
 
-    def _report(self, plan: Plan, reserved: int, started: float, draft_time: float, finished: int) -> None:
+    def _report(
+        self, plan: Plan, reserved: int, prefill: int, started: float, draft_time: float, finished: int
+    ) -> None:
         self._steps += 1
         if self.on_step is None:
             return
-        prefill = sum(w.feed for w in plan.work if not w.seq.decoding or w.feed > 1)
         used = (self.allocator.num_blocks - self.allocator.num_free) * self.allocator.block_size
         self.on_step(StepStats(
             index=self._steps, batch_size=len(plan.work), num_tokens=plan.num_tokens, prefill_tokens=prefill,
@@ -216,7 +219,7 @@ class ContinuousEngine:
             return f"prompt has token ids outside the vocabulary [0, {self.vocab_size})"
         if request.max_new_tokens < 1:
             return f"max_new_tokens={request.max_new_tokens} must be >= 1"
-        needed = len(ids) + request.max_new_tokens + self.scheduler.limits.gamma
+        needed = len(ids) + request.max_new_tokens - 1  # the last token emitted never needs KV
         if len(ids) + request.max_new_tokens > self.max_positions:
             return (f"prompt of {len(ids)} tokens + max_new_tokens {request.max_new_tokens} exceeds the "
                     f"model's context of {self.max_positions} positions")  # fmt: skip

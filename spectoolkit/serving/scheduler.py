@@ -105,6 +105,8 @@ class Scheduler:
             if not seq.table.blocks:  # share a live identical prefix (never the last prompt token)
                 seq.num_computed = seq.table.share_prefix(seq.tokens, len(seq.tokens) - 1)
             if seq.table.missing(len(seq.tokens) + 1) > self.allocator.num_free:
+                seq.table.release()  # a waiting sequence holds no blocks: they may be what others need
+                seq.num_computed = 0
                 return  # wait for blocks to be freed (a lone sequence always fits: checked at submit)
             self.queue.popleft()
             seq.order = max((s.order for s in self.running), default=-1) + 1

@@ -1,0 +1,142 @@
+"""Shared builders for the serving tests: a tiny target switched as load_model does, engines over it."""
+
+from __future__ import annotations
+
+import torch
+
+from spectoolkit.engine import BaselineEngine
+from spectoolkit.models.attention import use_rowwise_attention
+from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.kernel_choice import choose_kernels
+from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
+from spectoolkit.serving.blocks import BlockAllocator
+from spectoolkit.serving.drafters import BatchModelDrafter
+from spectoolkit.serving.engine import ContinuousEngine
+from spectoolkit.serving.factory import make_pool
+from spectoolkit.serving.scheduler import SchedulerLimits
+from spectoolkit.verify import GreedyVerifier
+
+VOCAB = 512
+EOS = 2
+EOS_IDS = frozenset({EOS})
+BLOCK = 8
+MAX_POSITIONS = 1024
+
+
+def switched(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` decoding row-invariantly with the reference kernels (what load_model does)."""
+    use_rowwise_attention(model)
+    choose_kernels(model, "reference")
+    return model
+
+
+def tiny(seed: int = 0, scale: float = 3.0) -> torch.nn.Module:
+    return switched(tiny_llama(vocab_size=VOCAB, seed=seed, scale=scale))
+
+
+def prompts(lengths: tuple[int, ...], seed: int = 1) -> list[list[int]]:
+    """Random prompts of ``lengths`` with a repeated stretch, so n-gram lookup finds drafts."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for length in lengths:
+        base = torch.randint(3, VOCAB, (length,), generator=gen).tolist()
+        out.append(base + base[:5] + base)
+    return out
+
+
+def engine(
+    model: torch.nn.Module,
+    *,
+    gamma: int = 0,
+    drafter=None,
+    num_blocks: int = 200,
+    max_num_tokens: int = 64,
+    max_num_seqs: int = 8,
+    spec_max_batch: int | None = None,
+    max_draft_tokens: int | None = None,
+    kv: str = "auto",
+    invariant: bool = False,
+    verifier=None,
+    stochastic: bool = False,
+) -> ContinuousEngine:
+    limits = SchedulerLimits(max_num_tokens, max_num_seqs, gamma, spec_max_batch, max_draft_tokens)
+    return ContinuousEngine(
+        "test", model, make_pool(model, kv, num_blocks * BLOCK), BlockAllocator(num_blocks, BLOCK),
+        verifier or GreedyVerifier(), limits, EOS_IDS, MAX_POSITIONS, drafter, stochastic, invariant,
+    )  # fmt: skip
+
+
+def model_drafter(draft: torch.nn.Module, chooser, num_blocks: int = 200, kv: str = "auto") -> BatchModelDrafter:
+    pool = make_pool(draft, kv, num_blocks * BLOCK)
+    return BatchModelDrafter(draft, chooser, pool, BlockAllocator(num_blocks, BLOCK), VOCAB, VOCAB, EOS_IDS)
+
+
+def run(eng: ContinuousEngine, requests: list[ServeRequest], max_steps: int = 10_000) -> dict[str, FinishedRequest]:
+    """Submit ``requests`` at once and step until idle; request id -> its result."""
+    for request in requests:
+        eng.submit(request)
+    done: dict[str, FinishedRequest] = {}
+    for _ in range(max_steps):
+        if not eng.has_work():
+            break
+        for result in eng.step():
+            assert result.request_id not in done, f"{result.request_id} finished twice"
+            done[result.request_id] = result
+    assert not eng.has_work(), "the engine did not drain"
+    return done
+
+
+def requests(prompt_ids: list[list[int]], max_new: int, seed: int = 0) -> list[ServeRequest]:
+    return [ServeRequest(str(i), list(p), max_new, seed=seed + i) for i, p in enumerate(prompt_ids)]
+
+
+def outputs(done: dict[str, FinishedRequest]) -> dict[str, list[int]]:
+    for result in done.values():
+        assert result.error is None, f"{result.request_id}: {result.error}"
+    return {rid: result.output_ids for rid, result in done.items()}
+
+
+def alone(eng: ContinuousEngine, reqs: list[ServeRequest]) -> dict[str, list[int]]:
+    """Each request run by itself on ``eng`` (concurrency 1)."""
+    out = {}
+    for request in reqs:
+        copy = ServeRequest(request.request_id, list(request.prompt_ids), request.max_new_tokens, request.seed)
+        out.update(outputs(run(eng, [copy])))
+    return out
+
+
+def baseline_outputs(model: torch.nn.Module, prompt_ids: list[list[int]], max_new: int) -> dict[str, list[int]]:
+    """The batch-1 reference: target alone on a CachedModel, greedy."""
+    base = BaselineEngine(CachedModel(model), GreedyVerifier(), EOS_IDS)
+    return {str(i): base.generate(list(p), max_new, None).output_ids for i, p in enumerate(prompt_ids)}
+
+
+class StepLog:
+    """An ``on_step`` callback keeping every StepStats."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+
+    def __call__(self, stats: StepStats) -> None:
+        self.steps.append(stats)
+
+
+def all_free(eng: ContinuousEngine) -> bool:
+    return eng.allocator.num_free == eng.allocator.num_blocks
+
+
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bits of ``tensor`` as integers (so -0.0 != 0.0, NaN == NaN, and float8 compares at all)."""
+    return tensor.contiguous().view(_INT_VIEW[tensor.element_size()])
+
+
+def assert_same_bits(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor], what: str = "") -> None:
+    """Two dicts of stored KV fields are bit-identical (same names, dtypes, shapes and bits)."""
+    assert first.keys() == second.keys(), what
+    for name in first:
+        assert first[name].dtype == second[name].dtype, f"{what}: field {name} dtype"
+        assert torch.equal(bits(first[name]), bits(second[name])), f"{what}: field {name} differs"
