@@ -28,6 +28,7 @@ import torch
 from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.engine import BaselineEngine
+from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.sampling import GreedyChooser
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--arms", default="new,old,hf,ngram")
     parser.add_argument("--self-draft", default="", help="draft precision for a self-draft arm, e.g. bf16 or rtn-int4")
     parser.add_argument("--spec-max-batch", type=int, default=None)
+    parser.add_argument("--no-batched-kernels", action="store_true", help="F.linear for every row count")
     args = parser.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     levels = [int(x) for x in args.levels.split(",")]
@@ -104,6 +106,8 @@ def main() -> None:
 
     tokenizer = load_tokenizer(None)
     lm = load_model(None, "fp32", torch.device("cpu"))
+    if not args.no_batched_kernels:
+        print("batched kernels (W @ Xᵀ from this many rows):", choose_batched_kernels(lm.model))
     eos = eos_ids_of(tokenizer, lm.model)
     prompts_all = [encode_prompt(tokenizer, r, True) for r in load_workload(WorkloadConfig(kind=args.workload))]
     engines = {"new": engine_for(lm, eos)}

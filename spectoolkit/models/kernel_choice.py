@@ -82,11 +82,16 @@ class ChunkedForward:
         self.layer_forward = type(layer).forward.__get__(layer)  # the class's own forward, not this one
         self.layer = layer
         self.variant = variant
+        self.gemm_from: int | None = None  # plain mode: W @ Xᵀ from this many rows (models.batched_kernels)
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs [..., K] -> [..., N]."""
         mode = ROW_MODE.get()
         if mode == "plain":
+            rows = inputs.reshape(-1, inputs.shape[-1])  # [M, K]
+            if self.gemm_from is not None and rows.shape[0] >= self.gemm_from:
+                out = _gemm(self.layer, rows).contiguous()  # [M, N]
+                return out.reshape(*inputs.shape[:-1], out.shape[-1])
             return self.layer_forward(inputs)
         rows = inputs.reshape(-1, inputs.shape[-1])  # [M, K]
         count, chunk = rows.shape[0], self.variant.chunk

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from spectoolkit.config import RunConfig, ServeConfig
+from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.sampling import make_chooser
 from spectoolkit.serving.blocks import BlockAllocator
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
@@ -57,6 +58,9 @@ def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:
     models = setup.models
     serve = cfg.serve
     slots = kv_slots(serve, models.max_positions)
+    for loaded in (models.target, models.draft):  # the kernel of a many-row step, measured here
+        if loaded is not None and cfg.runtime.kernels == "auto":
+            choose_batched_kernels(loaded.model)
     arms = [_arm(cfg, setup, "baseline", None, slots)]
     if cfg.draft.kind != "none":
         arms.append(_arm(cfg, setup, "spec", _drafter(cfg, models, slots), slots))

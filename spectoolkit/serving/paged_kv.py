@@ -56,8 +56,15 @@ class PagedKVPool:
             for _ in range(num_layers)
         ]  # layer -> kind -> field -> [H_kv, num_slots, width]
 
+        # Stored as computed (auto, or a cast to the compute dtype): reads are views, writes plain copies.
+        self.as_computed = self.format is None and fields["data"][1] == compute_dtype
+
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store keys/values [H_kv, n, D] at ``slots`` [n] (long) of ``layer``."""
+        if self.as_computed:  # the decode-step path: no conversion
+            self.layers[layer]["key"]["data"].index_copy_(1, slots, keys)
+            self.layers[layer]["value"]["data"].index_copy_(1, slots, values)
+            return
         for kind, states in zip(KINDS, (keys, values), strict=True):
             for name, stored in self._encode(states).items():  # [H_kv, n, width]
                 _bits(self.layers[layer][kind][name]).index_copy_(1, slots, _bits(stored))
@@ -68,6 +75,8 @@ class PagedKVPool:
 
     def span(self, layer: int, kind: str, start: int, end: int) -> torch.Tensor:
         """States [H_kv, end-start, D] of consecutive slots [start, end): a view when stored as computed."""
+        if self.as_computed:
+            return self.layers[layer][kind]["data"][:, start:end]
         stored = {name: buf[:, start:end] for name, buf in self.layers[layer][kind].items()}
         return self._decode(stored)
 

@@ -140,6 +140,8 @@ def _ragged_attention(module, query, key, value, attention_mask, dropout=0.0, sc
     layout.pool.write(layer, layout.write_slots, key[0], value[0])
     if layout.padded is not None:
         out = _padded_attention(layout, layer, query[0], scaling)  # [T, Hq, D]
+    elif len(layout.lengths) == 1:
+        out = _sequence_attention(layout, layer, 0, query[0], scaling)
     else:
         out = torch.cat([_sequence_attention(layout, layer, b, query[0], scaling) for b in range(len(layout.lengths))])
     return out.unsqueeze(0), None
