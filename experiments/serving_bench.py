@@ -7,6 +7,7 @@ At each load level N (closed loop: N requests in flight, the next one sent when 
 alternating per repeat so they share the time window:
 
 - ``new``: :class:`spectoolkit.serving.engine.ContinuousEngine`, target alone (the serving baseline);
+  ``new-invariant`` the same with ``serve.batch_invariant`` (every row as a decode step computes it);
 - ``old``: today's batch-1 :class:`~spectoolkit.engine.BaselineEngine`, one request at a time;
 - ``hf``: transformers ``generate_batch`` (continuous batching, ``paged|sdpa``) with at most N
   requests per batch (``ContinuousBatchingConfig.max_requests_per_batch``);
@@ -82,10 +83,10 @@ def hf_batch(model, prompts: list[list[int]], concurrency: int, max_new: int, eo
     return tokens / elapsed, []
 
 
-def engine_for(lm, eos, gamma: int = 0, drafter=None, spec_max_batch=None) -> ContinuousEngine:
+def engine_for(lm, eos, gamma: int = 0, drafter=None, spec_max_batch=None, invariant=False) -> ContinuousEngine:
     limits = SchedulerLimits(256, 64, gamma, spec_max_batch, None)
     return ContinuousEngine("bench", lm.model, make_pool(lm.model, "auto", SLOTS), BlockAllocator(SLOTS // 16, 16),
-                            GreedyVerifier(), limits, eos, 8192, drafter)  # fmt: skip
+                            GreedyVerifier(), limits, eos, 8192, drafter, invariant=invariant)  # fmt: skip
 
 
 def main() -> None:
@@ -110,7 +111,7 @@ def main() -> None:
         print("batched kernels (W @ Xᵀ from this many rows):", choose_batched_kernels(lm.model))
     eos = eos_ids_of(tokenizer, lm.model)
     prompts_all = [encode_prompt(tokenizer, r, True) for r in load_workload(WorkloadConfig(kind=args.workload))]
-    engines = {"new": engine_for(lm, eos)}
+    engines = {"new": engine_for(lm, eos), "new-invariant": engine_for(lm, eos, invariant=True)}
     old = BaselineEngine(CachedModel(lm.model), GreedyVerifier(), eos)
     if "ngram" in arms:
         engines["ngram"] = engine_for(lm, eos, args.gamma, BatchNgramDrafter(3, 2, lm.vocab_size, False),
