@@ -27,7 +27,7 @@ from spectoolkit.kvcache.formats import KV_FORMATS, KVFormat
 from spectoolkit.kvcache.stored import StoredKV
 from spectoolkit.precisions import KV_PRECISIONS
 
-_CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class _ConvertingKVLayer(PositionalKVLayer):
@@ -156,8 +156,8 @@ def make_kv_cache(num_layers: int, precision: str) -> PositionalKVCache:
     """
     if precision == "auto":
         return PositionalKVCache(num_layers)
-    if precision in _CAST_DTYPES:
-        return PositionalKVCache(num_layers, partial(CastKVLayer, _CAST_DTYPES[precision]))
+    if precision in CAST_DTYPES:
+        return PositionalKVCache(num_layers, partial(CastKVLayer, CAST_DTYPES[precision]))
     if precision in KV_FORMATS:
         return PositionalKVCache(num_layers, partial(QuantizedKVLayer, KV_FORMATS[precision]))
     raise SpecToolkitError(f"unknown KV precision {precision!r}; choose one of {', '.join(KV_PRECISIONS)}")

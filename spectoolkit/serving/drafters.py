@@ -17,7 +17,7 @@ import torch
 
 from spectoolkit.drafting.base import Proposal
 from spectoolkit.drafting.model_drafter import align_logits
-from spectoolkit.drafting.ngram import lookup
+from spectoolkit.drafting.ngram import NgramDrafter
 from spectoolkit.serving.blocks import BlockAllocator, BlockTable
 from spectoolkit.serving.paged_kv import PagedKVPool
 from spectoolkit.serving.ragged import Segment, ragged_forward, use_ragged_attention
@@ -25,24 +25,14 @@ from spectoolkit.serving.sequence import Sequence
 
 
 class BatchNgramDrafter:
-    """Prompt lookup for each sequence; q is one-hot when sampling."""
+    """Prompt lookup for each sequence (:class:`~spectoolkit.drafting.ngram.NgramDrafter`); q one-hot when sampling."""
 
     def __init__(self, max_n: int, min_n: int, target_vocab_size: int, one_hot_probs: bool) -> None:
-        self.max_n, self.min_n = max_n, min_n
-        self.target_vocab_size = target_vocab_size
-        self.one_hot_probs = one_hot_probs
-        self.name = "ngram"
+        self.single = NgramDrafter(max_n, min_n, target_vocab_size, one_hot_probs)
+        self.name = self.single.name
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[Proposal]:
-        proposals = []
-        for seq, budget in zip(seqs, budgets, strict=True):
-            draft_ids = lookup(torch.tensor(seq.tokens), self.max_n, self.min_n, budget)
-            probs = None
-            if self.one_hot_probs:
-                probs = torch.zeros(len(draft_ids), self.target_vocab_size)  # [k, V]
-                probs[torch.arange(len(draft_ids)), draft_ids] = 1.0
-            proposals.append(Proposal(draft_ids, probs))
-        return proposals
+        return [self.single.propose(seq.tokens, budget, None) for seq, budget in zip(seqs, budgets, strict=True)]
 
     def rollback(self, seq: Sequence, num_kept: int) -> None:
         pass

@@ -15,9 +15,9 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kvcache.formats import KV_FORMATS
+from spectoolkit.kvcache.quantized import CAST_DTYPES
 from spectoolkit.precisions import KV_PRECISIONS
 
-_CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KINDS = ("key", "value")
 
 
@@ -43,7 +43,7 @@ class PagedKVPool:
         if self.format is not None:
             fields = self.format.fields(head_dim)
         else:
-            fields = {"data": (head_dim, _CAST_DTYPES.get(precision, compute_dtype))}
+            fields = {"data": (head_dim, CAST_DTYPES.get(precision, compute_dtype))}
         self.fields = tuple(fields)
         self.layers: list[dict[str, dict[str, torch.Tensor]]] = [
             {

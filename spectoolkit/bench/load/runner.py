@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,20 +42,10 @@ def _serving_arms(cfg: RunConfig, setup: RunSetup) -> list[ServingArmLike]:
     return arms
 
 
-def _set_aside_steps(path: Path) -> None:
-    """Like the records file: an older steps.jsonl is renamed, never appended to."""
-    if path.exists():
-        stamp, count = time.strftime("%Y%m%d-%H%M%S"), 1
-        aside = path.with_name(f"steps.{stamp}.jsonl")
-        while aside.exists():
-            aside, count = path.with_name(f"steps.{stamp}-{count}.jsonl"), count + 1
-        path.rename(aside)
-
-
 def _step_log(out_dir: Path, enabled: bool) -> contextlib.AbstractContextManager[StepLog | None]:
     if not enabled:
         return contextlib.nullcontext()
-    _set_aside_steps(out_dir / STEPS_FILE)
+    _set_aside(out_dir / STEPS_FILE)  # like the records file: renamed, never appended to
     return contextlib.closing(StepLog(out_dir / STEPS_FILE))
 
 

@@ -100,12 +100,12 @@ def _encode(models: LoadedModels, request: Request, cfg: RunConfig) -> list[int]
 
 
 def _set_aside(path: Path) -> None:
-    """Never overwrite earlier measurements: move an old records file out of the way."""
+    """Never overwrite earlier measurements: move an old ``name.jsonl`` out of the way (``name.<stamp>.jsonl``)."""
     if path.exists():
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        aside, count = path.with_name(f"records.{stamp}.jsonl"), 1
+        aside, count = path.with_name(f"{path.stem}.{stamp}{path.suffix}"), 1
         while aside.exists():  # two runs within one second: rename() would silently replace the first
-            aside, count = path.with_name(f"records.{stamp}-{count}.jsonl"), count + 1
+            aside, count = path.with_name(f"{path.stem}.{stamp}-{count}{path.suffix}"), count + 1
         path.rename(aside)
 
 
