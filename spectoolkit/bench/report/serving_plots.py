@@ -32,10 +32,15 @@ def _mark(ax: Any, curve: list[tuple[float, float]], level: float | None, text: 
     ax.annotate(text, (level, y), textcoords="offset points", xytext=(6, -12), fontsize=8, color=color)
 
 
+def _curves(serving: ServingSummary, arms, metric: str) -> dict[str, list[tuple[float, float]]]:
+    """Each arm's (concurrency, ``metric``) points, arms without any left out."""
+    curves = {arm: points(*serving.curve(arm, metric)) for arm in arms}
+    return {arm: curve for arm, curve in curves.items() if curve}
+
+
 def plot_throughput_vs_concurrency(serving: ServingSummary, plots_dir: Path) -> Path | None:
     """Output tok/s vs concurrency per arm, knee (▽) and saturation (□) marked."""
-    curves = {arm: points(*serving.curve(arm, "output_throughput")) for arm in serving.arms}
-    curves = {arm: curve for arm, curve in curves.items() if curve}
+    curves = _curves(serving, serving.arms, "output_throughput")
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -52,8 +57,7 @@ def plot_throughput_vs_concurrency(serving: ServingSummary, plots_dir: Path) -> 
 
 def plot_speedup_vs_concurrency(serving: ServingSummary, plots_dir: Path) -> Path | None:
     """Speedup vs concurrency per drafting arm, the 1.0 line, and the crossover (speculation stops paying)."""
-    curves = {arm: points(*serving.curve(arm, "speedup")) for arm in serving.drafting_arms}
-    curves = {arm: curve for arm, curve in curves.items() if curve}
+    curves = _curves(serving, serving.drafting_arms, "speedup")
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
