@@ -18,6 +18,7 @@ DRAFT_KINDS = ("model", "ngram", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
 ARM_SETS = ("standard", "four_groups", "gamma_sweep")
+DRAFT_POLICIES = ("fixed", "adaptive", "confidence")
 MAX_GAMMA = 64
 
 
@@ -136,12 +137,26 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class SpeculateConfig:
-    """Draft length γ: tokens proposed per verification round."""
+    """Draft length: γ tokens proposed per verification round at most, and how each round's k is chosen.
+
+    ``policy`` (:mod:`spectoolkit.policy`): ``fixed`` drafts γ every round; ``confidence`` lets a draft
+    model stop when its top probability falls below ``confidence``; ``adaptive`` picks each request's
+    k <= γ per round from its recent acceptance (counts decayed by ``decay`` per round) and the measured
+    draft and verify costs, re-probing a request at k = 0 after ``probe_every`` plain rounds.
+    """
 
     gamma: int = 4
+    policy: str = "fixed"
+    confidence: float = 0.4
+    decay: float = 0.9
+    probe_every: int = 8
 
     def __post_init__(self) -> None:
         _require(1 <= self.gamma <= MAX_GAMMA, f"speculate.gamma={self.gamma} must be between 1 and {MAX_GAMMA}")
+        _one_of("speculate.policy", self.policy, DRAFT_POLICIES)
+        _require(0 < self.confidence < 1, f"speculate.confidence={self.confidence} must be in (0, 1)")
+        _require(0 < self.decay <= 1, f"speculate.decay={self.decay} must be in (0, 1] (1: never forget)")
+        _require(self.probe_every >= 1, f"speculate.probe_every={self.probe_every} must be >= 1")
 
 
 @dataclass(frozen=True)

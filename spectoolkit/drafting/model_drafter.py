@@ -3,7 +3,8 @@
 KV rule (DESIGN §2): the draft cache holds positions [0, num_computed). ``propose`` first feeds
 every verified token it has not seen (the pending correction/bonus token, and after a fully
 accepted round also the last draft token) in one forward, then drafts one token per forward.
-``rollback`` truncates the cache to the accepted prefix.
+``rollback`` truncates the cache to the accepted prefix. With ``stop_below`` (``speculate.policy=
+confidence``) a round ends after the first token whose probability under the draft is below it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class ModelDrafter:
         eos_ids: frozenset[int],
         name: str = "model",
         kv_precision: str = "auto",
+        stop_below: float | None = None,
     ) -> None:
         self.runner = CachedModel(model, kv_precision)
         self.chooser = chooser
@@ -34,6 +36,7 @@ class ModelDrafter:
         self.shared_vocab_size = shared_vocab_size
         self.eos_ids = eos_ids
         self.name = name
+        self.stop_below = stop_below
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.runner.reset()
@@ -48,7 +51,7 @@ class ModelDrafter:
             draft_ids.append(token)
             if probs is not None:
                 draft_probs.append(probs)
-            if token in self.eos_ids:  # nothing after EOS can be emitted
+            if token in self.eos_ids or unsure(logits, probs, self.stop_below):  # nothing after EOS is emitted
                 break
             feed = [token]
         stacked = torch.stack(draft_probs) if draft_probs else None  # [k, V_target]
@@ -62,6 +65,14 @@ class ModelDrafter:
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
         return align_logits(logits, self.shared_vocab_size, self.target_vocab_size)
+
+
+def unsure(logits: torch.Tensor, probs: torch.Tensor | None, stop_below: float | None) -> bool:
+    """The draft's top probability (``probs`` [V] when sampling, else softmax(``logits`` [V])) < ``stop_below``."""
+    if stop_below is None:
+        return False
+    top = probs.max() if probs is not None else torch.softmax(logits, dim=-1).max()
+    return float(top) < stop_below
 
 
 def align_logits(logits: torch.Tensor, shared: int, target: int) -> torch.Tensor:

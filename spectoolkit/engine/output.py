@@ -26,6 +26,7 @@ class GenerationOutput:
     proposed_rounds: int = 0  # rounds in which the drafter proposed >= 1 token
     accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round
     draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round
+    chosen_lengths: list[int] = field(default_factory=list)  # k the draft-length policy asked for, per round
 
 
 def finished(output_ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> bool:

@@ -1,6 +1,7 @@
 """Speculative decoding at batch size 1 (Leviathan et al. 2023; Chen et al. 2023).
 
-Each round: the drafter proposes k <= γ tokens after the pending token; the target scores
+Each round: the draft-length policy (:mod:`spectoolkit.policy`) picks k <= γ, the drafter proposes
+at most k tokens after the pending token (k = 0: a plain decode round); the target scores
 [pending, d1..dk] in one forward (k+1 logits rows); the verifier accepts a prefix and emits one
 correction or bonus token. KV rule (DESIGN §2): the target keeps KV for prefix + pending + accepted
 drafts; the emitted correction/bonus token has no KV yet and is the first input of the next round.
@@ -16,6 +17,7 @@ import torch
 from spectoolkit.drafting.base import Drafter, Proposal
 from spectoolkit.engine.output import GenerationOutput, cut, finished, prefill
 from spectoolkit.models.cached import CachedModel, synchronize
+from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy
 from spectoolkit.verify.base import Verifier
 
 
@@ -25,13 +27,21 @@ class SpeculativeEngine:
     name = "spec"
 
     def __init__(
-        self, target: CachedModel, drafter: Drafter, verifier: Verifier, gamma: int, eos_ids: frozenset[int]
+        self,
+        target: CachedModel,
+        drafter: Drafter,
+        verifier: Verifier,
+        gamma: int,
+        eos_ids: frozenset[int],
+        policy: DraftLengthPolicy | None = None,
     ) -> None:
+        """``gamma`` caps every round; ``policy`` picks each round's k (default: always ``gamma``)."""
         self.target = target
         self.drafter = drafter
         self.verifier = verifier
         self.gamma = gamma
         self.eos_ids = eos_ids
+        self.policy = policy or FixedPolicy(gamma)
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None, on_token=None
@@ -42,13 +52,17 @@ class SpeculativeEngine:
         self.drafter.begin(prompt_ids)
         first = prefill(self.target, self.verifier, prompt_ids, generator, out, start, on_token)
         tokens = list(prompt_ids) + [first]  # verified tokens; the last one is pending (no KV)
-        while not finished(out.output_ids, max_new_tokens, self.eos_ids):
-            emitted = self._round(tokens, max_new_tokens - len(out.output_ids), generator, out)
-            tokens.extend(emitted)
-            out.output_ids.extend(emitted)
-            if on_token:
-                for token in emitted:
-                    on_token(token)
+        key = object()  # this request, to the policy
+        try:
+            while not finished(out.output_ids, max_new_tokens, self.eos_ids):
+                emitted = self._round(key, tokens, max_new_tokens - len(out.output_ids), generator, out)
+                tokens.extend(emitted)
+                out.output_ids.extend(emitted)
+                if on_token:
+                    for token in emitted:
+                        on_token(token)
+        finally:
+            self.policy.release(key)
         synchronize(self.target.device)
         out.total_time = time.perf_counter() - start
         out.overhead_time = out.total_time - out.prefill_time - out.draft_time - out.verify_time
@@ -58,11 +72,12 @@ class SpeculativeEngine:
         return {"target_kv_bytes": self.target.cache.allocated_bytes(), "draft_kv_bytes": self.drafter.kv_bytes()}
 
     def _round(
-        self, tokens: list[int], room: int, generator: torch.Generator | None, out: GenerationOutput
+        self, key: object, tokens: list[int], room: int, generator: torch.Generator | None, out: GenerationOutput
     ) -> list[int]:
         """One draft/verify round; returns the tokens to emit (already cut at EOS and ``room``)."""
         t0 = time.perf_counter()
-        budget = min(self.gamma, room - 1)  # the round always emits one target token on top
+        cap = min(self.gamma, room - 1)  # the round always emits one target token on top
+        budget = self.policy.choose([key], [cap], 1, cap)[0] if cap > 0 else 0
         proposal = self.drafter.propose(tokens, budget, generator) if budget > 0 else _EMPTY
         synchronize(self.target.device)
         t1 = time.perf_counter()
@@ -75,9 +90,13 @@ class SpeculativeEngine:
         self.target.truncate(kept)
         t3 = time.perf_counter()  # acceptance test + KV commit: overhead (C), the rest of the round
         self.drafter.rollback(kept)
-        out.draft_time += t1 - t0 + (time.perf_counter() - t3)
+        t4 = time.perf_counter()
+        out.draft_time += t1 - t0 + (t4 - t3)
         out.verify_time += t2 - t1
         _count(out, len(proposal), result.num_accepted)
+        out.chosen_lengths.append(budget)
+        self.policy.observe(key, budget, len(proposal), result.num_accepted)
+        self.policy.observe_step(1 + len(proposal), len(proposal), t3 - t1, t1 - t0 + (t4 - t3))
         return cut(proposal.draft_ids[: result.num_accepted] + [result.next_token], room, self.eos_ids)
 
 

@@ -33,6 +33,7 @@ from spectoolkit.eval.stochastic_analytic import analytic_exactness
 from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
 from spectoolkit.metrics.records import RequestRecord, write_json_atomic
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.policy import make_policy
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 RESULT_FILE = "exactness.json"
@@ -123,7 +124,7 @@ def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling
     return empirical_exactness(
         CachedModel(models.target.model, cfg.kv.target), drafter_for, sampling, cfg.speculate.gamma, models.eos_ids,
         prompt, samples=cfg.eval.samples, length=cfg.eval.length, seed=cfg.sampling.seed,
-        significance=cfg.eval.significance,
+        significance=cfg.eval.significance, policy_for=lambda: make_policy(cfg.speculate),
     )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from spectoolkit.config import SamplingConfig
 from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter, Proposal
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.sampling import processed_probs
 from spectoolkit.verify.factory import make_verifier
 
@@ -213,6 +214,7 @@ def empirical_exactness(
     length: int = 3,
     seed: int = 0,
     significance: float = 1e-3,
+    policy_for: Callable[[], DraftLengthPolicy] | None = None,
 ) -> dict:
     """Chi-square tests of baseline vs speculative tokens at each of ``length`` output positions.
 
@@ -220,6 +222,7 @@ def empirical_exactness(
     (e.g. ``lambda control: negative_control(real, sampling) if control else real``). Each arm runs
     ``samples`` generations of ``length`` tokens; ``passed`` means no position is rejected at
     ``significance`` (Bonferroni over positions); ``power_shown`` that the control is rejected.
+    ``policy_for()`` makes each speculative arm's draft-length policy (default: always ``gamma``).
     """
     if sampling.greedy:
         raise ValueError("empirical exactness compares distributions: it needs sampling.temperature > 0")
@@ -229,8 +232,9 @@ def empirical_exactness(
     baseline, _ = _position_counts(BaselineEngine(target_runner, verifier, eos_ids), prompt_ids, samples, length, seed)
     arms = {}
     for arm, control in (("spec", False), ("control", True)):
+        policy = policy_for() if policy_for else None
         engine = SpeculativeEngine(
-            target_runner, _keep_prompt(make_drafter(control), prompt_ids), verifier, gamma, eos_ids
+            target_runner, _keep_prompt(make_drafter(control), prompt_ids), verifier, gamma, eos_ids, policy
         )
         arm_seed = seed + _ARM_SEED_STRIDE * (2 if control else 1)
         counts, acceptance_rate = _position_counts(engine, prompt_ids, samples, length, arm_seed)

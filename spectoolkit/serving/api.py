@@ -40,6 +40,7 @@ class FinishedRequest:
     accepted_tokens: int = 0
     accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round with drafts
     draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round with drafts
+    chosen_lengths: list[int] = field(default_factory=list)  # k the draft-length policy planned, per round
     preemptions: int = 0  # times its KV was freed and its tokens recomputed
     prompt_len: int = 0
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.drafting.base import Proposal
-from spectoolkit.drafting.model_drafter import align_logits
+from spectoolkit.drafting.model_drafter import align_logits, unsure
 from spectoolkit.drafting.ngram import NgramDrafter
 from spectoolkit.serving.blocks import BlockAllocator, BlockTable
 from spectoolkit.serving.paged_kv import PagedKVPool
@@ -66,12 +66,14 @@ class BatchModelDrafter:
         shared_vocab_size: int,
         eos_ids: frozenset[int],
         name: str = "model",
+        stop_below: float | None = None,
     ) -> None:
         use_ragged_attention(model)
         self.model, self.chooser, self.pool, self.allocator = model, chooser, pool, allocator
         self.target_vocab_size, self.shared_vocab_size = target_vocab_size, shared_vocab_size
         self.eos_ids = eos_ids
         self.name = name
+        self.stop_below = stop_below  # speculate.policy=confidence: stop a sequence's draft below this top probability
         self._states: dict[int, _DraftState] = {}
 
     def _state(self, seq: Sequence) -> _DraftState:
@@ -97,7 +99,8 @@ class BatchModelDrafter:
                 drafts[i].append(token)
                 if q is not None:
                     probs[i].append(q)
-                if len(drafts[i]) < budgets[i] and token not in self.eos_ids:
+                done = token in self.eos_ids or unsure(aligned, q, self.stop_below)
+                if len(drafts[i]) < budgets[i] and not done:
                     feeds[i] = [token]
                     still.append(i)
             active = still

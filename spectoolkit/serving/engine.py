@@ -21,6 +21,7 @@ import torch
 from spectoolkit.drafting.base import Proposal
 from spectoolkit.engine.output import cut
 from spectoolkit.models.cached import synchronize
+from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
 from spectoolkit.serving.blocks import BlockAllocator, BlockTable
 from spectoolkit.serving.paged_kv import PagedKVPool
@@ -49,13 +50,15 @@ class ContinuousEngine:
         drafter=None,
         stochastic: bool = False,
         invariant: bool = False,
+        policy: DraftLengthPolicy | None = None,
     ) -> None:
         use_ragged_attention(model)
         self.name, self.model, self.pool, self.allocator = name, model, pool, allocator
         self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
         self.max_positions, self.stochastic, self.invariant = max_positions, stochastic, invariant
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.scheduler = Scheduler(limits, allocator)
+        self.scheduler = Scheduler(limits, allocator, policy)
+        self.policy = self.scheduler.policy
         self.on_step: Callable[[StepStats], None] | None = None
         self._failed: list[FinishedRequest] = []
         self._steps = 0
@@ -80,6 +83,7 @@ class ContinuousEngine:
     def reset(self) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.queue):
             seq.table.release()
+            self.policy.release(seq)
             if self.drafter is not None:
                 self.drafter.release(seq)
         self.scheduler.running.clear()
@@ -119,8 +123,16 @@ class ContinuousEngine:
             done = self._commit(seq, work, proposal, rows, now) if ok else self._fail(seq, NON_FINITE, now)
             if done is not None:
                 finished.append(done)
+        self._learn(plan.work, proposals, started, draft_time)
         self._report(plan, reserved, prefill, started, draft_time, len(finished))
         return finished
+
+    def _learn(self, works: list[Work], proposals: list[Proposal], started: float, draft_time: float) -> None:
+        """Tell the draft-length policy what this step cost: its tokens, draft forwards and times."""
+        tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
+        forwards = max((len(proposal) for proposal in proposals), default=0)
+        elapsed = time.perf_counter() - started
+        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time)
 
     # ---- the parts of a step ------------------------------------------------------------------
 
@@ -180,10 +192,13 @@ class ContinuousEngine:
             result.accepted_tokens += accepted
             result.draft_lengths.append(len(proposal))
             result.accept_lengths.append(accepted)
+            result.chosen_lengths.append(work.drafts)
+            self.policy.observe(seq, work.drafts, len(proposal), accepted)
 
     def _finish(self, seq: Sequence, now: float) -> FinishedRequest:
         self.scheduler.finish(seq)
         self._forget(seq)
+        self.policy.release(seq)
         seq.result.output_ids = seq.output_ids
         seq.result.finish = now
         return seq.result

@@ -12,6 +12,7 @@ import torch
 
 from spectoolkit.config import RunConfig, ServeConfig
 from spectoolkit.models.batched_kernels import choose_batched_kernels
+from spectoolkit.policy import FixedPolicy, make_policy
 from spectoolkit.sampling import make_chooser
 from spectoolkit.serving.blocks import BlockAllocator
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
@@ -32,6 +33,7 @@ class ServingArm:
     target_precision: str
     draft_precision: str | None
     reference: str | None
+    policy: str = "fixed"  # the draft-length policy (spectoolkit.policy); "none" without a drafter
 
 
 def kv_slots(serve: ServeConfig, max_positions: int) -> int:
@@ -54,35 +56,45 @@ def make_pool(model: torch.nn.Module, precision: str, num_slots: int) -> PagedKV
 
 
 def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:
-    """ "baseline" (the target alone, continuous batching) and, with a drafter, "spec"."""
+    """ "baseline" (the target alone, continuous batching), with a drafter "spec" (fixed γ) and, when
+    ``speculate.policy`` is not fixed, "spec-<policy>" beside it (sharing the spec arm's KV pools: arms
+    never run at once, and every run starts from a reset engine)."""
     models = setup.models
     serve = cfg.serve
     slots = kv_slots(serve, models.max_positions)
     for loaded in (models.target, models.draft):  # the kernel of a many-row step, measured here
         if loaded is not None and cfg.runtime.kernels == "auto":
             choose_batched_kernels(loaded.model)
-    arms = [_arm(cfg, setup, "baseline", None, slots)]
-    if cfg.draft.kind != "none":
-        arms.append(_arm(cfg, setup, "spec", _drafter(cfg, models, slots), slots))
+    arms = [_arm(cfg, setup, "baseline", None, slots, FixedPolicy(0))]
+    if cfg.draft.kind == "none":
+        return arms
+    drafter = _drafter(cfg, models, slots)
+    arms.append(_arm(cfg, setup, "spec", drafter, slots, make_policy(cfg.speculate, "fixed")))
+    policy = make_policy(cfg.speculate)
+    if policy.name != "fixed":
+        sibling = _sibling(drafter, policy.stop_below)
+        arms.append(_arm(cfg, setup, f"spec-{policy.name}", sibling, slots, policy, share=arms[-1].engine))
     return arms
 
 
-def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int) -> ServingArm:
+def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: ContinuousEngine | None = None):
     models, serve = setup.models, cfg.serve
-    gamma = cfg.speculate.gamma if drafter is not None else 0
+    gamma = policy.max_gamma if drafter is not None else 0
     blocks = max(1, slots // serve.block_size)
     limits = SchedulerLimits(serve.max_num_tokens, serve.max_num_seqs, gamma, serve.spec_max_batch,
                              serve.max_draft_tokens)  # fmt: skip
     target = models.target.model
+    pool = share.pool if share else make_pool(target, cfg.kv.target, blocks * serve.block_size)
+    allocator = share.allocator if share else BlockAllocator(blocks, serve.block_size)
     engine = ContinuousEngine(
-        name, target, make_pool(target, cfg.kv.target, blocks * serve.block_size),
-        BlockAllocator(blocks, serve.block_size), make_verifier(cfg.sampling, models.device), limits,
-        models.eos_ids, models.max_positions, drafter, not cfg.sampling.greedy, serve.batch_invariant,
+        name, target, pool, allocator, make_verifier(cfg.sampling, models.device), limits,
+        models.eos_ids, models.max_positions, drafter, not cfg.sampling.greedy, serve.batch_invariant, policy,
     )  # fmt: skip
     draft_precision = cfg.draft.precision if cfg.draft.kind == "model" and drafter is not None else None
     drafter_name = drafter.name if drafter is not None else "none"
     reference = "baseline" if drafter is not None else None
-    return ServingArm(name, engine, gamma, drafter_name, cfg.target.precision, draft_precision, reference)
+    return ServingArm(name, engine, gamma, drafter_name, cfg.target.precision, draft_precision, reference,
+                      policy.name if drafter is not None else "none")  # fmt: skip
 
 
 def _drafter(cfg: RunConfig, models, slots: int):
@@ -96,3 +108,12 @@ def _drafter(cfg: RunConfig, models, slots: int):
     allocator = BlockAllocator(blocks, cfg.serve.block_size)
     chooser, name = make_chooser(cfg.sampling), f"model-{cfg.draft.precision}"
     return BatchModelDrafter(draft.model, chooser, pool, allocator, target.vocab_size, shared, models.eos_ids, name)
+
+
+def _sibling(drafter, stop_below: float | None):
+    """Another drafter like ``drafter`` on the same pool, stopping below ``stop_below`` (a draft model)."""
+    if not isinstance(drafter, BatchModelDrafter):
+        return BatchNgramDrafter(drafter.single.max_n, drafter.single.min_n, drafter.single.target_vocab_size,
+                                 drafter.single.one_hot_probs)  # fmt: skip
+    return BatchModelDrafter(drafter.model, drafter.chooser, drafter.pool, drafter.allocator, drafter.target_vocab_size,
+                             drafter.shared_vocab_size, drafter.eos_ids, drafter.name, stop_below)  # fmt: skip

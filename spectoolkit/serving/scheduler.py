@@ -8,8 +8,9 @@ Every step (vLLM v1's unified token budget):
 2. **Load control**: speculate only while at most ``spec_max_batch`` sequences run; above that the
    step is plain decode (the fallback under load).
 3. **Tokens**, within ``max_num_tokens``: each decoding sequence its pending token first; then its
-   drafts k_i <= min(γ, room − 1), within ``max_draft_tokens`` for the step; then prefill chunks of
-   the others (a long prompt spreads over steps).
+   drafts k_i <= min(γ, room − 1) as the draft-length policy chooses them jointly for the step
+   (:mod:`spectoolkit.policy`; fixed: γ each while the budget lasts), within ``max_draft_tokens``;
+   then prefill chunks of the others (a long prompt spreads over steps).
 4. **KV**: the blocks for a sequence's tokens *and its candidates* are reserved before anything is
    drafted. When blocks run out, the latest admitted running sequence is preempted: its blocks are
    freed and it goes back to the front of the queue, to be recomputed from its tokens later — no other
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy
 from spectoolkit.serving.sequence import Sequence
 
 
@@ -56,9 +58,10 @@ class Plan:
 class Scheduler:
     """Holds the queue and the running sequences; :meth:`schedule` plans one step."""
 
-    def __init__(self, limits: SchedulerLimits, allocator) -> None:
+    def __init__(self, limits: SchedulerLimits, allocator, policy: DraftLengthPolicy | None = None) -> None:
         self.limits = limits
         self.allocator = allocator
+        self.policy = policy or FixedPolicy(limits.gamma)
         self.queue: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -78,17 +81,8 @@ class Scheduler:
                 continue
             by_seq[id(seq)] = Work(seq, 1)
             budget -= 1
-        draft_budget = self.limits.max_draft_tokens
-        draft_budget = budget if draft_budget is None else min(draft_budget, budget)
-        for seq in decoding if plan.speculating else ():  # 2. their candidates
-            work = by_seq.get(id(seq))
-            if work is None or seq not in self.running:
-                continue
-            drafts = min(self.limits.gamma, seq.room - 1, draft_budget)
-            if drafts > 0 and self._reserve(seq, seq.num_computed + 1 + drafts, plan, by_seq, on_preempt, wait=False):
-                work.drafts = drafts
-                draft_budget -= drafts
-                budget -= drafts
+        if plan.speculating:  # 2. their candidates
+            budget -= self._drafts(decoding, budget, plan, by_seq, on_preempt)
         for seq in [s for s in self.running if not s.decoding]:  # 3. prefill chunks
             chunk = min(seq.uncomputed, budget)
             if chunk < 1 or seq not in self.running:
@@ -98,6 +92,24 @@ class Scheduler:
                 budget -= chunk
         plan.work = [by_seq[id(seq)] for seq in self.running if id(seq) in by_seq]
         return plan
+
+    def _drafts(self, decoding: list[Sequence], budget: int, plan: Plan, by_seq, on_preempt) -> int:
+        """Ask the policy for each decoding sequence's k_i, reserve their KV; returns the candidates planned."""
+        works = [by_seq[id(seq)] for seq in decoding if id(seq) in by_seq and seq in self.running]
+        cap = self.limits.max_draft_tokens
+        draft_budget = budget if cap is None else min(cap, budget)
+        prefill = sum(seq.uncomputed for seq in self.running if not seq.decoding)
+        fixed = len(by_seq) + min(prefill, budget)  # the step's other tokens: pending ones, prefill chunks
+        caps = [min(self.limits.gamma, work.seq.room - 1) for work in works]
+        lengths = self.policy.choose([work.seq for work in works], caps, fixed, draft_budget)
+        planned = 0
+        for work, drafts in zip(works, lengths, strict=True):
+            seq = work.seq
+            if drafts > 0 and seq in self.running:
+                if self._reserve(seq, seq.num_computed + 1 + drafts, plan, by_seq, on_preempt, wait=False):
+                    work.drafts = drafts
+                    planned += drafts
+        return planned
 
     def _admit(self) -> None:
         while self.queue and len(self.running) < self.limits.max_num_seqs:

@@ -29,6 +29,7 @@ class ServingArmLike(Protocol):
     target_precision: str
     draft_precision: str | None
     reference: str | None
+    policy: str
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ def serving_record(ctx: RunContext, case: Case, seed: int, completion: Completio
         token_offsets=[t - done.arrival for t in times],
         verify_rounds=done.verify_rounds, drafted_tokens=done.drafted_tokens, accepted_tokens=done.accepted_tokens,
         accept_lengths=list(done.accept_lengths), draft_lengths=list(done.draft_lengths),
+        chosen_lengths=list(done.chosen_lengths),
         rollback_count=sum(a < d for a, d in zip(done.accept_lengths, done.draft_lengths, strict=False)),
         proposed_rounds=sum(d > 0 for d in done.draft_lengths), preemptions=done.preemptions, error=done.error,
     )  # fmt: skip

@@ -90,7 +90,7 @@ def _conditions(cfg: RunConfig, setup: RunSetup, arms: list[ServingArmLike]) -> 
     conditions = run_conditions(cfg, setup)
     conditions["arms"] = [
         {"name": arm.name, "target_precision": arm.target_precision, "drafter": arm.drafter, "gamma": arm.gamma,
-         "reference": arm.reference}
+         "policy": arm.policy, "reference": arm.reference}
         for arm in arms
     ]  # fmt: skip
     conditions["primary_arm"] = _primary(arms)

@@ -102,6 +102,7 @@ def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
                 "target_precision": arm.target_precision,
                 "drafter": arm.drafter,
                 "gamma": arm.gamma,
+                "policy": arm.policy,
                 "reference": arm.reference,
             }
             for arm in arm_set.arms
@@ -109,6 +110,7 @@ def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
         "primary_arm": arm_set.primary,
         "sampling": dataclasses.asdict(cfg.sampling),
         "gamma": cfg.speculate.gamma,
+        "policy": cfg.speculate.policy,
         "batch_size": 1,
         "concurrency": 1,
         "workload": dataclasses.asdict(cfg.workload),

@@ -133,6 +133,7 @@ def _calibrate(
         runner = arm.engine.target
         if id(runner) not in by_runner:
             by_runner[id(runner)] = measure_verify_costs(runner, context, widths)
+        arm.engine.policy.seed(by_runner[id(runner)])  # an adaptive policy starts from the calibrated V(w)
     return {arm.name: by_runner[id(arm.engine.target)] for arm in drafting}
 
 
@@ -183,7 +184,8 @@ def _one(
         verify_time=result.verify_time, overhead_time=result.overhead_time, verify_rounds=result.verify_rounds,
         drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens,
         rollback_count=result.rollback_count, proposed_rounds=result.proposed_rounds,
-        accept_lengths=result.accept_lengths, draft_lengths=result.draft_lengths, host_rss=host_rss_bytes(),
+        accept_lengths=result.accept_lengths, draft_lengths=result.draft_lengths,
+        chosen_lengths=result.chosen_lengths, host_rss=host_rss_bytes(),
         gpu_mem_peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     )  # fmt: skip
 
@@ -192,7 +194,7 @@ def _write_summary(cfg: RunConfig, setup: RunSetup, out_dir: Path, complete: boo
     path = out_dir / RECORDS_FILE
     records = read_records(path) if path.exists() else []
     arm_set = setup.arm_set
-    arm_info = {arm.name: {"reference": arm.reference, "gamma": arm.gamma} for arm in arm_set.arms}
+    arm_info = {a.name: {"reference": a.reference, "gamma": a.gamma, "policy": a.policy} for a in arm_set.arms}
     summary = summarize(records, greedy=cfg.sampling.greedy, complete=complete, arms=arm_info, primary=arm_set.primary)
     summary["cost_model"] = cost_models(records, arm_info, extra.pop("verify_costs", {}))
     summary.update(extra)

@@ -19,6 +19,7 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.loading import LoadedModel, load_model, load_tokenizer
+from spectoolkit.policy import DraftLengthPolicy, make_policy
 from spectoolkit.precisions import QUANT_PRECISIONS
 from spectoolkit.sampling import make_chooser
 from spectoolkit.verify.base import Verifier
@@ -40,8 +41,9 @@ class Arm:
     drafter: str = "none"
     draft: LoadedModel | None = None
     draft_precision: str | None = None
-    gamma: int = 0  # 0: the target alone
+    gamma: int = 0  # 0: the target alone; else the most a round drafts
     reference: str | None = None
+    policy: str = "none"  # the draft-length policy (spectoolkit.policy) of a drafting arm
 
     def memory(self) -> dict[str, int]:
         """Weights + KV bytes (allocated now) of this arm's target and draft, and their total."""
@@ -135,10 +137,14 @@ class _Parts:
     def target_alone(self, name: str, target: LoadedModel, runner: CachedModel, precision: str) -> Arm:
         return Arm(name, BaselineEngine(runner, self.verifier, self.eos_ids), target, precision)
 
-    def drafting(self, name: str, target: LoadedModel, runner: CachedModel, precision: str, gamma: int, ref: str):
-        engine = SpeculativeEngine(runner, self.drafter, self.verifier, gamma, self.eos_ids)
+    def drafting(
+        self, name: str, target: LoadedModel, runner: CachedModel, precision: str, ref: str, policy: DraftLengthPolicy
+    ) -> Arm:
+        gamma = policy.max_gamma
+        engine = SpeculativeEngine(runner, self.drafter, self.verifier, gamma, self.eos_ids, policy)
         draft_precision = self.cfg.draft.precision if self.draft else None
-        return Arm(name, engine, target, precision, self.drafter.name, self.draft, draft_precision, gamma, ref)
+        return Arm(name, engine, target, precision, self.drafter.name, self.draft, draft_precision, gamma, ref,
+                   policy.name)  # fmt: skip
 
 
 def build(cfg: RunConfig) -> RunSetup:
@@ -171,15 +177,23 @@ def make_drafter(
     if cfg.draft.kind == "model":
         shared = shared_vocab_size(target, draft)
         name = f"model-{cfg.draft.precision}"
-        return ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name, cfg.kv.draft)
+        stop_below = cfg.speculate.confidence if cfg.speculate.policy == "confidence" else None
+        return ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name, cfg.kv.draft,
+                            stop_below)  # fmt: skip
     if cfg.draft.kind == "ngram":
         return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not sampling.greedy)
     return None
 
 
 def _check_arm_set(cfg: RunConfig) -> None:
-    """Arm sets that compare drafting arms need a drafter; four_groups needs a quantized target."""
+    """Arm sets that compare drafting arms need a drafter; four_groups needs a quantized target;
+    the confidence policy needs a draft model (its probabilities)."""
     arms = cfg.bench.arms
+    if cfg.speculate.policy == "confidence" and cfg.draft.kind != "model":
+        raise SpecToolkitError(
+            f"speculate.policy=confidence stops a draft model by its top probability, but draft.kind is "
+            f"{cfg.draft.kind}: use +draft=<precision> (a draft model) or speculate.policy=adaptive"
+        )
     if arms != "standard" and cfg.draft.kind == "none":
         raise SpecToolkitError(f"bench.arms={arms} compares drafting arms: set +draft=ngram or a draft model")
     if arms == "four_groups" and cfg.target.precision not in QUANT_PRECISIONS:
@@ -194,16 +208,20 @@ def _standard(parts: _Parts) -> tuple[list[Arm], str | None]:
     arms = [parts.target_alone("baseline", parts.target, parts.runner, precision)]
     if parts.drafter is None:
         return arms, None
-    gamma = parts.cfg.speculate.gamma
-    return arms + [parts.drafting("spec", parts.target, parts.runner, precision, gamma, "baseline")], "spec"
+    policy = make_policy(parts.cfg.speculate)
+    return arms + [parts.drafting("spec", parts.target, parts.runner, precision, "baseline", policy)], "spec"
 
 
 def _gamma_sweep(parts: _Parts) -> tuple[list[Arm], str | None]:
-    precision = parts.cfg.target.precision
+    """One fixed-γ arm "spec-gN" per N in ``bench.gammas`` and "spec-adaptive" (at most max(gammas))."""
+    cfg, precision = parts.cfg, parts.cfg.target.precision
     arms = [parts.target_alone("baseline", parts.target, parts.runner, precision)]
-    for gamma in parts.cfg.bench.gammas:
-        arms.append(parts.drafting(f"spec-g{gamma}", parts.target, parts.runner, precision, gamma, "baseline"))
-    primary = f"spec-g{parts.cfg.speculate.gamma}"
+    for gamma in cfg.bench.gammas:
+        policy = make_policy(cfg.speculate, "fixed", gamma)
+        arms.append(parts.drafting(f"spec-g{gamma}", parts.target, parts.runner, precision, "baseline", policy))
+    adaptive = make_policy(cfg.speculate, "adaptive", max(cfg.bench.gammas))
+    arms.append(parts.drafting("spec-adaptive", parts.target, parts.runner, precision, "baseline", adaptive))
+    primary = f"spec-g{cfg.speculate.gamma}"
     return arms, primary if any(arm.name == primary for arm in arms) else None
 
 
@@ -213,12 +231,11 @@ def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
     ref_precision, quant = cfg.bench.reference_precision, cfg.target.precision
     reference = load_model(cfg.model.target_path, ref_precision, parts.device, 64, *_kernels(cfg))
     ref_runner = CachedModel(reference.model, cfg.kv.target)
-    gamma = cfg.speculate.gamma
     arms = [
         parts.target_alone("baseline", reference, ref_runner, ref_precision),
         parts.target_alone("quant", parts.target, parts.runner, quant),
-        parts.drafting("spec", reference, ref_runner, ref_precision, gamma, "baseline"),
-        parts.drafting("quant+spec", parts.target, parts.runner, quant, gamma, "quant"),
+        parts.drafting("spec", reference, ref_runner, ref_precision, "baseline", make_policy(cfg.speculate)),
+        parts.drafting("quant+spec", parts.target, parts.runner, quant, "quant", make_policy(cfg.speculate)),
     ]
     return arms, "quant+spec"
 

@@ -154,6 +154,7 @@ class FakeArm:
     target_precision: str = "fp32"
     draft_precision: str | None = None
     reference: str | None = None
+    policy: str = "fixed"
 
 
 def fake_arms(clock: Callable[[], float], advance=None, events: list | None = None, **spec) -> list[FakeArm]:

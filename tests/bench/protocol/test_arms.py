@@ -105,9 +105,13 @@ def test_arm_sets_need_a_drafter(tiny_checkpoint: Path, tmp_path: Path) -> None:
 def test_gamma_sweep(tiny_checkpoint: Path, tmp_path: Path) -> None:
     bench = BenchConfig(warmup=0, repeat=1, arms="gamma_sweep", gammas=(1, 3))
     summary = run(_config(tiny_checkpoint, tmp_path, bench=bench), progress=False)
-    assert list(summary["arms"]) == ["baseline", "spec-g1", "spec-g3"]
+    assert list(summary["arms"]) == ["baseline", "spec-g1", "spec-g3", "spec-adaptive"]
     assert summary["primary_arm"] is None  # speculate.gamma=4 is not in the sweep: no single headline
-    assert summary["speedup"] is None and set(summary["speedups"]) == {"spec-g1", "spec-g3"}
+    assert summary["speedup"] is None and set(summary["speedups"]) == {"spec-g1", "spec-g3", "spec-adaptive"}
+    adaptive = [r for r in _records(tmp_path) if r["arm"] == "spec-adaptive"]
+    assert adaptive and all(r["draft_len"] == 3 for r in adaptive)  # at most max(bench.gammas)
+    assert all(len(r["chosen_lengths"]) == len(r["draft_lengths"]) for r in adaptive)
+    assert all(0 <= k <= 3 for r in adaptive for k in r["chosen_lengths"])
     for gamma in (1, 3):
         stats = summary["arms"][f"spec-g{gamma}"]
         assert stats["gamma"] == gamma
@@ -115,7 +119,7 @@ def test_gamma_sweep(tiny_checkpoint: Path, tmp_path: Path) -> None:
         assert len(stats["prob_accept_at_least"]) == gamma
         assert max(len(r["accept_lengths"]) and max(r["draft_lengths"]) for r in _records(tmp_path)
                    if r["arm"] == f"spec-g{gamma}") <= gamma  # fmt: skip
-    assert summary["exact_match"] == {"spec-g1": 1.0, "spec-g3": 1.0}
+    assert summary["exact_match"] == {"spec-g1": 1.0, "spec-g3": 1.0, "spec-adaptive": 1.0}
 
 
 def test_every_kind_of_bad_line_is_an_error_record(tiny_checkpoint_short_context: Path, tmp_path: Path) -> None:

@@ -1,0 +1,21 @@
+"""Draft-length policies (``speculate.policy``): fixed γ, the draft model's confidence, or adaptive."""
+
+from __future__ import annotations
+
+from spectoolkit.config import DRAFT_POLICIES, SpeculateConfig
+from spectoolkit.policy.adaptive import AdaptivePolicy
+from spectoolkit.policy.base import ConfidencePolicy, DraftLengthPolicy, FixedPolicy
+
+
+def make_policy(speculate: SpeculateConfig, kind: str | None = None, max_gamma: int | None = None) -> DraftLengthPolicy:
+    """The policy ``kind`` (default ``speculate.policy``), drafting at most ``max_gamma`` (default γ)."""
+    kind = kind or speculate.policy
+    gamma = max_gamma or speculate.gamma
+    if kind == "adaptive":
+        return AdaptivePolicy(gamma, speculate.decay, speculate.probe_every)
+    if kind == "confidence":
+        return ConfidencePolicy(gamma, speculate.confidence)
+    return FixedPolicy(gamma)
+
+
+__all__ = ["DRAFT_POLICIES", "AdaptivePolicy", "ConfidencePolicy", "DraftLengthPolicy", "FixedPolicy", "make_policy"]

@@ -1,0 +1,86 @@
+"""Online estimates of each request's per-position conditional acceptance, with a workload prior.
+
+Position j of a round is *reached* when the drafter proposed at least j tokens and the first j - 1
+were accepted; it is *accepted* when the first j were. Conditional acceptance
+a_j = Pr(accept j | reached j) and survival S_j = Π_{i<=j} a_i = Pr(K >= j) give the expected
+emitted tokens of a k-token draft, E(k) = 1 + Σ_{j<=k} S_j (DESIGN §1).
+
+Counts decay geometrically (per round of the request: recent text matters more; per round of the
+whole workload for the prior), and a request's estimate shrinks toward the workload's:
+
+    a_j(request) = (accepted_j + m · A_j) / (reached_j + m)
+    A_j(workload) = (accepted_j + m₀ · A_{j-1}) / (reached_j + m₀),  A_0 = ``base``
+
+so a position nobody has reached yet inherits the acceptance of the one before it (the tail
+assumption of the cost model's γ extrapolation), and a new request starts from the workload so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+
+BASE_ACCEPTANCE = 0.5  # before anything is measured
+REQUEST_PRIOR = 2.0  # m: pseudo-rounds of the workload estimate in a request's estimate
+WORKLOAD_PRIOR = 1.0  # m₀: pseudo-rounds of the previous position in the workload estimate
+WORKLOAD_DECAY = 0.995  # per observed round of any request
+
+
+class _Counts:
+    """Decayed reached/accepted counts per draft position [max_gamma]."""
+
+    def __init__(self, max_gamma: int) -> None:
+        self.reached = np.zeros(max_gamma)
+        self.accepted = np.zeros(max_gamma)
+
+    def add(self, drafted: int, accepted: int, decay: float) -> None:
+        self.reached *= decay
+        self.accepted *= decay
+        self.reached[: min(drafted, accepted + 1)] += 1.0  # positions 1..min(k, K+1) were reached
+        self.accepted[:accepted] += 1.0
+
+
+class AcceptanceModel:
+    """Per-request survival curves S_1..S_cap from decayed counts; ``decay`` per round of a request."""
+
+    def __init__(self, max_gamma: int, decay: float) -> None:
+        self.max_gamma = max_gamma
+        self.decay = decay
+        self.workload = _Counts(max_gamma)
+        self._requests: dict[Hashable, _Counts] = {}
+
+    def observe(self, key: Hashable, drafted: int, accepted: int) -> None:
+        """A verified round of ``key``: ``drafted`` tokens proposed, the first ``accepted`` kept."""
+        if drafted <= 0:
+            return  # nothing proposed: nothing learned
+        if not 0 <= accepted <= drafted <= self.max_gamma:
+            raise ValueError(f"round (drafted={drafted}, accepted={accepted}) outside 0..{self.max_gamma}")
+        counts = self._requests.setdefault(key, _Counts(self.max_gamma))
+        counts.add(drafted, accepted, self.decay)
+        self.workload.add(drafted, accepted, WORKLOAD_DECAY)
+
+    def workload_acceptance(self) -> np.ndarray:
+        """A_1..A_max_gamma [max_gamma]: the prior every request starts from."""
+        out = np.empty(self.max_gamma)
+        previous = BASE_ACCEPTANCE
+        for j in range(self.max_gamma):
+            reached, accepted = self.workload.reached[j], self.workload.accepted[j]
+            previous = (accepted + WORKLOAD_PRIOR * previous) / (reached + WORKLOAD_PRIOR)
+            out[j] = previous
+        return out
+
+    def survival(self, key: Hashable, cap: int, prior: np.ndarray | None = None) -> list[float]:
+        """S_1..S_cap of ``key`` (``prior``: :meth:`workload_acceptance`, passed in when batching)."""
+        if cap <= 0:
+            return []
+        prior = self.workload_acceptance() if prior is None else prior
+        counts = self._requests.get(key)
+        if counts is None:
+            conditional = prior[:cap]
+        else:
+            conditional = (counts.accepted[:cap] + REQUEST_PRIOR * prior[:cap]) / (counts.reached[:cap] + REQUEST_PRIOR)
+        return np.cumprod(conditional).tolist()
+
+    def release(self, key: Hashable) -> None:
+        self._requests.pop(key, None)

@@ -1,0 +1,82 @@
+"""The adaptive draft-length policy: per request, per round, aware of the load (issue 16).
+
+Each round it estimates every request's survival curve S_1..S_cap from its recent rounds, shrunk
+toward the workload's (:mod:`~spectoolkit.policy.acceptance`), and the step's costs from what the
+engine measured (:mod:`~spectoolkit.policy.costs`: target step time by token count — calibration at
+batch 1, the scheduler's own steps under load — and one draft forward). It then picks the k_i that
+maximise the step's expected emitted tokens per second, jointly over the batch under the step's
+candidate budget (:func:`~spectoolkit.policy.allocate.best_lengths`): a request's marginal candidate
+competes with every other request's.
+
+A request that fell to k = 0 learns nothing more about its own acceptance, so now and then it is
+re-probed with one draft token: after ``probe_every`` plain rounds at first; the interval doubles
+each time a probe is rejected (to at most :data:`MAX_PROBE_INTERVAL`, shared by the workload: a
+hopeless drafter is soon probed rarely) and halves when one is accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+from spectoolkit.policy.acceptance import AcceptanceModel
+from spectoolkit.policy.allocate import best_lengths
+from spectoolkit.policy.costs import DraftCost, StepCurve
+
+MAX_PROBE_INTERVAL = 256
+
+
+class AdaptivePolicy:
+    """Goodput-maximising k_i per request from online acceptance and cost estimates."""
+
+    name = "adaptive"
+    stop_below: float | None = None
+
+    def __init__(self, max_gamma: int, decay: float, probe_every: int) -> None:
+        self.max_gamma = max_gamma
+        self.acceptance = AcceptanceModel(max_gamma, decay)
+        self.curve = StepCurve()
+        self.draft_cost = DraftCost()
+        self.probe_every = probe_every
+        self.probe_interval = probe_every
+        self._idle: dict[Hashable, int] = {}  # plain rounds in a row, per request
+        self._probing: set[Hashable] = set()
+
+    def choose(self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int) -> list[int]:
+        caps = [max(0, min(cap, self.max_gamma)) for cap in caps]
+        prior = self.acceptance.workload_acceptance()
+        survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
+        lengths = best_lengths(survival, fixed_tokens, budget, self.curve, self.draft_cost.per_forward)
+        return self._probe(keys, caps, lengths, budget - sum(lengths))
+
+    def _probe(self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], spare: int) -> list[int]:
+        for i, key in enumerate(keys):
+            if lengths[i] > 0 or caps[i] == 0:
+                self._idle.pop(key, None)
+                continue
+            idle = self._idle.get(key, 0) + 1
+            if idle >= self.probe_interval and spare > 0:
+                lengths[i], spare, idle = 1, spare - 1, 0
+                self._probing.add(key)
+            self._idle[key] = idle
+        return lengths
+
+    def observe(self, key: Hashable, chosen: int, drafted: int, accepted: int) -> None:
+        self.acceptance.observe(key, drafted, accepted)
+        if key in self._probing and drafted > 0:
+            self._probing.discard(key)
+            if accepted:
+                self.probe_interval = max(self.probe_every, self.probe_interval // 2)
+            else:
+                self.probe_interval = min(MAX_PROBE_INTERVAL, self.probe_interval * 2)
+
+    def observe_step(self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float) -> None:
+        self.curve.observe(num_tokens, target_seconds)
+        self.draft_cost.observe(draft_forwards, draft_seconds)
+
+    def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
+        self.curve.seed(seconds_by_tokens)
+
+    def release(self, key: Hashable) -> None:
+        self.acceptance.release(key)
+        self._idle.pop(key, None)
+        self._probing.discard(key)

@@ -1,0 +1,78 @@
+"""The joint choice of draft lengths for one step: maximise expected emitted tokens per second.
+
+For the B sequences of a step, request i drafting k_i tokens emits E_i(k_i) = 1 + Σ_{j<=k_i} S_ij
+tokens in expectation, where S_ij = Pr(its first j drafts are all accepted) is non-increasing in j
+(DESIGN §1). The step costs
+
+    step_time(k) = T(n0 + Σ_i k_i) + draft_forward · max_i k_i
+
+with T(n) the target step time at n tokens (``n0``: pending tokens and prefill chunks) and
+``draft_forward`` the time of one sequential draft forward (a draft model runs max_i k_i of them for
+the whole batch; n-gram lookup is ~0). Goodput = Σ_i E_i(k_i) / step_time(k), under Σ_i k_i <= budget
+and k_i <= cap_i. At batch 1 this is the cost model's E[N]·T₁ / (D·k + V(k+1) + C) up to the
+constant T₁: the speedup-maximising k.
+
+Exact solution: fix the deepest draft L; every candidate (i, j <= min(L, cap_i)) then costs the same
+one token, so for m candidates the best set is the m largest S_ij (S is non-increasing in j, so the
+top m are prefixes per request), and only the total m changes T. Scan L and m; the bound
+``draft_forward · L`` is exact at the L that the chosen set reaches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+def best_lengths(
+    survival: Sequence[Sequence[float]],
+    fixed_tokens: int,
+    budget: int,
+    step_time: Callable[[np.ndarray], np.ndarray],
+    draft_forward: float = 0.0,
+) -> list[int]:
+    """k_i per request maximising goodput; ``survival[i]`` = [S_i1..S_i,cap_i] (its length is cap_i).
+
+    ``step_time(n)`` maps token counts [M] -> seconds [M] (non-decreasing). Ties keep the shorter drafts.
+    """
+    caps = [len(s) for s in survival]
+    deepest = max(caps, default=0)
+    if deepest == 0 or budget <= 0:
+        return [0] * len(survival)
+    base = float(len(survival))  # every request emits one token even with k = 0
+    times = step_time(np.arange(fixed_tokens, fixed_tokens + budget + 1))  # [budget+1]: T(n0 + m)
+    best_value = base / float(times[0])
+    best = (0, 0)  # (L, m)
+    for depth in range(1, deepest + 1):
+        gains = np.sort(np.array([s[j] for s in survival for j in range(min(depth, len(s)))]))[::-1]
+        count = min(budget, gains.shape[0])
+        values = (base + np.cumsum(gains[:count])) / (times[1 : count + 1] + draft_forward * depth)  # [count]
+        m = int(np.argmax(values))
+        if values[m] > best_value * (1 + 1e-12):
+            best_value, best = float(values[m]), (depth, m + 1)
+    return _take(survival, *best)
+
+
+def _take(survival: Sequence[Sequence[float]], depth: int, count: int) -> list[int]:
+    """How many of each request's first ``depth`` candidates are among the ``count`` largest S."""
+    ranked = sorted(
+        ((-s[j], j, i) for i, s in enumerate(survival) for j in range(min(depth, len(s)))),
+    )  # largest S first; at equal S the shallower position (a prefix) first
+    lengths = [0] * len(survival)
+    for _, _, i in ranked[:count]:
+        lengths[i] += 1
+    return lengths
+
+
+def goodput(
+    lengths: Sequence[int],
+    survival: Sequence[Sequence[float]],
+    fixed_tokens: int,
+    step_time: Callable[[np.ndarray], np.ndarray],
+    draft_forward: float = 0.0,
+) -> float:
+    """The objective of :func:`best_lengths` for given ``lengths`` (the reference the tests brute-force)."""
+    emitted = sum(1.0 + float(sum(s[:k])) for s, k in zip(survival, lengths, strict=True))
+    seconds = float(step_time(np.array([fixed_tokens + sum(lengths)]))[0]) + draft_forward * max(lengths, default=0)
+    return emitted / seconds

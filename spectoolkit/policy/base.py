@@ -1,0 +1,80 @@
+"""Draft-length policies: how many tokens each request drafts in its next round (issue 16).
+
+One class per policy, chosen once from ``speculate.policy`` (:func:`make_policy`); the batch-1 engine
+and the serving scheduler call the same interface. ``choose`` gets, for the requests that may draft
+this step, their caps k_i <= min(γ, room − 1), the step's other tokens (pending tokens and prefill
+chunks) and the step's candidate budget, and returns each k_i (0: that request decodes plainly this
+round). After the target forward the engine reports each request's round (``observe``) and the step's
+times (``observe_step``). The choice never looks at the round it decides, so verification stays exact.
+
+- :class:`FixedPolicy`: k_i = min(γ, cap_i) while the budget lasts (the constant γ of before).
+- :class:`ConfidencePolicy`: the same caps; the draft model stops itself when its top probability
+  falls below ``speculate.confidence`` (transformers' assistant confidence threshold).
+- :class:`~spectoolkit.policy.adaptive.AdaptivePolicy`: per-request acceptance and measured costs,
+  the goodput-maximising k_i jointly over the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Protocol
+
+
+class DraftLengthPolicy(Protocol):
+    name: str
+    max_gamma: int  # no request drafts more than this in a round
+
+    def choose(self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int) -> list[int]:
+        """k_i <= caps[i] with Σ k_i <= ``budget`` for requests ``keys`` in a step with ``fixed_tokens`` others."""
+
+    def observe(self, key: Hashable, chosen: int, drafted: int, accepted: int) -> None:
+        """``key``'s verified round: asked for ``chosen``, ``drafted`` proposed, ``accepted`` kept."""
+
+    def observe_step(self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float) -> None:
+        """A step of ``num_tokens`` target tokens; its drafting took ``draft_forwards`` sequential forwards."""
+
+    def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
+        """Calibrated target step times by token count (batch 1: the verify widths)."""
+
+    def release(self, key: Hashable) -> None:
+        """``key`` finished: forget it."""
+
+
+class FixedPolicy:
+    """The constant draft length: k_i = min(γ, cap_i), in order, while the step's budget lasts."""
+
+    name = "fixed"
+    stop_below: float | None = None
+
+    def __init__(self, gamma: int) -> None:
+        self.max_gamma = gamma
+
+    def choose(self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int) -> list[int]:
+        lengths = []
+        for cap in caps:
+            k = max(0, min(self.max_gamma, cap, budget))
+            lengths.append(k)
+            budget -= k
+        return lengths
+
+    def observe(self, key: Hashable, chosen: int, drafted: int, accepted: int) -> None:
+        pass
+
+    def observe_step(self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float) -> None:
+        pass
+
+    def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
+        pass
+
+    def release(self, key: Hashable) -> None:
+        pass
+
+
+class ConfidencePolicy(FixedPolicy):
+    """Caps of :class:`FixedPolicy`; the draft model stops when its top probability is below ``stop_below``."""
+
+    name = "confidence"
+
+    def __init__(self, gamma: int, stop_below: float) -> None:
+        super().__init__(gamma)
+        self.stop_below = stop_below
