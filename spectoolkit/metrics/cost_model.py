@@ -19,6 +19,13 @@ logits work, which is why V is calibrated per width (:mod:`spectoolkit.bench.pro
 
 Whole-request prediction: both arms pay the prefill P, which also yields the first token, so for a
 request of n output tokens baseline = P + (n-1)·T₁ and speculative = P + (n-1)/E · round_cost.
+
+What-if at another γ' (:func:`predicted_by_gamma`): exact for γ' <= the measured γ (truncating a round
+keeps its accepted prefix), an extrapolation beyond it. So an arm's ``recommended_gamma`` is the best γ'
+of the measured range 1..γ only, and the best γ' beyond it is a separate ``extrapolated_gamma`` (predicted,
+not measured). A draft-length policy other than :data:`FIXED` varies k per round: :func:`predict` over
+its actual rounds still holds, but no fixed-γ what-if describes it, so its ``predicted_by_gamma``,
+``recommended_gamma``, ``extrapolated_gamma`` and ``break_even_alpha`` are None.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from spectoolkit.metrics.records import RequestRecord, Round, rounds_of
 TIE_TOLERANCE = 0.01  # recommend_gamma: the smallest γ within 1% of the best speedup
 BISECT_STEPS = 60
 PREDICTED_GAMMA_MAX = 16  # predictions per draft length cover γ' = 1..max(PREDICTED_GAMMA_MAX, measured γ)
+FIXED = "fixed"  # the draft-length policy whose rounds all draft min(γ, room - 1): the one a γ what-if describes
 
 
 # ---- expected tokens per round ----------------------------------------------------------------
@@ -222,12 +230,34 @@ def recommend_gamma(
     rounds: Sequence[Round], costs: StepCosts, gamma: int, max_gamma: int = PREDICTED_GAMMA_MAX, *, output_len: float
 ) -> int:
     """The γ' of :func:`predicted_by_gamma` with the best speedup (the smallest one within 1% of it)."""
-    return _best_gamma(predicted_by_gamma(rounds, costs, gamma, max_gamma, output_len=output_len))
+    return best_gamma(predicted_by_gamma(rounds, costs, gamma, max_gamma, output_len=output_len))
 
 
-def _best_gamma(speedups: Mapping[int, float]) -> int:
+def best_gamma(speedups: Mapping[int, float]) -> int | None:
+    """The γ of ``speedups`` (γ -> speedup) with the best value, the smallest within 1% of it; None when empty."""
+    if not speedups:
+        return None
     best = max(speedups.values())
     return min(g for g, value in speedups.items() if value >= best * (1.0 - TIE_TOLERANCE))
+
+
+def recommendation(speedups: Mapping[int, float], measured_max: int) -> dict[str, Any]:
+    """The cost_model fields that name a γ: ``recommended_gamma`` (and its predicted speedup), the best γ in
+    1..``measured_max``, and ``extrapolated_gamma`` (and its speedup), the best γ above it (None: none)."""
+    within = {g: value for g, value in speedups.items() if g <= measured_max}
+    beyond = {g: value for g, value in speedups.items() if g > measured_max}
+    recommended, extrapolated = best_gamma(within), best_gamma(beyond)
+    return {
+        "measured_gamma_max": measured_max,
+        "recommended_gamma": recommended,
+        "recommended_speedup": within[recommended] if recommended is not None else None,
+        "extrapolated_gamma": extrapolated,
+        "extrapolated_speedup": beyond[extrapolated] if extrapolated is not None else None,
+    }
+
+
+NO_RECOMMENDATION = dict.fromkeys(("measured_gamma_max", "recommended_gamma", "recommended_speedup",
+                                   "extrapolated_gamma", "extrapolated_speedup"))  # fmt: skip
 
 
 # ---- from run records (the summary's cost_model entry) -----------------------------------------
@@ -319,14 +349,18 @@ def cost_model_for_arm(
     reference_records: Records,
     verify_costs: Mapping[int, float] | None,
     gamma: int,
+    policy: str = FIXED,
 ) -> dict[str, Any] | None:
     """The summary's cost_model entry of one drafting arm (the JSON form of
-    :class:`~spectoolkit.metrics.summary_sections.CostModel`; error records ignored).
+    :class:`~spectoolkit.metrics.summary_sections.CostModel`, less ``recommended_source``, which
+    :func:`spectoolkit.metrics.summary.cost_models` adds; error records ignored).
 
     Rounds are zip(draft_lengths, accept_lengths) over the arm's records; measured speedup is the arm's
     net throughput over the reference's. Width-keyed dicts ("verify", "predicted_by_gamma") use str keys
-    so the JSON round-trip is the identity. None when either arm has no successful records, the arm
-    has no rounds or the reference no decode steps (nothing to fit).
+    so the JSON round-trip is the identity. ``recommended_gamma`` is searched over 1..``gamma`` (exact
+    truncation), ``extrapolated_gamma`` above it; an arm whose ``policy`` is not :data:`FIXED` gets None
+    for every fixed-γ what-if. None when either arm has no successful records, the arm has no rounds or
+    the reference no decode steps (nothing to fit).
     """
     arm = [r for r in arm_records if not r.error]
     reference = [r for r in reference_records if not r.error]
@@ -338,8 +372,11 @@ def cost_model_for_arm(
     prediction = predict(rounds, costs, output_len)
     arm_rate, reference_rate = _throughput(arm), _throughput(reference)
     measured = arm_rate / reference_rate if arm_rate and reference_rate else None
-    by_gamma = predicted_by_gamma(rounds, costs, gamma, max(PREDICTED_GAMMA_MAX, gamma), output_len=output_len)
+    fixed = policy == FIXED
+    by_gamma = (predicted_by_gamma(rounds, costs, gamma, max(PREDICTED_GAMMA_MAX, gamma), output_len=output_len)
+                if fixed else None)  # fmt: skip
     return {
+        "policy": policy,
         "t1": costs.t1,
         "draft_step": costs.draft_step,
         "verify": {str(width): seconds for width, seconds in sorted(costs.verify.items())},
@@ -349,8 +386,8 @@ def cost_model_for_arm(
         **prediction,
         "measured_speedup": measured,
         "prediction_error": prediction["predicted_speedup"] / measured - 1 if measured else None,
-        "break_even_alpha": break_even_alpha(gamma, costs),
-        "recommended_gamma": _best_gamma(by_gamma),
-        "predicted_by_gamma": {str(g): value for g, value in by_gamma.items()},
+        "break_even_alpha": break_even_alpha(gamma, costs) if fixed else None,
+        **(recommendation(by_gamma, gamma) if by_gamma is not None else NO_RECOMMENDATION),
+        "predicted_by_gamma": {str(g): value for g, value in by_gamma.items()} if by_gamma is not None else None,
         "verify_measured_mean": _total(arm, "verify_time") / _total(arm, "verify_rounds"),
     }

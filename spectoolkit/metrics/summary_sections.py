@@ -1,6 +1,6 @@
 """Typed sections of ``summary.json`` that the runner adds beside the statistics: the cost model of each
-drafting arm, the greedy exactness verdict, the quantization quality, the stock-baseline check and the
-run conditions.
+drafting arm and its check against a gamma sweep, the distribution of the draft length k per round, the
+greedy exactness verdict, the quantization quality, the stock-baseline check and the run conditions.
 
 Read with :func:`spectoolkit.metrics.tolerant.from_mapping` through ``Summary.from_dict``: a missing or
 wrong-typed field is None (or empty), never an exception. Times are seconds, memory is bytes.
@@ -14,8 +14,15 @@ from typing import Any
 
 @dataclass
 class CostModel:
-    """One drafting arm's cost model (DESIGN §1, :func:`spectoolkit.metrics.cost_model.cost_model_for_arm`)."""
+    """One drafting arm's cost model (DESIGN §1, :func:`spectoolkit.metrics.cost_model.cost_model_for_arm`).
 
+    ``recommended_gamma`` is the best γ of the measured range 1..``measured_gamma_max`` (the arm's own γ;
+    a gamma sweep's largest), ``extrapolated_gamma`` the best γ above it: predicted, not measured. An arm
+    whose ``policy`` is not "fixed" varies k per round: its fixed-γ what-ifs (``predicted_by_gamma``,
+    ``recommended_gamma``, ``extrapolated_gamma``, ``break_even_alpha``) are None / empty.
+    """
+
+    policy: str | None = None  # the draft-length policy; None: a summary from before policies (fixed)
     t1: float | None = None  # one target-alone decode step
     draft_step: float | None = None  # D, per drafted token
     verify: dict[int, float] = field(default_factory=dict)  # V: verify width -> seconds (JSON: str keys)
@@ -29,9 +36,51 @@ class CostModel:
     measured_speedup: float | None = None
     prediction_error: float | None = None  # predicted / measured - 1
     break_even_alpha: float | None = None
+    measured_gamma_max: int | None = None  # recommended_gamma is searched over 1..this
     recommended_gamma: int | None = None
+    recommended_speedup: float | None = None  # predicted at recommended_gamma
+    recommended_source: str | None = None  # the arm whose measured rounds, truncated, predict it
+    extrapolated_gamma: int | None = None  # the best γ above measured_gamma_max: predicted, not measured
+    extrapolated_speedup: float | None = None
     predicted_by_gamma: dict[int, float] = field(default_factory=dict)  # γ -> predicted_speedup
     verify_measured_mean: float | None = None
+
+
+@dataclass
+class GammaCheck:
+    """One cost-model prediction of a gamma sweep set beside a measurement (:mod:`spectoolkit.metrics.gamma_validation`):
+    the rounds of ``source_arm`` (run at ``source_gamma``) predict the speedup at ``gamma``, which ``arm`` ran."""
+
+    source_arm: str | None = None
+    source_gamma: int | None = None
+    arm: str | None = None
+    gamma: int | None = None
+    kind: str | None = None  # "truncation" (gamma <= source_gamma: exact) or "extrapolation"
+    predicted_speedup: float | None = None
+    measured_speedup: float | None = None  # arm's net throughput / its reference's
+    error: float | None = None  # predicted / measured - 1
+
+
+@dataclass
+class KDistribution:
+    """Verify rounds by the draft length k their policy chose (:mod:`spectoolkit.metrics.draft_lengths`)."""
+
+    rounds: int | None = None
+    counts: list[int] = field(default_factory=list)  # [γ+1] rounds at k = 0..γ
+    mean_k: float | None = None
+    zero_share: float | None = None  # rounds at k = 0 / rounds
+    mean_proposed: float | None = None  # drafted tokens per round (at most k: the drafter may stop early)
+
+
+@dataclass
+class ArmKDistribution:
+    """One drafting arm's distribution of k: overall, per task type, per load level (serving runs)."""
+
+    gamma: int | None = None  # the most a round could draft
+    source: str | None = None  # "chosen_lengths", or "draft_lengths" (records before schema 4), or "mixed"
+    overall: KDistribution = field(default_factory=KDistribution)  # every round of the arm
+    by_task_type: dict[str, KDistribution] = field(default_factory=dict)
+    by_load_level: dict[str, KDistribution] = field(default_factory=dict)  # level key -> (serving runs)
 
 
 @dataclass
@@ -127,6 +176,7 @@ class ConfiguredArm:
     target_precision: str | None = None
     drafter: str | None = None
     gamma: int | None = None
+    policy: str | None = None  # the draft-length policy ("fixed", "adaptive", ...); None: before policies
     reference: str | None = None
 
 
@@ -170,6 +220,7 @@ class Conditions:
     primary_arm: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
     gamma: int | None = None
+    policy: str | None = None  # speculate.policy
     batch_size: int | None = None
     concurrency: int | None = None
     workload: dict[str, Any] = field(default_factory=dict)

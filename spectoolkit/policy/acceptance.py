@@ -62,13 +62,12 @@ class AcceptanceModel:
 
     def workload_acceptance(self) -> np.ndarray:
         """A_1..A_max_gamma [max_gamma]: the prior every request starts from."""
-        out = np.empty(self.max_gamma)
+        out = []
         previous = BASE_ACCEPTANCE
-        for j in range(self.max_gamma):
-            reached, accepted = self.workload.reached[j], self.workload.accepted[j]
+        for reached, accepted in zip(self.workload.reached.tolist(), self.workload.accepted.tolist(), strict=True):
             previous = (accepted + WORKLOAD_PRIOR * previous) / (reached + WORKLOAD_PRIOR)
-            out[j] = previous
-        return out
+            out.append(previous)
+        return np.array(out)
 
     def survival(self, key: Hashable, cap: int, prior: np.ndarray | None = None) -> list[float]:
         """S_1..S_cap of ``key`` (``prior``: :meth:`workload_acceptance`, passed in when batching)."""

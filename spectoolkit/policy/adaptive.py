@@ -53,10 +53,12 @@ class AdaptivePolicy:
             if lengths[i] > 0 or caps[i] == 0:
                 self._idle.pop(key, None)
                 continue
-            idle = self._idle.get(key, 0) + 1
+            idle = self._idle.get(key, 0)  # plain rounds so far: this one is a probe after probe_interval of them
             if idle >= self.probe_interval and spare > 0:
                 lengths[i], spare, idle = 1, spare - 1, 0
                 self._probing.add(key)
+            else:
+                idle += 1
             self._idle[key] = idle
         return lengths
 
@@ -67,7 +69,7 @@ class AdaptivePolicy:
             if accepted:
                 self.probe_interval = max(self.probe_every, self.probe_interval // 2)
             else:
-                self.probe_interval = min(MAX_PROBE_INTERVAL, self.probe_interval * 2)
+                self.probe_interval = min(max(MAX_PROBE_INTERVAL, self.probe_every), self.probe_interval * 2)
 
     def observe_step(self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float) -> None:
         self.curve.observe(num_tokens, target_seconds)

@@ -36,22 +36,34 @@ def best_lengths(
 
     ``step_time(n)`` maps token counts [M] -> seconds [M] (non-decreasing). Ties keep the shorter drafts.
     """
-    caps = [len(s) for s in survival]
-    deepest = max(caps, default=0)
+    deepest = max((len(s) for s in survival), default=0)
     if deepest == 0 or budget <= 0:
         return [0] * len(survival)
+    times = step_time(np.arange(fixed_tokens, fixed_tokens + min(budget, deepest * len(survival)) + 1)).tolist()
+    if len(survival) == 1:  # batch 1: k itself is the depth
+        return [_best_single(survival[0], budget, times, draft_forward)]
     base = float(len(survival))  # every request emits one token even with k = 0
-    times = step_time(np.arange(fixed_tokens, fixed_tokens + budget + 1))  # [budget+1]: T(n0 + m)
-    best_value = base / float(times[0])
-    best = (0, 0)  # (L, m)
-    for depth in range(1, deepest + 1):
-        gains = np.sort(np.array([s[j] for s in survival for j in range(min(depth, len(s)))]))[::-1]
-        count = min(budget, gains.shape[0])
-        values = (base + np.cumsum(gains[:count])) / (times[1 : count + 1] + draft_forward * depth)  # [count]
-        m = int(np.argmax(values))
-        if values[m] > best_value * (1 + 1e-12):
-            best_value, best = float(values[m]), (depth, m + 1)
+    best_value, best = base / times[0], (0, 0)  # (L, m)
+    for depth in range(1 if draft_forward else deepest, deepest + 1):  # without a draft cost only L = deepest
+        gains = sorted((s[j] for s in survival for j in range(min(depth, len(s)))), reverse=True)
+        emitted = base
+        for m, gain in enumerate(gains[:budget], start=1):
+            emitted += gain
+            value = emitted / (times[m] + draft_forward * depth)
+            if value > best_value * (1 + 1e-12):
+                best_value, best = value, (depth, m)
     return _take(survival, *best)
+
+
+def _best_single(survival: Sequence[float], budget: int, times: list[float], draft_forward: float) -> int:
+    """The k <= min(len(survival), budget) of one request with the best (1 + Σ_{j<=k} S_j) / (T(n0+k) + d·k)."""
+    best_k, best_value, emitted = 0, 1.0 / times[0], 1.0
+    for k, gain in enumerate(survival[:budget], start=1):
+        emitted += gain
+        value = emitted / (times[k] + draft_forward * k)
+        if value > best_value * (1 + 1e-12):
+            best_k, best_value = k, value
+    return best_k
 
 
 def _take(survival: Sequence[Sequence[float]], depth: int, count: int) -> list[int]:

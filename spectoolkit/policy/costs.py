@@ -1,7 +1,7 @@
 """What a step costs, learnt online: target step time by token count, and one draft forward.
 
-:class:`StepCurve` keeps an exponentially weighted mean of the step time at each token count n seen
-(the batch-1 verify forward of width n, or a batched step of n tokens), optionally seeded from
+:class:`StepCurve` keeps the median of the recent step times at each token count n seen (the
+batch-1 verify forward of width n, or a batched step of n tokens), optionally seeded from
 calibration (:mod:`spectoolkit.bench.protocol.calibrate`). Queried, it fits the non-decreasing curve
 closest to those means (a wider step never costs less: a dip is noise), interpolates linearly between
 them and extrapolates past the widest with the least-squares slope of all points (floored at 0).
@@ -12,11 +12,15 @@ which measures a second point); with none, every width costs the same (so it dra
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Mapping
 
 import numpy as np
 
-MIN_WEIGHT = 0.1  # the EWMA's weight on a new observation once warm (1/n before: a plain mean)
+MIN_WEIGHT = 0.1  # DraftCost's EWMA weight on a new observation once warm (1/n before: a plain mean)
+WINDOW = 15  # StepCurve: observations kept per token count (the median: one preempted step is not a trend)
+REFIT = 8  # StepCurve: observations between fits
 
 
 def monotone_fit(values: np.ndarray) -> np.ndarray:
@@ -32,52 +36,61 @@ def monotone_fit(values: np.ndarray) -> np.ndarray:
 
 
 class StepCurve:
-    """T(n): seconds of one target step of n tokens."""
+    """T(n): seconds of one target step of n tokens (the median of its last :data:`WINDOW` observations).
+
+    The fit is redone after every :data:`REFIT` observations (and on the first query after a seed).
+    """
 
     def __init__(self) -> None:
-        self._mean: dict[int, float] = {}
-        self._count: dict[int, int] = {}
+        self._recent: dict[int, deque[float]] = {}
         self._fitted: tuple[np.ndarray, np.ndarray, float] | None = None
+        self._stale = 0
+        self._cache: dict[bytes, np.ndarray] = {}
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
-        """Start from calibrated points (they count as one observation each)."""
+        """Start from calibrated points (each counts as one observation)."""
         for tokens, seconds in seconds_by_tokens.items():
             self.observe(int(tokens), float(seconds))
+        self._fitted = None
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens < 1 or not seconds > 0:
             return
-        count = self._count.get(tokens, 0) + 1
-        weight = max(1.0 / count, MIN_WEIGHT)
-        previous = self._mean.get(tokens, seconds)
-        self._mean[tokens] = previous + weight * (seconds - previous)
-        self._count[tokens] = count
-        self._fitted = None
+        self._recent.setdefault(tokens, deque(maxlen=WINDOW)).append(seconds)
+        self._stale += 1
+        if self._stale >= REFIT or len(self._recent) <= 2:  # refit at once while the curve is still forming
+            self._fitted = None
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         """T at every token count in ``tokens`` [M] -> seconds [M]."""
         tokens = np.asarray(tokens, dtype=np.float64)
-        if not self._mean:
+        if not self._recent:
             return np.ones_like(tokens)
-        xs, ys, slope = self._fit()
-        inside = np.interp(tokens, xs, ys)
-        beyond = ys[-1] + slope * (tokens - xs[-1])
-        below = np.maximum(ys[0] + slope * (tokens - xs[0]), ys[0] * tokens / xs[0])  # never under proportional
-        return np.where(tokens > xs[-1], beyond, np.where(tokens < xs[0], below, inside))
+        if self._fitted is None:
+            self._fitted, self._stale, self._cache = self._fit(), 0, {}
+        key = tokens.tobytes()
+        if key not in self._cache:
+            xs, ys, slope = self._fitted
+            inside = np.interp(tokens, xs, ys)
+            beyond = ys[-1] + slope * (tokens - xs[-1])
+            below = np.maximum(ys[0] + slope * (tokens - xs[0]), ys[0] * tokens / xs[0])  # never under proportional
+            self._cache[key] = np.where(tokens > xs[-1], beyond, np.where(tokens < xs[0], below, inside))
+        return self._cache[key]
 
     def _fit(self) -> tuple[np.ndarray, np.ndarray, float]:
-        if self._fitted is None:
-            xs = np.array(sorted(self._mean), dtype=np.float64)
-            ys = monotone_fit(np.array([self._mean[int(x)] for x in xs]))
-            if len(xs) == 1:
-                slope = ys[0] / xs[0]  # proportional to tokens until a second width is seen
-            else:
-                slope = max(0.0, float(np.polyfit(xs, ys, 1)[0]))
-            self._fitted = (xs, ys, slope)
-        return self._fitted
+        points = self.points()
+        xs = np.array(list(points), dtype=np.float64)
+        ys = monotone_fit(np.array(list(points.values())))
+        if len(xs) == 1:
+            slope = ys[0] / xs[0]  # proportional to tokens until a second width is seen
+        else:
+            centred = xs - xs.mean()
+            slope = max(0.0, float(centred @ (ys - ys.mean()) / (centred @ centred)))  # least squares
+        return xs, ys, slope
 
     def points(self) -> dict[int, float]:
-        return dict(sorted(self._mean.items()))
+        """Token count -> median of its recent step times, ascending."""
+        return {tokens: statistics.median(self._recent[tokens]) for tokens in sorted(self._recent)}
 
 
 class DraftCost:

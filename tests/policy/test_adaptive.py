@@ -1,0 +1,227 @@
+"""The adaptive draft-length policy (spectoolkit.policy.adaptive) driven round by round, and the fixed ones.
+
+Costs are seeded with a realistic curve (T(n) = 10 ms + 0.3 ms·n, one draft forward 1 ms) so the
+choice depends on the acceptance that each test constructs through ``observe``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
+from spectoolkit.policy.adaptive import MAX_PROBE_INTERVAL
+
+GAMMA = 4
+STEP_BASE, STEP_PER_TOKEN, DRAFT_FORWARD = 0.010, 0.0003, 0.001  # seconds
+
+
+def _policy(probe_every: int = 8, decay: float = 0.9, gamma: int = GAMMA) -> AdaptivePolicy:
+    policy = AdaptivePolicy(gamma, decay, probe_every)
+    policy.seed({n: STEP_BASE + STEP_PER_TOKEN * n for n in (1, 2, 4, 8, 16, 32)})
+    policy.draft_cost.observe(1, DRAFT_FORWARD)
+    return policy
+
+
+def _hopeless(policy: AdaptivePolicy, key, rounds: int = 30) -> None:
+    for _ in range(rounds):
+        policy.observe(key, GAMMA, GAMMA, 0)
+
+
+def _perfect(policy: AdaptivePolicy, key, rounds: int = 30) -> None:
+    for _ in range(rounds):
+        policy.observe(key, GAMMA, GAMMA, GAMMA)
+
+
+def _one(policy: AdaptivePolicy, key, cap: int = GAMMA) -> int:
+    """One batch-1 round's k (fixed tokens: the pending one; budget: the cap)."""
+    return policy.choose([key], [cap], 1, cap)[0]
+
+
+# ---- fixed and confidence ----------------------------------------------------------------------
+
+
+def _old_fixed(gamma: int, caps: list[int], budget: int) -> list[int]:
+    """The constant-γ allocation of before the policies: min(γ, cap, what is left), in order."""
+    out = []
+    for cap in caps:
+        out.append(max(0, min(gamma, cap, budget)))
+        budget -= out[-1]
+    return out
+
+
+@pytest.mark.parametrize("cls", [FixedPolicy, ConfidencePolicy])
+def test_fixed_caps_reproduce_the_old_allocation(cls):
+    policy = cls(4) if cls is FixedPolicy else cls(4, 0.25)
+    assert policy.choose(["a", "b", "c", "d", "e"], [4, 2, 5, 0, 3], 5, 7) == [4, 2, 1, 0, 0]
+    assert policy.choose([], [], 0, 10) == []
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        caps = rng.integers(-1, 9, size=int(rng.integers(1, 7))).tolist()
+        budget = int(rng.integers(-2, 30))
+        keys = list(range(len(caps)))
+        assert policy.choose(keys, caps, len(caps), budget) == _old_fixed(4, caps, budget)
+    for method, args in (("observe", ("a", 4, 4, 0)), ("observe_step", (5, 4, 0.1, 0.1)), ("release", ("a",))):
+        getattr(policy, method)(*args)  # no state: the same choice afterwards
+    policy.seed({1: 1.0})
+    assert policy.choose(["a"], [9], 1, 9) == [4]
+
+
+def test_confidence_policy_carries_its_threshold():
+    assert ConfidencePolicy(3, 0.4).stop_below == 0.4 and ConfidencePolicy(3, 0.4).name == "confidence"
+    assert FixedPolicy(3).stop_below is None and AdaptivePolicy(3, 0.9, 8).stop_below is None
+
+
+# ---- adaptive: acceptance decides --------------------------------------------------------------
+
+
+def test_never_accepted_drafts_nothing_always_accepted_drafts_gamma():
+    policy = _policy()
+    _hopeless(policy, "never")
+    _perfect(policy, "always")
+    assert _one(policy, "never") == 0
+    assert _one(policy, "always") == GAMMA
+    assert _one(policy, "always", cap=2) == 2  # never past its cap
+    assert policy.choose(["never", "always"], [GAMMA, GAMMA], 2, 8) == [0, GAMMA]
+
+
+def test_the_choice_follows_where_drafts_are_rejected():
+    policy = _policy()
+    for _ in range(30):
+        policy.observe("two", GAMMA, GAMMA, 2)  # always exactly 2 of 4 accepted
+    assert _one(policy, "two") == 2
+
+
+def test_a_fresh_policy_learns_gamma_from_full_rounds_and_zero_from_rejections():
+    for accepted_share, expected in ((1.0, GAMMA), (0.0, 0)):
+        policy, chosen = _policy(probe_every=1000), []
+        for _ in range(15):
+            k = _one(policy, "r")
+            chosen.append(k)
+            policy.observe("r", k, k, round(accepted_share * k))
+        assert chosen[0] not in (0, GAMMA)  # the prior (0.5) starts in between
+        assert chosen[-5:] == [expected] * 5, chosen
+
+
+def test_costlier_draft_forwards_shorten_the_drafts():
+    cheap, costly = _policy(), _policy()
+    costly.draft_cost.observe(1, 0.2)  # EWMA of 1 ms and 200 ms: ~100 ms per forward, ten target steps
+    for policy in (cheap, costly):
+        for _ in range(30):
+            policy.observe("r", GAMMA, GAMMA, 3)  # the 4th draft is always rejected
+    assert _one(cheap, "r") == 3 and _one(costly, "r") == 0
+
+
+def test_joint_choice_respects_caps_and_budget():
+    policy = _policy()
+    keys = ["a", "b", "c"]
+    for key in keys:
+        _perfect(policy, key)
+    assert policy.choose(keys, [GAMMA] * 3, 3, 12) == [GAMMA] * 3
+    tight = policy.choose(keys, [GAMMA] * 3, 3, 5)
+    assert sum(tight) == 5 and all(0 <= k <= GAMMA for k in tight)
+    assert policy.choose(keys, [1, 0, 9], 3, 12) == [1, 0, GAMMA]  # caps past max_gamma are clipped
+    assert policy.choose(keys, [GAMMA] * 3, 3, 0) == [0, 0, 0]
+
+
+def test_release_forgets_a_request():
+    policy = _policy()
+    _perfect(policy, "a")
+    _hopeless(policy, "b", rounds=3)
+    policy.release("a")
+    prior = np.cumprod(policy.acceptance.workload_acceptance()[:GAMMA]).tolist()
+    assert policy.acceptance.survival("a", GAMMA) == pytest.approx(prior)
+
+
+# ---- adaptive: probing -------------------------------------------------------------------------
+
+
+def _rounds_until_probe(policy: AdaptivePolicy, key, limit: int = 2000) -> int:
+    """Plain rounds of ``key`` before its next 1-token probe (the probe itself is not counted)."""
+    for plain in range(limit):
+        k = _one(policy, key)
+        if k:
+            assert k == 1, "a request at 0 is probed with one token"
+            return plain
+        policy.observe(key, 0, 0, 0)
+    raise AssertionError("never probed")
+
+
+@pytest.mark.parametrize("probe_every", [1, 3, 8])
+def test_a_request_at_zero_is_probed_after_probe_every_plain_rounds(probe_every):
+    policy = _policy(probe_every)
+    _hopeless(policy, "a")
+    assert _rounds_until_probe(policy, "a") == probe_every
+
+
+def test_rejected_probes_double_the_interval_up_to_the_cap():
+    policy = _policy(probe_every=3)
+    _hopeless(policy, "a")
+    intervals = []
+    for _ in range(10):
+        intervals.append(_rounds_until_probe(policy, "a"))
+        policy.observe("a", 1, 1, 0)  # the probe is rejected
+    assert intervals == [3, 6, 12, 24, 48, 96, 192, MAX_PROBE_INTERVAL, MAX_PROBE_INTERVAL, MAX_PROBE_INTERVAL]
+    assert policy.probe_interval == MAX_PROBE_INTERVAL
+
+
+def test_accepted_probes_halve_the_interval_down_to_probe_every():
+    policy = _policy(probe_every=3)
+    _hopeless(policy, "a")
+    for _ in range(3):  # rejected: 3 -> 6 -> 12 -> 24
+        _rounds_until_probe(policy, "a")
+        policy.observe("a", 1, 1, 0)
+    assert policy.probe_interval == 24
+    halved = []
+    for _ in range(4):
+        _hopeless(policy, "a", rounds=5)  # keep it at 0 whatever the probes taught it
+        _rounds_until_probe(policy, "a")
+        policy.observe("a", 1, 1, 1)  # the probe is accepted
+        halved.append(policy.probe_interval)
+    assert halved == [12, 6, 3, 3]
+
+
+def test_probe_every_above_the_cap_is_never_shortened_by_a_rejection():
+    policy = _policy(probe_every=MAX_PROBE_INTERVAL + 44)
+    _hopeless(policy, "a")
+    assert _rounds_until_probe(policy, "a") == MAX_PROBE_INTERVAL + 44
+    policy.observe("a", 1, 1, 0)
+    assert policy.probe_interval >= MAX_PROBE_INTERVAL + 44  # rejected: probed no more often than before
+
+
+def test_the_probe_interval_is_shared_by_the_workload():
+    policy = _policy(probe_every=4)
+    _hopeless(policy, "a")
+    _hopeless(policy, "b")
+    assert _rounds_until_probe(policy, "a") == 4
+    policy.observe("a", 1, 1, 0)  # a's probe is rejected: every request is probed half as often
+    assert _rounds_until_probe(policy, "b") == 8  # b's first probe already waits the doubled interval
+    policy.observe("b", 1, 1, 0)
+    assert _rounds_until_probe(policy, "a") == 16
+
+
+def test_no_probe_without_spare_budget_and_none_for_zero_caps():
+    policy = _policy(probe_every=2)
+    _hopeless(policy, "a")
+    for _ in range(5):
+        assert policy.choose(["a"], [GAMMA], 1, 0) == [0]  # the step has no candidate room
+    assert policy.choose(["a"], [GAMMA], 1, 1) == [1]  # as soon as it has, the overdue probe goes
+    policy.observe("a", 1, 1, 0)
+    for _ in range(10):
+        assert policy.choose(["a"], [0], 1, 4) == [0]  # a request that may not draft is never probed
+    assert _rounds_until_probe(policy, "a") == policy.probe_interval
+
+
+def test_a_request_whose_drafts_turn_good_is_picked_up_again():
+    policy = _policy(probe_every=4)
+    _hopeless(policy, "a", rounds=40)
+    chosen = []
+    for _ in range(120):  # from now on the drafter is always right
+        k = _one(policy, "a")
+        chosen.append(k)
+        policy.observe("a", k, k, k)
+    first_probe = chosen.index(1)
+    assert first_probe == 4 and set(chosen[:first_probe]) == {0}
+    assert any(k > 1 for k in chosen), chosen  # picked up by the optimiser, not only by probes
+    assert chosen[-10:] == [GAMMA] * 10, chosen
+    assert policy.probe_interval == 4

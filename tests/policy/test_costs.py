@@ -1,0 +1,125 @@
+"""Learnt step costs (spectoolkit.policy.costs): the EWMA per width, the monotone fit and its brute reference."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from spectoolkit.policy.costs import MIN_WEIGHT, DraftCost, StepCurve, monotone_fit
+
+
+def _brute_monotone_fit(values: np.ndarray) -> np.ndarray:
+    """Least-squares non-decreasing fit by enumeration: the optimum is constant on consecutive blocks
+    (each at its block's mean), so try every split of the sequence into blocks with non-decreasing means."""
+    n, best, best_error = len(values), None, np.inf
+    for cuts in itertools.product([False, True], repeat=n - 1):
+        bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [n]
+        means = [values[a:b].mean() for a, b in itertools.pairwise(bounds)]
+        if any(later < earlier for earlier, later in itertools.pairwise(means)):
+            continue
+        fitted = np.concatenate([np.full(b - a, m) for (a, b), m in zip(itertools.pairwise(bounds), means)])
+        error = float(((fitted - values) ** 2).sum())
+        if error < best_error:
+            best, best_error = fitted, error
+    return best
+
+
+def _curve(points: dict[int, float]) -> StepCurve:
+    curve = StepCurve()
+    curve.seed(points)
+    return curve
+
+
+@pytest.mark.parametrize("length", range(1, 8))
+def test_monotone_fit_matches_brute_force(length):
+    rng = np.random.default_rng(length)
+    for trial in range(40):
+        values = rng.normal(size=length)
+        if trial % 4 == 0:
+            values = np.round(values)  # ties
+        if trial % 4 == 1:
+            values = np.sort(values)  # already monotone: unchanged
+        fitted = monotone_fit(values)
+        assert fitted.shape == values.shape
+        assert np.all(np.diff(fitted) >= -1e-12)
+        np.testing.assert_allclose(fitted, _brute_monotone_fit(values), rtol=0, atol=1e-12)
+        if trial % 4 == 1:
+            np.testing.assert_allclose(fitted, values, rtol=0, atol=1e-15)
+
+
+def test_empty_curve_costs_the_same_at_every_width():
+    curve = StepCurve()
+    np.testing.assert_array_equal(curve(np.array([1, 2, 7, 100])), np.ones(4))
+    assert curve.points() == {}
+
+
+def test_ewma_is_a_plain_mean_then_weights_new_steps_by_min_weight():
+    curve = StepCurve()
+    for seconds in range(1, 11):  # counts 1..10: weight 1/count, the running mean
+        curve.observe(3, float(seconds))
+    assert curve.points() == {3: pytest.approx(5.5)}
+    assert round(1 / MIN_WEIGHT) == 10  # (the two phases meet at the 10th observation)
+    curve.observe(3, 16.5)
+    assert curve.points()[3] == pytest.approx(5.5 + MIN_WEIGHT * 11.0)
+    assert curve(np.array([3]))[0] == pytest.approx(6.6)
+
+
+def test_seed_counts_as_one_observation_and_bad_steps_are_ignored():
+    curve = StepCurve()
+    curve.seed({2: 1.0, 5: 2.0})
+    curve.observe(2, 3.0)
+    assert curve.points() == {2: pytest.approx(2.0), 5: pytest.approx(2.0)}
+    for tokens, seconds in ((0, 1.0), (-1, 1.0), (4, 0.0), (4, -1.0), (4, float("nan"))):
+        curve.observe(tokens, seconds)
+    assert set(curve.points()) == {2, 5}
+
+
+def test_a_noisy_dip_is_fitted_away_and_interpolated():
+    curve = _curve({1: 1.0, 2: 1.2, 3: 1.0, 4: 1.4})  # a wider step never costs less: 2 and 3 pool to 1.1
+    np.testing.assert_allclose(curve(np.array([1, 2, 3, 4])), [1.0, 1.1, 1.1, 1.4], rtol=1e-12)
+    np.testing.assert_allclose(curve(np.array([1.5, 3.5])), [1.05, 1.25], rtol=1e-12)
+    assert curve.points() == {1: 1.0, 2: 1.2, 3: 1.0, 4: 1.4}  # the means themselves are kept
+    grid = curve(np.arange(1, 40))
+    assert np.all(np.diff(grid) >= 0)
+
+
+def test_extrapolates_past_the_widest_with_the_least_squares_slope():
+    linear = _curve({n: 0.010 + 0.0003 * n for n in (1, 2, 4, 8)})
+    np.testing.assert_allclose(linear(np.array([16, 64])), [0.010 + 0.0003 * 16, 0.010 + 0.0003 * 64], rtol=1e-9)
+    bent = _curve({1: 1.0, 2: 1.0, 3: 2.0})  # LS slope of the three points: 0.5
+    np.testing.assert_allclose(bent(np.array([5])), [2.0 + 0.5 * 2], rtol=1e-12)
+    falling = _curve({1: 2.0, 2: 1.0})  # fitted flat at 1.5: slope 0, never falling
+    np.testing.assert_allclose(falling(np.array([2, 10, 1000])), [1.5, 1.5, 1.5], rtol=1e-12)
+
+
+def test_below_the_narrowest_never_under_proportional():
+    flat = _curve({4: 1.0, 8: 1.0})  # slope 0: the narrowest cost carries down
+    np.testing.assert_allclose(flat(np.array([1, 2, 3])), [1.0, 1.0, 1.0], rtol=1e-12)
+    gentle = _curve({4: 4.0, 8: 5.0})  # slope 0.25, above proportional at 2: 3.5 (not 2.0)
+    np.testing.assert_allclose(gentle(np.array([2])), [3.5], rtol=1e-12)
+    steep = _curve({4: 1.0, 8: 5.0})  # slope 1 would go to 0 or below: proportional instead
+    np.testing.assert_allclose(steep(np.array([1, 2, 3])), [0.25, 0.5, 0.75], rtol=1e-12)
+
+
+def test_one_point_is_proportional_to_tokens():
+    curve = _curve({4: 2.0})
+    np.testing.assert_allclose(curve(np.array([1, 2, 4, 8, 12])), [0.5, 1.0, 2.0, 4.0, 6.0], rtol=1e-12)
+    curve.observe(8, 2.2)  # a second width: interpolation and the LS slope take over
+    np.testing.assert_allclose(curve(np.array([6, 12])), [2.1, 2.4], rtol=1e-12)
+
+
+def test_draft_cost_is_per_forward_and_zero_until_measured():
+    cost = DraftCost()
+    assert cost.per_forward == 0.0
+    cost.observe(0, 5.0)  # no draft forward in that step: nothing learnt
+    cost.observe(2, -1.0)
+    assert cost.per_forward == 0.0
+    cost.observe(2, 0.004)
+    assert cost.per_forward == pytest.approx(0.002)
+    cost.observe(4, 0.016)  # second observation: the plain mean of 2 ms and 4 ms
+    assert cost.per_forward == pytest.approx(0.003)
+    for _ in range(200):
+        cost.observe(1, 0.001)
+    assert cost.per_forward == pytest.approx(0.001, rel=1e-6)
