@@ -15,7 +15,9 @@ def make_policy(speculate: SpeculateConfig, kind: str | None = None, max_gamma: 
         return AdaptivePolicy(gamma, speculate.decay, speculate.probe_every)
     if kind == "confidence":
         return ConfidencePolicy(gamma, speculate.confidence)
-    return FixedPolicy(gamma)
+    if kind == "fixed":
+        return FixedPolicy(gamma)
+    raise ValueError(f"unknown draft-length policy {kind!r}; use one of {', '.join(DRAFT_POLICIES)}")
 
 
 __all__ = ["DRAFT_POLICIES", "AdaptivePolicy", "ConfidencePolicy", "DraftLengthPolicy", "FixedPolicy", "make_policy"]

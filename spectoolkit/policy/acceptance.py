@@ -52,10 +52,10 @@ class AcceptanceModel:
 
     def observe(self, key: Hashable, drafted: int, accepted: int) -> None:
         """A verified round of ``key``: ``drafted`` tokens proposed, the first ``accepted`` kept."""
-        if drafted <= 0:
-            return  # nothing proposed: nothing learned
         if not 0 <= accepted <= drafted <= self.max_gamma:
             raise ValueError(f"round (drafted={drafted}, accepted={accepted}) outside 0..{self.max_gamma}")
+        if drafted == 0:
+            return  # nothing proposed: nothing learned
         counts = self._requests.setdefault(key, _Counts(self.max_gamma))
         counts.add(drafted, accepted, self.decay)
         self.workload.add(drafted, accepted, WORKLOAD_DECAY)

@@ -2,8 +2,8 @@
 
 Each round it estimates every request's survival curve S_1..S_cap from its recent rounds, shrunk
 toward the workload's (:mod:`~spectoolkit.policy.acceptance`), and the step's costs from what the
-engine measured (:mod:`~spectoolkit.policy.costs`: target step time by token count — calibration at
-batch 1, the scheduler's own steps under load — and one draft forward). It then picks the k_i that
+engine measured (:mod:`~spectoolkit.policy.costs`: target step time by token count, per batch size —
+calibration at batch 1, the scheduler's own decode steps under load — and one draft forward). It then picks the k_i that
 maximise the step's expected emitted tokens per second, jointly over the batch under the step's
 candidate budget (:func:`~spectoolkit.policy.allocate.best_lengths`): a request's marginal candidate
 competes with every other request's.
@@ -22,7 +22,7 @@ from spectoolkit.policy.acceptance import AcceptanceModel
 from spectoolkit.policy.allocate import best_lengths
 from spectoolkit.policy.costs import DraftCost, StepCurve
 
-MAX_PROBE_INTERVAL = 256
+MAX_PROBE_INTERVAL = 256  # the doubling stops here (or at probe_every, if that is larger)
 
 
 class AdaptivePolicy:
@@ -34,7 +34,8 @@ class AdaptivePolicy:
     def __init__(self, max_gamma: int, decay: float, probe_every: int) -> None:
         self.max_gamma = max_gamma
         self.acceptance = AcceptanceModel(max_gamma, decay)
-        self.curve = StepCurve()
+        self.curve = StepCurve()  # every decode step, whatever its batch
+        self.curves: dict[int, StepCurve] = {}  # by the step's sequence count
         self.draft_cost = DraftCost()
         self.probe_every = probe_every
         self.probe_interval = probe_every
@@ -45,7 +46,7 @@ class AdaptivePolicy:
         caps = [max(0, min(cap, self.max_gamma)) for cap in caps]
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
-        lengths = best_lengths(survival, fixed_tokens, budget, self.curve, self.draft_cost.per_forward)
+        lengths = best_lengths(survival, fixed_tokens, budget, self.step_curve(len(keys)), self.draft_cost.per_forward)
         return self._probe(keys, caps, lengths, budget - sum(lengths))
 
     def _probe(self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], spare: int) -> list[int]:
@@ -64,19 +65,32 @@ class AdaptivePolicy:
 
     def observe(self, key: Hashable, chosen: int, drafted: int, accepted: int) -> None:
         self.acceptance.observe(key, drafted, accepted)
-        if key in self._probing and drafted > 0:
-            self._probing.discard(key)
+        if key in self._probing:
+            self._probing.discard(key)  # a probe the drafter had nothing for (an n-gram miss) says nothing
+            if not drafted:
+                return
             if accepted:
                 self.probe_interval = max(self.probe_every, self.probe_interval // 2)
             else:
                 self.probe_interval = min(max(MAX_PROBE_INTERVAL, self.probe_every), self.probe_interval * 2)
 
-    def observe_step(self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float) -> None:
+    def step_curve(self, sequences: int) -> StepCurve:
+        """T(n) for steps of ``sequences`` sequences (attention and per-sequence work differ by batch), or
+        of all steps until that batch size has been seen at two token counts."""
+        curve = self.curves.get(sequences)
+        return curve if curve is not None and curve.widths() >= 2 else self.curve
+
+    def observe_step(
+        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
+    ) -> None:
         self.curve.observe(num_tokens, target_seconds)
+        self.curves.setdefault(sequences, StepCurve()).observe(num_tokens, target_seconds)
         self.draft_cost.observe(draft_forwards, draft_seconds)
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
+        """Batch-1 calibration: the verify forward time by width."""
         self.curve.seed(seconds_by_tokens)
+        self.curves.setdefault(1, StepCurve()).seed(seconds_by_tokens)
 
     def release(self, key: Hashable) -> None:
         self.acceptance.release(key)

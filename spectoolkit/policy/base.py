@@ -30,8 +30,11 @@ class DraftLengthPolicy(Protocol):
     def observe(self, key: Hashable, chosen: int, drafted: int, accepted: int) -> None:
         """``key``'s verified round: asked for ``chosen``, ``drafted`` proposed, ``accepted`` kept."""
 
-    def observe_step(self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float) -> None:
-        """A step of ``num_tokens`` target tokens; its drafting took ``draft_forwards`` sequential forwards."""
+    def observe_step(
+        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
+    ) -> None:
+        """A decode step of ``num_tokens`` target tokens over ``sequences`` sequences (batch 1: a round);
+        its drafting took ``draft_forwards`` sequential forwards. Steps with prefill chunks are not reported."""
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Calibrated target step times by token count (batch 1: the verify widths)."""
@@ -60,7 +63,9 @@ class FixedPolicy:
     def observe(self, key: Hashable, chosen: int, drafted: int, accepted: int) -> None:
         pass
 
-    def observe_step(self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float) -> None:
+    def observe_step(
+        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
+    ) -> None:
         pass
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:

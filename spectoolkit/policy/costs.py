@@ -88,6 +88,10 @@ class StepCurve:
             slope = max(0.0, float(centred @ (ys - ys.mean()) / (centred @ centred)))  # least squares
         return xs, ys, slope
 
+    def widths(self) -> int:
+        """How many distinct token counts have been observed."""
+        return len(self._recent)
+
     def points(self) -> dict[int, float]:
         """Token count -> median of its recent step times, ascending."""
         return {tokens: statistics.median(self._recent[tokens]) for tokens in sorted(self._recent)}

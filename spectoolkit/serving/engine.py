@@ -123,7 +123,8 @@ class ContinuousEngine:
             done = self._commit(seq, work, proposal, rows, now) if ok else self._fail(seq, NON_FINITE, now)
             if done is not None:
                 finished.append(done)
-        self._learn(plan.work, proposals, started, draft_time)
+        if not prefill:  # a step with prefill chunks says little about the cost of drafts
+            self._learn(plan.work, proposals, started, draft_time)
         self._report(plan, reserved, prefill, started, draft_time, len(finished))
         return finished
 
@@ -132,7 +133,7 @@ class ContinuousEngine:
         tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
         forwards = max((len(proposal) for proposal in proposals), default=0)
         elapsed = time.perf_counter() - started
-        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time)
+        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time, len(works))
 
     # ---- the parts of a step ------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Learnt step costs (spectoolkit.policy.costs): the EWMA per width, the monotone fit and its brute reference."""
+"""Learnt step costs (spectoolkit.policy.costs): windowed medians per width, the monotone fit and its brute
+reference, inter- and extrapolation, and the draft forward's EWMA."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from spectoolkit.policy.costs import MIN_WEIGHT, DraftCost, StepCurve, monotone_fit
+from spectoolkit.policy.costs import REFIT, WINDOW, DraftCost, StepCurve, monotone_fit
 
 
 def _brute_monotone_fit(values: np.ndarray) -> np.ndarray:
@@ -19,7 +20,8 @@ def _brute_monotone_fit(values: np.ndarray) -> np.ndarray:
         means = [values[a:b].mean() for a, b in itertools.pairwise(bounds)]
         if any(later < earlier for earlier, later in itertools.pairwise(means)):
             continue
-        fitted = np.concatenate([np.full(b - a, m) for (a, b), m in zip(itertools.pairwise(bounds), means)])
+        blocks = zip(itertools.pairwise(bounds), means, strict=True)
+        fitted = np.concatenate([np.full(b - a, mean) for (a, b), mean in blocks])
         error = float(((fitted - values) ** 2).sum())
         if error < best_error:
             best, best_error = fitted, error
@@ -55,15 +57,26 @@ def test_empty_curve_costs_the_same_at_every_width():
     assert curve.points() == {}
 
 
-def test_ewma_is_a_plain_mean_then_weights_new_steps_by_min_weight():
+def test_each_width_costs_the_median_of_its_recent_steps():
     curve = StepCurve()
-    for seconds in range(1, 11):  # counts 1..10: weight 1/count, the running mean
+    for seconds in range(1, 11):
         curve.observe(3, float(seconds))
     assert curve.points() == {3: pytest.approx(5.5)}
-    assert round(1 / MIN_WEIGHT) == 10  # (the two phases meet at the 10th observation)
-    curve.observe(3, 16.5)
-    assert curve.points()[3] == pytest.approx(5.5 + MIN_WEIGHT * 11.0)
-    assert curve(np.array([3]))[0] == pytest.approx(6.6)
+    curve.observe(3, 1000.0)  # one preempted or interrupted step is not a trend
+    assert curve.points() == {3: pytest.approx(6.0)}
+    assert curve(np.array([3]))[0] == pytest.approx(6.0)
+    for _ in range(WINDOW):  # a full window of new times: the old ones are forgotten
+        curve.observe(3, 2.0)
+    assert curve.points() == {3: pytest.approx(2.0)}
+
+
+def test_the_fit_follows_new_observations_within_refit_steps():
+    curve = _curve({1: 1.0, 2: 2.0, 4: 4.0})
+    assert curve(np.array([4]))[0] == pytest.approx(4.0)
+    for _ in range(REFIT):
+        curve.observe(4, 8.0)  # median of [4, 8 x REFIT]: 8
+    assert curve(np.array([4, 3]))[0] == pytest.approx(8.0)
+    assert curve(np.array([3]))[0] == pytest.approx(5.0)  # interpolated on the refitted points
 
 
 def test_seed_counts_as_one_observation_and_bad_steps_are_ignored():
