@@ -11,6 +11,8 @@ Conventions, over all successful records of an arm (never means of per-request m
   Pr(K >= i) over all rounds (a round that drafted fewer than i tokens counts as K < i)
 - net_throughput = output tokens / total wall time; speedup = arm / "baseline" net throughput
 - latency and TTFT quantiles are request-level (numpy linear interpolation over all records)
+- k_distribution: per drafting arm, verify rounds by the draft length k its policy chose, overall and
+  per task type (:mod:`spectoolkit.metrics.draft_lengths`)
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from spectoolkit.metrics.cost_model import acceptance_histogram, cost_model_for_arm, prob_accept_at_least
+from spectoolkit.metrics.cost_model import FIXED, acceptance_histogram, cost_model_for_arm, prob_accept_at_least
+from spectoolkit.metrics.draft_lengths import k_distributions
+from spectoolkit.metrics.gamma_validation import widen_recommendations
 from spectoolkit.metrics.records import RequestRecord, rounds_of
 from spectoolkit.metrics.summary_schema import (
     BASELINE,
@@ -226,19 +230,26 @@ def summarize(
         "by_output_len": _bucketed(ok, "output_len", OUTPUT_BUCKETS, names),
         "baseline_repeat_throughput": repeat_throughput,
         "baseline_spread": spread,
+        "k_distribution": k_distributions(ok, drafting),
     }
 
 
 def cost_models(
     records: Records, arms: dict[str, dict[str, Any]], verify_costs: dict[str, dict[int, float]]
 ) -> dict[str, Any]:
-    """The cost model (DESIGN §1) of every drafting arm, fed by its records and its reference's."""
+    """The cost model (DESIGN §1) of every drafting arm, fed by its records and its reference's.
+
+    ``arms`` maps arm name -> {"reference", "gamma", "policy" (default "fixed")}. In a gamma sweep (fixed
+    arms sharing a reference) each fixed arm's recommended_gamma covers the sweep's measured range
+    (:func:`~spectoolkit.metrics.gamma_validation.widen_recommendations`).
+    """
     ok = _by_arm([r for r in records if not r.error])
     out = {}
     for name, info in arms.items():
         if info.get("reference") and info.get("gamma"):
             result = cost_model_for_arm(ok.get(name, []), ok.get(info["reference"], []), verify_costs.get(name),
-                                        info["gamma"])  # fmt: skip
+                                        info["gamma"], info.get("policy", FIXED))  # fmt: skip
             if result is not None:
-                out[name] = result
+                out[name] = {**result, "recommended_source": name if result["recommended_gamma"] is not None else None}
+    widen_recommendations(out, arms)
     return out

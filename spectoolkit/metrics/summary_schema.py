@@ -4,7 +4,9 @@ report and the sweep table read, by attribute.
 ``Summary.from_dict`` is tolerant (a wrong-typed or missing field is None or empty, never an
 exception) and reads the older shapes too: schema version 1 (no ``schema_version`` key), arms kept at
 the top of a group (issue 2), one ``speedup`` for the arm "spec", no ``primary_arm`` ("spec" when it
-was measured). Metric definitions: DESIGN §3 and the docstring of :mod:`spectoolkit.metrics.summary`.
+was measured); before version 3 a cost model's ``recommended_gamma`` was searched over every predicted
+γ, and is read as today's (the best of 1..the arm's γ; the best above it as ``extrapolated_gamma``).
+Metric definitions: DESIGN §3 and the docstring of :mod:`spectoolkit.metrics.summary`.
 """
 
 from __future__ import annotations
@@ -12,10 +14,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from spectoolkit.metrics.summary_sections import BaselineCheck, Conditions, CostModel, Exactness, QuantQuality
+from spectoolkit.metrics.cost_model import recommendation
+from spectoolkit.metrics.summary_sections import (
+    ArmKDistribution,
+    BaselineCheck,
+    Conditions,
+    CostModel,
+    Exactness,
+    GammaCheck,
+    QuantQuality,
+)
 from spectoolkit.metrics.tolerant import from_mapping, num
 
-SUMMARY_SCHEMA_VERSION = 2  # 1: no schema_version key (same fields)
+# 1: no schema_version key (the fields of 2); 3: + k_distribution, gamma_validation, recommended_gamma
+# within the measured γ range and extrapolated_gamma beyond it, the arms' draft-length policy
+SUMMARY_SCHEMA_VERSION = 3
 BASELINE = "baseline"  # the target-alone arm every speedup is measured against
 TIME_PARTS = ("prefill", "draft", "verify", "overhead")  # ArmStats.time_split: parts of total_time
 
@@ -96,7 +109,8 @@ class GroupStats:
 @dataclass
 class Summary:
     """``summary.json``: the statistics of :func:`~spectoolkit.metrics.summary.summarize` plus the
-    sections the runner adds (cost model, exactness, quantization quality, baseline check, conditions)."""
+    sections the runner adds (cost model, gamma validation, exactness, quantization quality, baseline
+    check, conditions)."""
 
     schema_version: int = SUMMARY_SCHEMA_VERSION
     complete: bool | None = None  # False: interrupted, the numbers are partial
@@ -116,6 +130,8 @@ class Summary:
     baseline_repeat_throughput: list[float] = field(default_factory=list)
     baseline_spread: float | None = None  # (max - min) / median over repeats
     cost_model: dict[str, CostModel] = field(default_factory=dict)
+    gamma_validation: list[GammaCheck] = field(default_factory=list)  # a gamma sweep's predictions vs measurements
+    k_distribution: dict[str, ArmKDistribution] = field(default_factory=dict)  # drafting arm -> k per round
     exactness: Exactness | None = None
     quant_quality: QuantQuality | None = None
     baseline_check: BaselineCheck | None = None  # None: bench.baseline_check=false, or an older run
@@ -132,4 +148,17 @@ class Summary:
             summary.schema_version = 1
         if "primary_arm" not in raw:
             summary.primary_arm = "spec" if "spec" in summary.arms else None
+        if summary.schema_version < 3:
+            _recommend_within_measured(summary)
         return summary
+
+
+def _recommend_within_measured(summary: Summary) -> None:
+    """Cost models written before version 3 (one fixed γ per arm, recommended_gamma over every predicted γ):
+    recommended_gamma becomes the best of 1..the arm's γ, the best above it extrapolated_gamma."""
+    for name, model in summary.cost_model.items():
+        stats = summary.arms.get(name)
+        if model.measured_gamma_max is None and stats is not None and stats.gamma and model.predicted_by_gamma:
+            for key, value in recommendation(model.predicted_by_gamma, stats.gamma).items():
+                setattr(model, key, value)
+            model.recommended_source = name if model.recommended_gamma is not None else None

@@ -48,8 +48,8 @@ class CostModel:
 
 @dataclass
 class GammaCheck:
-    """One cost-model prediction of a gamma sweep set beside a measurement (:mod:`spectoolkit.metrics.gamma_validation`):
-    the rounds of ``source_arm`` (run at ``source_gamma``) predict the speedup at ``gamma``, which ``arm`` ran."""
+    """One cost-model prediction of a gamma sweep beside its measurement (``metrics.gamma_validation``): the
+    rounds of ``source_arm`` (run at ``source_gamma``) predict the speedup at ``gamma``, which ``arm`` ran."""
 
     source_arm: str | None = None
     source_gamma: int | None = None

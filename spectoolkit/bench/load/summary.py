@@ -12,6 +12,8 @@ Conventions, per (arm, level) over its successful records (never means of per-re
 - mean_in_flight = total time in the system / window (Little's law), median over repeats
 - exact_match (greedy) = share of successful requests whose output equals the batch-1 reference output
   of their case; None when sampling or nothing was checked
+- k_distribution: per drafting arm, verify rounds by the draft length k its policy chose, overall, per
+  load level (run order) and per task type (:mod:`spectoolkit.metrics.draft_lengths`)
 A leaf module (metrics and the serving API only), so the report may import it.
 """
 
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from spectoolkit.bench.load.timing import delivery_gaps
+from spectoolkit.metrics.draft_lengths import k_distributions
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary import first_divergence, quantiles
 from spectoolkit.serving.api import StepStats
@@ -181,7 +184,8 @@ def serving_summary(
     references: dict[str, list[int]] | None,
     greedy: bool,
 ) -> dict[str, Any]:
-    """``serving_levels``, ``serving`` ({arm: {level key: stats}}) and ``serving_exactness`` (greedy runs).
+    """``serving_levels``, ``serving`` ({arm: {level key: stats}}), ``serving_exactness`` (greedy runs) and
+    ``k_distribution`` ({drafting arm: the distribution of k per round}).
 
     ``arms`` maps each arm name to its reference arm (None for a target-alone arm), in run order;
     ``references`` maps case_id -> the batch-1 output ids of the target-alone reference.
@@ -204,4 +208,16 @@ def serving_summary(
         "serving_levels": [level.as_json() for level in levels],
         "serving": serving,
         "serving_exactness": _exactness(records, reference_arm, references) if greedy else None,
+        "k_distribution": _k_by_level(records, [arm for arm, ref in arms.items() if ref is not None], levels),
     }
+
+
+def _k_by_level(records: Records, drafting: list[str], levels: list[Level]) -> dict[str, Any]:
+    """:func:`k_distributions` of the drafting arms, each arm's load levels in the sweep's order."""
+    found = k_distributions(records, drafting)
+    order = [level.key for level in levels]
+    for dist in found.values():
+        by_level = dist["by_load_level"]
+        ordered = {key: by_level[key] for key in order if key in by_level}
+        dist["by_load_level"] = ordered | {key: value for key, value in by_level.items() if key not in ordered}
+    return found

@@ -29,6 +29,7 @@ from spectoolkit.bench.protocol.setup import Arm, ArmSet, LoadedModels, RunSetup
 from spectoolkit.bench.report.render import write_report
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.metrics.gamma_validation import gamma_validation
 from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_records, write_json_atomic
 from spectoolkit.metrics.summary import cost_models, summarize
 from spectoolkit.workloads.prompts import Request, encode_prompt, load_workload
@@ -197,6 +198,7 @@ def _write_summary(cfg: RunConfig, setup: RunSetup, out_dir: Path, complete: boo
     arm_info = {a.name: {"reference": a.reference, "gamma": a.gamma, "policy": a.policy} for a in arm_set.arms}
     summary = summarize(records, greedy=cfg.sampling.greedy, complete=complete, arms=arm_info, primary=arm_set.primary)
     summary["cost_model"] = cost_models(records, arm_info, extra.pop("verify_costs", {}))
+    summary["gamma_validation"] = gamma_validation(summary["cost_model"], arm_info)
     summary.update(extra)
     summary["conditions"] = run_conditions(cfg, setup)
     write_json_atomic(out_dir / SUMMARY_FILE, summary)

@@ -26,6 +26,18 @@ def _rows(label: str, group: dict[str, Any]) -> list[list[str]]:
     return [_row(label, arm, stats, group["speedups"].get(arm)) for arm, stats in group["arms"].items()]
 
 
+def _gamma_text(model: dict[str, Any]) -> str:
+    """The recommended γ (measured range only) and, labelled, the best extrapolated γ beyond it."""
+    if model.get("policy") not in (None, "fixed"):
+        return f"recommended gamma n/a ({model['policy']} policy: k varies per round)"
+    top = model.get("measured_gamma_max")
+    text = f"recommended gamma {model.get('recommended_gamma')}" + (f" (of 1-{top})" if top is not None else "")
+    if model.get("extrapolated_gamma") is not None:
+        text += (f" | beyond: gamma {model['extrapolated_gamma']} {_fmt(model.get('extrapolated_speedup'), '.2f')}x"
+                 " (extrapolation: predicted, not measured)")  # fmt: skip
+    return text
+
+
 def _cost_line(summary: dict[str, Any]) -> str | None:
     model = (summary.get("cost_model") or {}).get(summary.get("primary_arm") or "")
     if not model:
@@ -33,7 +45,7 @@ def _cost_line(summary: dict[str, Any]) -> str | None:
     return (
         f"cost model ({summary['primary_arm']}): predicted {_fmt(model['predicted_speedup'], '.2f')}x vs measured "
         f"{_fmt(model['measured_speedup'], '.2f')}x | break-even alpha {_fmt(model['break_even_alpha'], '.2f')}"
-        f" | recommended gamma {model['recommended_gamma']}"
+        f" | {_gamma_text(model)}"
     )
 
 

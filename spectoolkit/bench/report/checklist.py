@@ -17,7 +17,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from spectoolkit.bench.report.load import Records, drafting_arms, fmt, num, primary_alpha, sampling_mode
+from spectoolkit.bench.report.load import (
+    Records,
+    arm_policy,
+    drafting_arms,
+    fmt,
+    is_fixed,
+    num,
+    primary_alpha,
+    sampling_mode,
+)
 from spectoolkit.metrics.load_curves import CONCURRENCY, RATE, ServingSummary, meets_up_to
 from spectoolkit.metrics.summary import first_divergence as first_token_diff
 from spectoolkit.metrics.summary import output_pairs
@@ -227,6 +236,9 @@ def check_fallback(summary: Summary) -> CheckItem:
     text = f"draft=none = the baseline arm: {tput} tok/s over {base.requests} requests"
     if arm is None:
         return CheckItem(name, PASS, text)
+    if not is_fixed(summary, arm):
+        return CheckItem(name, PASS, text + f"; break-even α n/a for {arm} ({arm_policy(summary, arm)} policy: k "
+                         f"varies per round), measured α {fmt(alpha)}")  # fmt: skip
     model = summary.cost_model.get(arm)
     even = model.break_even_alpha if model else None
     text += f"; break-even α {fmt(even)} vs measured α {fmt(alpha)} ({arm})"

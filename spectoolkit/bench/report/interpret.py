@@ -148,6 +148,25 @@ def rule_cost_model_error(summary: Summary) -> Finding:
     )
 
 
+def rule_gamma_extrapolation(summary: Summary) -> Finding:
+    """A gamma sweep's extrapolated predictions (γ' above the source arm's γ) off by > MODEL_ERROR_LIMIT ⇒
+    trust the measured range (recommended_gamma), not extrapolated_gamma."""
+    rule = "cost model beyond the measured γ"
+    checks = [c for c in summary.gamma_validation if c.error is not None]
+    extrapolated = [c for c in checks if c.kind == "extrapolation"]
+    if not extrapolated:
+        return Finding(rule, False, "n/a: no gamma sweep prediction above its source arm's γ")
+    worst = max(extrapolated, key=lambda c: abs(c.error))
+    exact = [abs(c.error) for c in checks if c.kind == "truncation"]
+    numbers = (
+        f"worst extrapolation {worst.error:+.1%} ({worst.source_arm} at γ'={worst.gamma} vs {worst.arm}); "
+        f"worst exact truncation {fmt(max(exact, default=None), '.1%')} (limit ±{MODEL_ERROR_LIMIT:.0%})"
+    )
+    advice = ("predictions beyond a measured γ are not to be trusted here: choose γ from the measured range "
+              "(recommended γ), not the extrapolated one")  # fmt: skip
+    return _verdict(rule, abs(worst.error) > MODEL_ERROR_LIMIT, numbers, advice)
+
+
 def rule_quantized_target(summary: Summary) -> Finding:
     """Quantized target ⇒ exactness holds against the quantized target; its loss is reported apart."""
     rule = "quantized target"
@@ -173,7 +192,7 @@ def rule_quantized_target(summary: Summary) -> Finding:
 def interpret(summary: Summary) -> list[Finding]:
     """Every interpretation rule evaluated on ``summary``."""
     rules = (rule_ttft_vs_throughput, rule_keep_off, rule_draft_too_expensive, rule_alpha_by_task, rule_tail_risk,
-             rule_cost_model_error, rule_quantized_target)  # fmt: skip
+             rule_cost_model_error, rule_gamma_extrapolation, rule_quantized_target)  # fmt: skip
     return [rule(summary) for rule in rules]
 
 

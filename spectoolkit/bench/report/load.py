@@ -66,6 +66,19 @@ def drafting_arms(summary: Summary) -> list[str]:
     return [name for i, name in enumerate(names) if name is not None and name not in names[:i]]
 
 
+def arm_policy(summary: Summary, arm: str) -> str | None:
+    """``arm``'s draft-length policy as the run recorded it (conditions.arms, else its cost model); None
+    for a summary from before policies, whose drafting arms all drafted a fixed γ."""
+    configured = next((a.policy for a in summary.conditions.arms if a.name == arm and a.policy), None)
+    model = summary.cost_model.get(arm)
+    return configured or (model.policy if model else None)
+
+
+def is_fixed(summary: Summary, arm: str) -> bool:
+    """Whether ``arm`` drafts a fixed γ each round (what a fixed-γ what-if of the cost model describes)."""
+    return arm_policy(summary, arm) in (None, "fixed")
+
+
 def sampling_mode(summary: Summary, records: Records) -> str | None:
     """The sampling mode: "greedy" (temperature 0), "sampling", or None when no temperature was recorded."""
     temperature = num(summary.conditions.sampling.get("temperature"))

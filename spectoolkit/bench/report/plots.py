@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from spectoolkit.bench.report.load import Records, drafting_arms  # noqa: E402
+from spectoolkit.bench.report.load import Records, arm_policy, drafting_arms, is_fixed  # noqa: E402
 from spectoolkit.metrics.records import RequestRecord  # noqa: E402
 from spectoolkit.metrics.summary_schema import TIME_PARTS, Summary  # noqa: E402
 
@@ -36,30 +36,57 @@ def save_png(fig: Any, path: Path) -> Path:
 
 
 def _gamma_points(summary: Summary) -> list[tuple[int, float, str]]:
-    """(γ, measured speedup, arm) of every drafting arm with both."""
+    """(γ, measured speedup, arm) of every fixed-γ drafting arm with both."""
     points = []
     for arm, stats in summary.arms.items():
         gamma, speedup = stats.gamma, summary.speedups.get(arm)
-        if gamma and speedup is not None:
+        if gamma and speedup is not None and is_fixed(summary, arm):
             points.append((gamma, speedup, arm))
     return sorted(points)
 
 
 def predicted_curve(summary: Summary) -> list[tuple[int, float]]:
-    """The cost model's predicted speedup per γ for the primary arm, sorted by γ."""
+    """The cost model's predicted speedup per γ for the primary arm, sorted by γ ([] for a non-fixed policy)."""
     model = summary.cost_model.get(summary.primary_arm or "")
     return sorted(model.predicted_by_gamma.items()) if model else []
 
 
+def _variable_k_arms(summary: Summary) -> list[tuple[str, float]]:
+    """(arm, measured speedup) of drafting arms whose policy varies k per round."""
+    return [(arm, summary.speedups[arm]) for arm in drafting_arms(summary)
+            if not is_fixed(summary, arm) and summary.speedups.get(arm) is not None]  # fmt: skip
+
+
+def _exact_then_extrapolated(ax: Any, curve: list[tuple[int, float]], own: int | None, label: str) -> None:
+    """``curve`` (γ, speedup) solid up to γ = ``own`` (exact truncation) and dotted in the same colour beyond
+    it (extrapolated); all dashed, labelled plainly, when ``own`` is unknown."""
+    if not curve:
+        return
+    if not own:
+        ax.plot([g for g, _ in curve], [s for _, s in curve], "--o", markersize=4, label=label)
+        return
+    exact, beyond = [(g, s) for g, s in curve if g <= own], [(g, s) for g, s in curve if g >= own]
+    color = None
+    if exact:
+        (line,) = ax.plot([g for g, _ in exact], [s for _, s in exact], "-o", markersize=4, label=f"{label} (exact)")
+        color = line.get_color()
+    if len(beyond) > 1 or not exact:
+        ax.plot([g for g, _ in beyond], [s for _, s in beyond], ":o", markersize=4, markerfacecolor="none",
+                color=color, label=f"{label} (extrapolated, not measured)")  # fmt: skip
+
+
 def plot_speedup_vs_gamma(summary: Summary, plots_dir: Path) -> Path | None:
-    """Measured speedup of each drafting arm at its γ, and the primary arm's predicted curve."""
-    measured, predicted = _gamma_points(summary), predicted_curve(summary)
-    if not measured and not predicted:
+    """Measured speedup of each fixed-γ arm at its γ, the primary arm's predicted curve (dotted where it
+    extrapolates beyond the arm's γ), and each variable-k arm's speedup as a horizontal line."""
+    measured, predicted, variable = _gamma_points(summary), predicted_curve(summary), _variable_k_arms(summary)
+    if not measured and not predicted and not variable:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    if predicted:
-        label = f"predicted, {summary.primary_arm} (cost model)"
-        ax.plot([g for g, _ in predicted], [s for _, s in predicted], "--o", label=label)
+    stats = summary.arms.get(summary.primary_arm or "")
+    _exact_then_extrapolated(ax, predicted, stats.gamma if stats else None, f"predicted, {summary.primary_arm}")
+    for arm, speedup in variable:
+        label = f"{arm} ({arm_policy(summary, arm)} policy, measured)"
+        ax.axhline(speedup, linestyle="-.", linewidth=1.2, color="tab:purple", label=label)
     if measured:
         ax.plot([g for g, _, _ in measured], [s for _, s, _ in measured], "s", markersize=9, label="measured")
         for gamma, speedup, arm in measured:
@@ -179,10 +206,59 @@ def plot_stability(records: Records, plots_dir: Path) -> Path | None:
     return save_png(fig, plots_dir / "stability.png")
 
 
+def plot_gamma_validation(summary: Summary, plots_dir: Path) -> Path | None:
+    """A gamma sweep: the speedup each fixed arm's rounds predict at every measured γ' (solid up to its own
+    γ: exact; dotted beyond: extrapolated) beside the measured speedups."""
+    checks = [c for c in summary.gamma_validation if None not in (c.source_arm, c.gamma, c.predicted_speedup)]
+    if not checks:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for source in dict.fromkeys(c.source_arm for c in checks):
+        mine = [c for c in checks if c.source_arm == source]
+        curve = sorted((c.gamma, c.predicted_speedup) for c in mine)
+        _exact_then_extrapolated(ax, curve, mine[0].source_gamma, f"from {source}")
+    measured = sorted({(c.gamma, c.measured_speedup) for c in checks if c.measured_speedup is not None})
+    ax.plot([g for g, _ in measured], [s for _, s in measured], "ks", markersize=9, label="measured")
+    ax.set_xticks(sorted({c.gamma for c in checks}))
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.set(xlabel="draft length γ'", ylabel="speedup vs baseline (×)",
+           title="Cost model vs the sweep (dotted: extrapolated)")  # fmt: skip
+    ax.legend(fontsize=8)
+    return save_png(fig, plots_dir / "gamma_validation.png")
+
+
+def plot_k_distribution(summary: Summary, plots_dir: Path, by: str = "by_task_type", label=str) -> Path | None:
+    """Share of verify rounds at each draft length k, one stacked bar per (drafting arm, group): ``by`` is
+    "by_task_type" or "by_load_level" (an arm without groups gets one bar over all its rounds);
+    ``label`` turns a group key into its axis text."""
+    bars: dict[str, list[int]] = {}
+    for arm, dist in summary.k_distribution.items():
+        groups = getattr(dist, by) or {"all": dist.overall}
+        for key, group in groups.items():
+            if sum(group.counts):
+                bars[f"{arm}\n{label(key) if key != 'all' else 'all'}"] = group.counts
+    if not bars:
+        return None
+    top = max(len(counts) for counts in bars.values())
+    colors = plt.get_cmap("viridis")([k / max(top - 1, 1) for k in range(top)])
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(bars) + 2), 4.2))
+    bottoms = [0.0] * len(bars)
+    for k in range(top):
+        shares = [counts[k] / sum(counts) if k < len(counts) else 0.0 for counts in bars.values()]
+        ax.bar(list(bars), shares, bottom=bottoms, color=colors[k], label=f"k={k}")
+        bottoms = [b + h for b, h in zip(bottoms, shares, strict=True)]
+    ax.set(ylabel="share of verify rounds", ylim=(0, 1), title="Draft length k chosen per round")
+    ax.tick_params(axis="x", labelsize=7, labelrotation=90 if len(bars) > 8 else 0)
+    ax.legend(fontsize=7, ncol=max(1, top // 9 + 1), loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return save_png(fig, plots_dir / "k_distribution.png")
+
+
 def run_plots(summary: Summary, records: Records, plots_dir: Path) -> dict[str, Path]:
     """Every run plot that has data, by name."""
     plots = {
         "speedup_vs_gamma": plot_speedup_vs_gamma(summary, plots_dir),
+        "gamma_validation": plot_gamma_validation(summary, plots_dir),
+        "k_distribution": plot_k_distribution(summary, plots_dir),
         "acceptance_histogram": plot_acceptance_histogram(summary, plots_dir),
         "latency_cdf": plot_latency_cdf(summary, plots_dir),
         "alpha_by_task": plot_alpha_by_task(summary, plots_dir),

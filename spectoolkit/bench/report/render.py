@@ -4,7 +4,9 @@ Follows DESIGN §3 (metric definitions) and issue 4: the report never states a h
 without the conditions it holds under (hardware, precisions, KV, γ, sampling, batch/concurrency,
 workload, repeats); an incomplete run or one without a baseline gets no headline at all. The
 checklist is in ``report.checklist``, the interpretation rules in ``report.interpret``, plots in
-``report.plots``, the sweep report in ``bench.sweep.report``; a serving run's report in ``report.serving``.
+``report.plots``, the cost model section in ``report.cost``, the draft length per round in
+``report.draft_lengths``, the sweep report in ``bench.sweep.report``; a serving run's report in
+``report.serving``.
 Older summaries, nulls, baseline-only runs and runs without a successful request render "n/a".
 """
 
@@ -16,9 +18,12 @@ from typing import Any
 
 from spectoolkit.bench.report import plots as plotting
 from spectoolkit.bench.report.checklist import FAIL, evaluate_checklist
+from spectoolkit.bench.report.cost import cost_section
+from spectoolkit.bench.report.draft_lengths import k_section
 from spectoolkit.bench.report.interpret import interpret
 from spectoolkit.bench.report.load import (
     Records,
+    arm_policy,
     atomic_write,
     drafting_arms,
     fmt,
@@ -34,20 +39,11 @@ from spectoolkit.bench.report.serving import load_serving, render_serving_report
 from spectoolkit.bench.report.serving_plots import serving_plots
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary_schema import BASELINE, TIME_PARTS, ArmStats, GroupStats, Summary
-from spectoolkit.metrics.summary_sections import CostModel
 
 REPORT_NAME = "report.md"
-COST_HEADERS = (
-    "arm|T₁ ms|D per step ms|V(γ+1) ms|C ms|round ms|E[N]|predicted decode|predicted request|measured|"
-    "error|break-even α|recommended γ"
-)
 
 
 # ---- small formatting helpers --------------------------------------------------------------------
-
-
-def _split(headers: str) -> list[str]:
-    return headers.split("|")
 
 
 def _mib(value: Any, sign: str = "") -> str:
@@ -101,6 +97,9 @@ def conditions_text(summary: Summary, records: Records) -> str:
         f"{_first_known(cond.kv.get('draft'), _field(first, 'kv_draft'), 'n/a')}"
     )
     gamma = _first_known(stats.gamma or None, cond.gamma, _field(first, "draft_len"), "n/a")
+    policy = arm_policy(summary, arm) or cond.policy
+    if policy not in (None, "fixed", "none"):
+        gamma = f"{gamma} ({policy} policy: k ≤ γ chosen per round)"
     batch = _first_known(cond.batch_size, _field(first, "batch_size"), "n/a")
     concurrency = _first_known(cond.concurrency, _field(first, "concurrency"), "n/a")
     prompts = _first_known(cond.workload.get("num_prompts"), len({r.case_id for r in records}) or None, "n/a")
@@ -283,41 +282,6 @@ def _time_section(summary: Summary, records: Records, plots: dict[str, Path]) ->
     return ["## Time split", "", *body, *_image(plots, "time_split", "time split")]
 
 
-def _ms(seconds: float | None) -> str:
-    return fmt(seconds * 1e3 if seconds is not None else None, ".2f")
-
-
-def _cost_row(summary: Summary, arm: str, model: CostModel) -> list[Any]:
-    predicted, measured = model.predicted_speedup, model.measured_speedup
-    measured = measured if measured is not None else summary.speedups.get(arm)
-    error = _first_known(model.prediction_error, predicted / measured - 1 if predicted and measured else None)
-    stats = summary.arms.get(arm)
-    gamma = stats.gamma if stats else None
-    verify = model.verify.get(gamma + 1) if gamma else None
-    times = [model.t1, model.draft_step, verify, model.overhead, model.round_cost]
-    return [arm, *(_ms(t) for t in times), fmt(model.expected_tokens, ".2f"), speed(model.predicted_decode_speedup),
-            speed(predicted), speed(measured), fmt(error, "+.1%"), fmt(model.break_even_alpha),
-            model.recommended_gamma]  # fmt: skip
-
-
-def _cost_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:
-    note = (
-        "Speedup ≈ E[N]·T₁ / (D·γ + V(γ+1) + C) (DESIGN §1), T₁ per target step, D per draft step, V and C per "
-        "round; the request prediction adds the prefill both arms pay; error = predicted / measured − 1."
-    )
-    lines = ["## Cost model", "", note, ""]
-    headers = _split(COST_HEADERS)
-    rows = [_cost_row(summary, arm, model) for arm, model in summary.cost_model.items()]
-    lines += md_table(headers, rows) if rows else ["n/a: no cost model in summary.json (no drafting arm).", ""]
-    curve = plotting.predicted_curve(summary)
-    if curve:
-        lines += [f"Predicted speedup per γ ({summary.primary_arm}):", ""]
-        best = summary.cost_model[summary.primary_arm or ""].recommended_gamma
-        rows = [[g, speed(s) + (" (recommended)" if g == best else "")] for g, s in curve]
-        lines += md_table(["γ", "predicted speedup"], rows)
-    return lines + _image(plots, "speedup_vs_gamma", "speedup vs gamma")
-
-
 def _gpu_peaks(records: Records) -> dict[str, float]:
     peaks: dict[str, float] = {}
     for record in records:
@@ -365,9 +329,13 @@ def _stability_section(summary: Summary, records: Records, plots: dict[str, Path
     return ["## Stability", "", *_image(plots, "stability", "stability")] if "stability" in plots else []
 
 
-SECTIONS = (_conditions_section, _results_section, _task_section, _length_section, _time_section, _cost_section,
-            _memory_section, exactness_section, quality_section, _interpretation_section, _checklist_section,
-            _stability_section)  # fmt: skip
+def _k_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:
+    return k_section(summary, plots, "by_task_type", "task type")
+
+
+SECTIONS = (_conditions_section, _results_section, _task_section, _k_section, _length_section, _time_section,
+            cost_section, _memory_section, exactness_section, quality_section, _interpretation_section,
+            _checklist_section, _stability_section)  # fmt: skip
 
 
 def render_report(summary: Summary, records: Records, plots: dict[str, Path], title: str = "run") -> str:
@@ -387,7 +355,7 @@ def write_report(run_dir: Path) -> Path:
     summary, records = load_summary(run_dir), load_records(run_dir)
     serving = load_serving(run_dir)
     if serving is not None:
-        plots = serving_plots(serving, run_dir / "plots")
+        plots = serving_plots(serving, run_dir / "plots", summary)
         text = render_serving_report(summary, serving, records, plots, run_dir.name)
     else:
         plots = plotting.run_plots(summary, records, run_dir / "plots")

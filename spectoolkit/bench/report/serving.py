@@ -4,9 +4,10 @@ A summary.json with ``mode: serving`` has no batch-1 ``arms``; ``render.write_re
 Sections: a headline (the primary drafting arm's speedup at the lowest and highest load, where
 speculation stops paying and the ``serve.spec_max_batch`` to set), conditions, level × arm results,
 scheduler facts per level, load curves (knee, saturation, crossover: :mod:`spectoolkit.metrics.load_curves`),
-α by task type per level, exactness under batching, interpretation (``report.interpret``) and the
-serving checklist (``report.checklist``). Any metric may be None: it renders "n/a". The sweep report's
-part for serving jobs is :func:`sweep_serving_section`.
+α by task type per level, the draft length k per round per level (``report.draft_lengths``), exactness
+under batching, interpretation (``report.interpret``) and the serving checklist (``report.checklist``).
+Any metric may be None: it renders "n/a". The sweep report's part for serving jobs is
+:func:`sweep_serving_section`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from spectoolkit.bench.report.checklist import FAIL, evaluate_serving_checklist
+from spectoolkit.bench.report.draft_lengths import k_section
 from spectoolkit.bench.report.interpret import interpret_serving
 from spectoolkit.bench.report.load import Records, fmt, md_table, num, sampling_mode, speed
 from spectoolkit.metrics.load_curves import (
@@ -332,8 +334,13 @@ def _checklist_section(summary: Summary, serving: ServingSummary, records: Recor
     return ["## Pre-launch checklist", "", *md_table(["item", "status", "evidence"], rows)]
 
 
+def _k_section(summary: Summary, serving: ServingSummary, records: Records, plots: Plots) -> list[str]:
+    return k_section(summary, plots, "by_load_level", "load level", serving.label_of)
+
+
 SERVING_SECTIONS: tuple[Section, ...] = (_conditions_section, _results_section, _curves_section, _task_section,
-                                         _exactness_section, _interpretation_section, _checklist_section)  # fmt: skip
+                                         _k_section, _exactness_section, _interpretation_section,
+                                         _checklist_section)  # fmt: skip
 
 
 def render_serving_report(

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench.report.plots import plt, save_png
+from spectoolkit.bench.report.plots import plot_k_distribution, plt, save_png
 from spectoolkit.metrics.load_curves import RATE, ServingSummary, curve_marks, points
+from spectoolkit.metrics.summary_schema import Summary
 from spectoolkit.metrics.tolerant import num
 
 
@@ -123,13 +124,16 @@ def plot_throughput_vs_rate(serving: ServingSummary, plots_dir: Path) -> Path | 
     return save_png(fig, plots_dir / "throughput_vs_rate.png")
 
 
-def serving_plots(serving: ServingSummary, plots_dir: Path) -> dict[str, Path]:
-    """Every serving plot that has data, by name (the report links them by these names)."""
+def serving_plots(serving: ServingSummary, plots_dir: Path, summary: Summary | None = None) -> dict[str, Path]:
+    """Every serving plot that has data, by name (the report links them by these names); with ``summary``,
+    also the draft length k per round of each drafting arm per load level."""
+    by_level = plot_k_distribution(summary, plots_dir, "by_load_level", serving.label_of) if summary else None
     plots = {
         "throughput_vs_concurrency": plot_throughput_vs_concurrency(serving, plots_dir),
         "speedup_vs_concurrency": plot_speedup_vs_concurrency(serving, plots_dir),
         "latency_vs_concurrency": plot_latency_vs_concurrency(serving, plots_dir),
         "throughput_vs_rate": plot_throughput_vs_rate(serving, plots_dir),
+        "k_distribution": by_level,
     }
     return {name: path for name, path in plots.items() if path is not None}
 

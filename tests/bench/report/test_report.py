@@ -229,10 +229,11 @@ def test_standard_report_has_headline_with_conditions_sections_and_plots(tmp_pat
         assert f"](plots/{name}.png)" in text
     assert not (run_dir / "plots" / "stability.png").exists()
     assert "| spec | fp32 | model-rtn-int4 | 4 | 1.25× | 31.25 | 0.750 |" in text  # Results row
-    assert (
-        "Predicted speedup per γ (spec)" in text and "| 8 | 1.20× |" in text and "| 4 | 1.30× (recommended) |" in text
-    )
-    assert "| spec | 33.00 | 8.00 | 62.00 | 2.00 | 96.00 | 3.40 | 1.17× | 1.31× | 1.25× | +5.0% | 0.550 | 4 |" in text
+    assert "Predicted speedup per γ (spec, from its own rounds at γ=4)" in text
+    assert "| 8 | 1.20× (best beyond the measured range: predicted, not measured) | extrapolation: " in text
+    assert "| 4 | 1.30× (recommended) | exact (truncated measured rounds) |" in text
+    assert ("| spec | 33.00 | 8.00 | 62.00 | 2.00 | 96.00 | 3.40 | 1.17× | 1.31× | 1.25× | +5.0% | 0.550 | "
+            "4: 1.30× (of 1–4) | 8: 1.20× (predicted, not measured) |") in text  # fmt: skip
     assert "| draft KV cache | 11.0 MiB |" in text and "+71.0 MiB" in text
 
 
