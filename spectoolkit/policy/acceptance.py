@@ -6,13 +6,17 @@ a_j = Pr(accept j | reached j) and survival S_j = Π_{i<=j} a_i = Pr(K >= j) giv
 emitted tokens of a k-token draft, E(k) = 1 + Σ_{j<=k} S_j (DESIGN §1).
 
 Counts decay geometrically (per round of the request: recent text matters more; per round of the
-whole workload for the prior), and a request's estimate shrinks toward the workload's:
+whole workload for the prior). A request's first position shrinks toward the workload's, each deeper
+one toward the request's own estimate of the position before it:
 
-    a_j(request) = (accepted_j + m · A_j) / (reached_j + m)
-    A_j(workload) = (accepted_j + m₀ · A_{j-1}) / (reached_j + m₀),  A_0 = ``base``
+    a_1(request) = (accepted_1 + m · A_1) / (reached_1 + m)
+    a_j(request) = (accepted_j + m · a_{j-1}) / (reached_j + m)          j >= 2
+    A_j(workload) = (accepted_j + m₀ · A_{j-1}) / (reached_j + m₀),       A_0 = ``base``
 
-so a position nobody has reached yet inherits the acceptance of the one before it (the tail
-assumption of the cost model's γ extrapolation), and a new request starts from the workload so far.
+so a position a request has not reached yet inherits its own acceptance of the one before (the tail
+assumption of the cost model's γ extrapolation): a request whose text turns repetitive at k = 1 is
+expected to go on being accepted at k = 2, and drafts deeper to find out. A new request starts from
+the workload so far.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Hashable
 import numpy as np
 
 BASE_ACCEPTANCE = 0.5  # before anything is measured
-REQUEST_PRIOR = 2.0  # m: pseudo-rounds of the workload estimate in a request's estimate
+REQUEST_PRIOR = 1.0  # m: pseudo-rounds of the prior in a request's estimate (its own rounds soon dominate)
 WORKLOAD_PRIOR = 1.0  # m₀: pseudo-rounds of the previous position in the workload estimate
 WORKLOAD_DECAY = 0.995  # per observed round of any request
 
@@ -76,10 +80,13 @@ class AcceptanceModel:
         prior = self.workload_acceptance() if prior is None else prior
         counts = self._requests.get(key)
         if counts is None:
-            conditional = prior[:cap]
-        else:
-            conditional = (counts.accepted[:cap] + REQUEST_PRIOR * prior[:cap]) / (counts.reached[:cap] + REQUEST_PRIOR)
-        return np.cumprod(conditional).tolist()
+            return np.cumprod(prior[:cap]).tolist()
+        survival, alive, previous = [], 1.0, float(prior[0])
+        for reached, accepted in zip(counts.reached[:cap].tolist(), counts.accepted[:cap].tolist(), strict=True):
+            previous = (accepted + REQUEST_PRIOR * previous) / (reached + REQUEST_PRIOR)
+            alive *= previous
+            survival.append(alive)
+        return survival
 
     def release(self, key: Hashable) -> None:
         self._requests.pop(key, None)

@@ -9,9 +9,10 @@ candidate budget (:func:`~spectoolkit.policy.allocate.best_lengths`): a request'
 competes with every other request's.
 
 A request that fell to k = 0 learns nothing more about its own acceptance, so now and then it is
-re-probed with one draft token: after ``probe_every`` plain rounds at first; the interval doubles
-each time a probe is rejected (to at most :data:`MAX_PROBE_INTERVAL`, shared by the workload: a
-hopeless drafter is soon probed rarely) and halves when one is accepted.
+re-probed with one draft token: after ``probe_every`` plain rounds at first; the request's interval
+doubles each time its probe is rejected (to at most :data:`MAX_PROBE_INTERVAL`) and halves when one
+is accepted. Per request, because requests differ: a summary that copies its source must not wait
+for the probes of a chat request that never accepts.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class AdaptivePolicy:
         self.curves: dict[int, StepCurve] = {}  # by the step's sequence count
         self.draft_cost = DraftCost()
         self.probe_every = probe_every
-        self.probe_interval = probe_every
+        self._interval: dict[Hashable, int] = {}  # plain rounds before the next probe, per request
         self._idle: dict[Hashable, int] = {}  # plain rounds in a row, per request
         self._probing: set[Hashable] = set()
 
@@ -55,7 +56,7 @@ class AdaptivePolicy:
                 self._idle.pop(key, None)
                 continue
             idle = self._idle.get(key, 0)  # plain rounds so far: this one is a probe after probe_interval of them
-            if idle >= self.probe_interval and spare > 0:
+            if idle >= self.probe_interval(key) and spare > 0:
                 lengths[i], spare, idle = 1, spare - 1, 0
                 self._probing.add(key)
             else:
@@ -70,9 +71,13 @@ class AdaptivePolicy:
             if not drafted:
                 return
             if accepted:
-                self.probe_interval = max(self.probe_every, self.probe_interval // 2)
+                self._interval[key] = max(self.probe_every, self.probe_interval(key) // 2)
             else:
-                self.probe_interval = min(max(MAX_PROBE_INTERVAL, self.probe_every), self.probe_interval * 2)
+                self._interval[key] = min(max(MAX_PROBE_INTERVAL, self.probe_every), self.probe_interval(key) * 2)
+
+    def probe_interval(self, key: Hashable) -> int:
+        """Plain rounds ``key`` waits before its next probe."""
+        return self._interval.get(key, self.probe_every)
 
     def step_curve(self, sequences: int) -> StepCurve:
         """T(n) for steps of ``sequences`` sequences (attention and per-sequence work differ by batch), or
@@ -95,4 +100,5 @@ class AdaptivePolicy:
     def release(self, key: Hashable) -> None:
         self.acceptance.release(key)
         self._idle.pop(key, None)
+        self._interval.pop(key, None)
         self._probing.discard(key)

@@ -44,7 +44,10 @@ def _reference_workload(rounds: list[tuple[int, int]], gamma: int) -> np.ndarray
 def _reference_survival(rounds, workload_rounds, decay: float, gamma: int, cap: int) -> np.ndarray:
     prior = _reference_workload(workload_rounds, gamma)
     reached, accepted = _counts(rounds, decay, gamma)
-    conditional = (accepted + REQUEST_PRIOR * prior) / (reached + REQUEST_PRIOR)
+    conditional, previous = [], prior[0]  # position 1 shrinks toward the workload, j >= 2 toward its own j - 1
+    for j in range(gamma):
+        previous = (accepted[j] + REQUEST_PRIOR * previous) / (reached[j] + REQUEST_PRIOR)
+        conditional.append(previous)
     return np.cumprod(conditional)[:cap]
 
 
@@ -56,10 +59,13 @@ def test_reached_and_accepted_positions():
     workload = model.workload_acceptance()
     # A_j = (accepted_j + A_{j-1}) / (reached_j + 1), A_0 = 0.5
     assert workload == pytest.approx([0.75, 0.875, 0.4375, 0.4375], rel=1e-12)
-    conditional = [(1 + 2 * 0.75) / 3, (1 + 2 * 0.875) / 3, (0 + 2 * 0.4375) / 3, 0.4375]  # position 4: prior only
+    # m = 1: a_1 = (1 + A_1) / 2, then each position toward the request's own previous one
+    conditional = [(1 + 0.75) / 2, (1 + 0.875) / 2, (0 + 0.9375) / 2, 0.46875]  # position 4: its own a_3
+    assert REQUEST_PRIOR == 1.0
     assert model.survival("a", 4) == pytest.approx(np.cumprod(conditional).tolist(), rel=1e-12)
     model.observe("b", 3, 3)  # all accepted: positions 1..3 reached and accepted, 4 not reached
-    assert model.survival("b", 4)[3] / model.survival("b", 4)[2] == pytest.approx(model.workload_acceptance()[3])
+    survival = model.survival("b", 4)
+    assert survival[3] / survival[2] == pytest.approx(survival[2] / survival[1])  # a_4 = a_3: the request's tail
 
 
 def test_nothing_measured_is_the_base_acceptance():
@@ -133,7 +139,7 @@ def test_unreached_positions_inherit_the_previous_acceptance():
     assert workload[2] == workload[3] == workload[4] == workload[5] == pytest.approx(workload[1])
     survival = model.survival("a", 6)
     ratios = [survival[j] / survival[j - 1] for j in range(2, 6)]
-    assert ratios == pytest.approx([workload[1]] * 4)  # S_j = S_{j-1} · A_2 past what was drafted
+    assert ratios == pytest.approx([survival[1] / survival[0]] * 4)  # S_j = S_{j-1} · a_2 past what it drafted
 
 
 def test_survival_is_non_increasing_in_zero_one():

@@ -162,7 +162,7 @@ def test_rejected_probes_double_the_interval_up_to_the_cap():
         intervals.append(_rounds_until_probe(policy, "a"))
         policy.observe("a", 1, 1, 0)  # the probe is rejected
     assert intervals == [3, 6, 12, 24, 48, 96, 192, MAX_PROBE_INTERVAL, MAX_PROBE_INTERVAL, MAX_PROBE_INTERVAL]
-    assert policy.probe_interval == MAX_PROBE_INTERVAL
+    assert policy.probe_interval("a") == MAX_PROBE_INTERVAL
 
 
 def test_accepted_probes_halve_the_interval_down_to_probe_every():
@@ -171,13 +171,13 @@ def test_accepted_probes_halve_the_interval_down_to_probe_every():
     for _ in range(3):  # rejected: 3 -> 6 -> 12 -> 24
         _rounds_until_probe(policy, "a")
         policy.observe("a", 1, 1, 0)
-    assert policy.probe_interval == 24
+    assert policy.probe_interval("a") == 24
     halved = []
     for _ in range(4):
         _hopeless(policy, "a", rounds=5)  # keep it at 0 whatever the probes taught it
         _rounds_until_probe(policy, "a")
         policy.observe("a", 1, 1, 1)  # the probe is accepted
-        halved.append(policy.probe_interval)
+        halved.append(policy.probe_interval("a"))
     assert halved == [12, 6, 3, 3]
 
 
@@ -186,18 +186,19 @@ def test_probe_every_above_the_cap_is_never_shortened_by_a_rejection():
     _hopeless(policy, "a")
     assert _rounds_until_probe(policy, "a") == MAX_PROBE_INTERVAL + 44
     policy.observe("a", 1, 1, 0)
-    assert policy.probe_interval >= MAX_PROBE_INTERVAL + 44  # rejected: probed no more often than before
+    assert policy.probe_interval("a") >= MAX_PROBE_INTERVAL + 44  # rejected: probed no more often than before
 
 
-def test_the_probe_interval_is_shared_by_the_workload():
+def test_the_probe_interval_is_per_request():
     policy = _policy(probe_every=4)
     _hopeless(policy, "a")
     _hopeless(policy, "b")
     assert _rounds_until_probe(policy, "a") == 4
-    policy.observe("a", 1, 1, 0)  # a's probe is rejected: every request is probed half as often
-    assert _rounds_until_probe(policy, "b") == 8  # b's first probe already waits the doubled interval
-    policy.observe("b", 1, 1, 0)
-    assert _rounds_until_probe(policy, "a") == 16
+    policy.observe("a", 1, 1, 0)  # a's probe is rejected: a is probed half as often, b is not
+    assert _rounds_until_probe(policy, "b") == 4
+    assert _rounds_until_probe(policy, "a") == 8
+    policy.release("a")
+    assert policy.probe_interval("a") == 4  # a new request with the same key starts afresh
 
 
 def test_no_probe_without_spare_budget_and_none_for_zero_caps():
@@ -209,7 +210,7 @@ def test_no_probe_without_spare_budget_and_none_for_zero_caps():
     policy.observe("a", 1, 1, 0)
     for _ in range(10):
         assert policy.choose(["a"], [0], 1, 4) == [0]  # a request that may not draft is never probed
-    assert _rounds_until_probe(policy, "a") == policy.probe_interval
+    assert _rounds_until_probe(policy, "a") == policy.probe_interval("a")
 
 
 def test_a_request_whose_drafts_turn_good_is_picked_up_again():
@@ -224,4 +225,4 @@ def test_a_request_whose_drafts_turn_good_is_picked_up_again():
     assert first_probe == 4 and set(chosen[:first_probe]) == {0}
     assert any(k > 1 for k in chosen), chosen  # picked up by the optimiser, not only by probes
     assert chosen[-10:] == [GAMMA] * 10, chosen
-    assert policy.probe_interval == 4
+    assert policy.probe_interval("a") == 4
