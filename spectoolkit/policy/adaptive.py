@@ -12,7 +12,9 @@ A request that fell to k = 0 learns nothing more about its own acceptance, so no
 re-probed with one draft token: after ``probe_every`` plain rounds at first; the request's interval
 doubles each time its probe is rejected (to at most :data:`MAX_PROBE_INTERVAL`) and halves when one
 is accepted. Per request, because requests differ: a summary that copies its source must not wait
-for the probes of a chat request that never accepts.
+for the probes of a chat request that never accepts. No request is probed while even drafts that are
+always accepted would not pay at the measured costs (a draft model as slow as the target): a probe of
+a draft model also pays its catch-up over every token since it last drafted.
 """
 
 from __future__ import annotations
@@ -47,7 +49,15 @@ class AdaptivePolicy:
         caps = [max(0, min(cap, self.max_gamma)) for cap in caps]
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
-        lengths = best_lengths(survival, fixed_tokens, budget, self.step_curve(len(keys)), self.draft_cost.per_forward)
+        curve, draft_forward = self.step_curve(len(keys)), self.draft_cost.per_forward
+        lengths = best_lengths(survival, fixed_tokens, budget, curve, draft_forward)
+        perfect = [[1.0] * cap for cap in caps]
+        if (
+            budget > 0
+            and not any(lengths)
+            and not any(best_lengths(perfect, fixed_tokens, budget, curve, draft_forward))
+        ):
+            return lengths  # even drafts that are always accepted would not pay: a probe cannot find a gain
         return self._probe(keys, caps, lengths, budget - sum(lengths))
 
     def _probe(self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], spare: int) -> list[int]:

@@ -226,3 +226,14 @@ def test_a_request_whose_drafts_turn_good_is_picked_up_again():
     assert any(k > 1 for k in chosen), chosen  # picked up by the optimiser, not only by probes
     assert chosen[-10:] == [GAMMA] * 10, chosen
     assert policy.probe_interval("a") == 4
+
+
+def test_no_probe_while_even_perfect_drafts_would_not_pay():
+    policy = _policy(probe_every=2)
+    _hopeless(policy, "a")
+    for _ in range(20):
+        policy.draft_cost.observe(1, 1.0)  # a draft forward of ~1 s: a hundred target steps
+    assert all(_one(policy, "a") == 0 for _ in range(50))  # no probe: it could never gain
+    cheap = _policy(probe_every=2)
+    _hopeless(cheap, "a")
+    assert _rounds_until_probe(cheap, "a") == 2  # the same history with a cheap drafter is probed
