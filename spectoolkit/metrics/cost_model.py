@@ -35,7 +35,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from spectoolkit.metrics.records import RequestRecord, Round, rounds_of
+from spectoolkit.policy.costs import monotone_fit
 
 TIE_TOLERANCE = 0.01  # recommend_gamma: the smallest γ within 1% of the best speedup
 BISECT_STEPS = 60
@@ -289,15 +292,9 @@ def _monotone(times: Mapping[int, float]) -> dict[int, float]:
     A wider forward never costs less; a calibrated dip is timing noise, and left in it would make the
     recommended γ chase it. Adjacent widths that violate the order are replaced by their mean.
     """
-    blocks: list[list[float]] = []  # [sum, count] per pooled block, left to right
-    for _, seconds in sorted(times.items()):
-        blocks.append([seconds, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    values = [total / count for total, count in blocks for _ in range(int(count))]
-    return dict(zip(sorted(times), values, strict=True))
+    widths = sorted(times)
+    fitted = monotone_fit(np.array([times[width] for width in widths], dtype=np.float64))
+    return dict(zip(widths, fitted.tolist(), strict=True))
 
 
 def _verify_table(

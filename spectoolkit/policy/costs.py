@@ -6,8 +6,8 @@ calibration (:mod:`spectoolkit.bench.protocol.calibrate`). Queried, it fits the 
 closest to those means (a wider step never costs less: a dip is noise), interpolates linearly between
 them and extrapolates past the widest with the least-squares slope of all points (floored at 0).
 Below the narrowest it extrapolates with the same slope, never under proportional to the tokens. With
-one point only it assumes a step costs in proportion to its tokens (so the policy tries other widths,
-which measures a second point); with none, every width costs the same (so it drafts, and measures).
+one point only, or none, every wider step costs the same (so the policy drafts, which measures a
+second width: a pessimistic guess would make a first plain step look like the best forever).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class StepCurve:
         xs = np.array(list(points), dtype=np.float64)
         ys = monotone_fit(np.array(list(points.values())))
         if len(xs) == 1:
-            slope = ys[0] / xs[0]  # proportional to tokens until a second width is seen
+            slope = 0.0  # flat until a second width is seen: drafting then measures one
         else:
             centred = xs - xs.mean()
             slope = max(0.0, float(centred @ (ys - ys.mean()) / (centred @ centred)))  # least squares

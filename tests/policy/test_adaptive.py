@@ -237,3 +237,11 @@ def test_no_probe_while_even_perfect_drafts_would_not_pay():
     cheap = _policy(probe_every=2)
     _hopeless(cheap, "a")
     assert _rounds_until_probe(cheap, "a") == 2  # the same history with a cheap drafter is probed
+
+
+def test_a_curve_known_at_one_width_only_still_drafts():
+    """Serving starts without calibration: plain steps alone must not make drafting look never worth it."""
+    policy = AdaptivePolicy(GAMMA, decay=0.9, probe_every=8)
+    for _ in range(20):
+        policy.observe_step(1, 0, 0.05, 0.0)  # only plain decode steps measured so far
+    assert policy.choose(["a"], [GAMMA], 1, GAMMA)[0] > 0

@@ -116,9 +116,9 @@ def test_below_the_narrowest_never_under_proportional():
     np.testing.assert_allclose(steep(np.array([1, 2, 3])), [0.25, 0.5, 0.75], rtol=1e-12)
 
 
-def test_one_point_is_proportional_to_tokens():
-    curve = _curve({4: 2.0})
-    np.testing.assert_allclose(curve(np.array([1, 2, 4, 8, 12])), [0.5, 1.0, 2.0, 4.0, 6.0], rtol=1e-12)
+def test_one_point_is_flat_above_and_never_under_proportional_below():
+    curve = _curve({4: 2.0})  # wider steps look free, so the policy drafts and measures a second width
+    np.testing.assert_allclose(curve(np.array([1, 2, 4, 8, 12])), [2.0, 2.0, 2.0, 2.0, 2.0], rtol=1e-12)
     curve.observe(8, 2.2)  # a second width: interpolation and the LS slope take over
     np.testing.assert_allclose(curve(np.array([6, 12])), [2.1, 2.4], rtol=1e-12)
 
