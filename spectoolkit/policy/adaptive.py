@@ -51,13 +51,10 @@ class AdaptivePolicy:
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
         curve, draft_forward = self.step_curve(len(keys)), self.draft_cost.per_forward
         lengths = best_lengths(survival, fixed_tokens, budget, curve, draft_forward)
-        perfect = [[1.0] * cap for cap in caps]
-        if (
-            budget > 0
-            and not any(lengths)
-            and not any(best_lengths(perfect, fixed_tokens, budget, curve, draft_forward))
-        ):
-            return lengths  # even drafts that are always accepted would not pay: a probe cannot find a gain
+        if budget > 0 and not any(lengths):
+            perfect = [[1.0] * cap for cap in caps]
+            if not any(best_lengths(perfect, fixed_tokens, budget, curve, draft_forward)):
+                return lengths  # even drafts that are always accepted would not pay: a probe cannot find a gain
         return self._probe(keys, caps, lengths, budget - sum(lengths))
 
     def _probe(self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], spare: int) -> list[int]:
