@@ -25,6 +25,7 @@ from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy
 from spectoolkit.sampling import GreedyChooser, make_chooser
 from spectoolkit.verify import GreedyVerifier
+from tests.noise import noisy_copy
 
 VOCAB = 512
 EOS_IDS = frozenset({2})
@@ -93,21 +94,12 @@ def references(target) -> dict[tuple[int, ...], list[int]]:
     return {tuple(prompt): engine.generate(prompt, LONG, None).output_ids for prompt in PROMPTS}
 
 
-def _noisy_copy(model: torch.nn.Module, sigma: float, seed: int) -> torch.nn.Module:
-    noisy = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in noisy.parameters():
-            param.add_(sigma * param.std() * torch.randn(param.shape, generator=gen))
-    return noisy
-
-
 @pytest.fixture(scope="module")
 def draft_models(target) -> dict[str, torch.nn.Module]:
     return {
         "copy": copy.deepcopy(target),
         "bf16-copy": copy.deepcopy(target).to(torch.bfloat16),
-        "noisy-copy": _noisy_copy(target, sigma=0.2, seed=5),
+        "noisy-copy": noisy_copy(target, sigma=0.2, seed=5),
         "other-seed": tiny_llama(vocab_size=VOCAB, seed=1, scale=4.0),
     }
 

@@ -20,6 +20,7 @@ from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
+from tests.noise import noisy_copy
 
 VOCAB = 512
 EOS = 2
@@ -33,16 +34,6 @@ PROMPTS = (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _noisy_copy(model: torch.nn.Module, sigma: float, seed: int) -> torch.nn.Module:
-    """The model with Gaussian noise (sigma × each tensor's std) on every weight: partial acceptance."""
-    noisy = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in noisy.parameters():
-            param.add_(sigma * param.std() * torch.randn(param.shape, generator=gen))
-    return noisy
-
-
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
     return tiny_llama(vocab_size=VOCAB, seed=0, scale=4.0)
@@ -53,7 +44,7 @@ def draft_models(target) -> dict[str, torch.nn.Module]:
     return {
         "bf16-copy": copy.deepcopy(target).to(torch.bfloat16),
         "fp16-copy": copy.deepcopy(target).to(torch.float16),
-        "noisy-copy": _noisy_copy(target, sigma=0.2, seed=5),
+        "noisy-copy": noisy_copy(target, sigma=0.2, seed=5),
         "other-seed": tiny_llama(vocab_size=VOCAB, seed=1, scale=4.0),
     }
 

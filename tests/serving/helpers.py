@@ -16,6 +16,7 @@ from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.factory import make_pool
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
+from tests.noise import noisy_copy
 
 VOCAB = 512
 EOS = 2
@@ -33,6 +34,11 @@ def switched(model: torch.nn.Module) -> torch.nn.Module:
 
 def tiny(seed: int = 0, scale: float = 3.0) -> torch.nn.Module:
     return switched(tiny_llama(vocab_size=VOCAB, seed=seed, scale=scale))
+
+
+def noisy_target(sigma: float, seed: int) -> torch.nn.Module:
+    """The target's weights (:func:`tiny`) plus Gaussian noise: a draft that agrees in part."""
+    return switched(noisy_copy(tiny_llama(vocab_size=VOCAB, seed=0, scale=3.0), sigma, seed))
 
 
 def prompts(lengths: tuple[int, ...], seed: int = 1) -> list[list[int]]:

@@ -10,11 +10,9 @@ the middle of one) must give the same outputs again.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from spectoolkit.engine import BaselineEngine
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchNgramDrafter
@@ -42,20 +40,10 @@ def references(target, batch):
     return helpers.baseline_outputs(target, batch, MAX_NEW)
 
 
-def _noisy_target(sigma: float, seed: int) -> torch.nn.Module:
-    """The target's weights plus Gaussian noise (sigma x each tensor's std): a draft that agrees in part."""
-    draft = tiny_llama(vocab_size=VOCAB, seed=0, scale=3.0)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(sigma * param.std() * torch.randn(param.shape, generator=gen))
-    return helpers.switched(draft)
-
-
 DRAFTERS = {
     "ngram": lambda: BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False),
     "model-other-seed": lambda: helpers.model_drafter(helpers.tiny(seed=1), GreedyChooser()),  # rejects ~all
-    "model-noisy": lambda: helpers.model_drafter(_noisy_target(0.2, seed=5), GreedyChooser()),  # accepts some
+    "model-noisy": lambda: helpers.model_drafter(helpers.noisy_target(0.2, seed=5), GreedyChooser()),  # accepts some
 }
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
@@ -57,15 +56,6 @@ def _model_drafter(draft: torch.nn.Module, stop_below: float | None = None) -> B
                              stop_below)  # fmt: skip
 
 
-def _noisy_target(sigma: float, seed: int) -> torch.nn.Module:
-    draft = tiny_llama(vocab_size=VOCAB, seed=0, scale=3.0)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(sigma * param.std() * torch.randn(param.shape, generator=gen))
-    return helpers.switched(draft)
-
-
 @pytest.fixture(scope="module")
 def target():
     return helpers.tiny()
@@ -95,7 +85,7 @@ POLICIES = {
     "confidence": lambda: ConfidencePolicy(GAMMA, STOP_BELOW),
 }
 DRAFTERS = {
-    "model-noisy": lambda stop_below: _model_drafter(_noisy_target(0.2, seed=5), stop_below),
+    "model-noisy": lambda stop_below: _model_drafter(helpers.noisy_target(0.2, seed=5), stop_below),
     "ngram": lambda stop_below: BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False),
 }
 
