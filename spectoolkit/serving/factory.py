@@ -111,9 +111,9 @@ def _drafter(cfg: RunConfig, models, slots: int):
 
 
 def _sibling(drafter, stop_below: float | None):
-    """Another drafter like ``drafter`` on the same pool, stopping below ``stop_below`` (a draft model)."""
+    """Another drafter like ``drafter`` on the same pool, stopping below ``stop_below`` (a draft model);
+    n-gram lookup holds no per-sequence state, so both arms share the one drafter."""
     if not isinstance(drafter, BatchModelDrafter):
-        return BatchNgramDrafter(drafter.single.max_n, drafter.single.min_n, drafter.single.target_vocab_size,
-                                 drafter.single.one_hot_probs)  # fmt: skip
+        return drafter
     return BatchModelDrafter(drafter.model, drafter.chooser, drafter.pool, drafter.allocator, drafter.target_vocab_size,
                              drafter.shared_vocab_size, drafter.eos_ids, drafter.name, stop_below)  # fmt: skip
