@@ -8,6 +8,7 @@ into a :class:`RunConfig` and rejects unknown keys with a message that names the
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,6 +188,8 @@ class BenchConfig:
     - ``gamma_sweep``: "baseline" and one drafting arm "spec-gN" per N in ``gammas``.
     ``calibrate`` times target forwards of every verify width for the cost model;
     ``baseline_check`` times stock transformers ``generate`` beside the baseline (is our baseline slow?).
+    ``cost_per_hour``: the price of one hour of this machine (any currency); the report turns each arm's
+    measured output throughput into a cost per 1M output tokens (None: not priced, the checklist FAILs).
     """
 
     warmup: int = 3
@@ -196,9 +199,16 @@ class BenchConfig:
     reference_precision: str = "bf16"
     calibrate: bool = True
     baseline_check: bool = True
+    cost_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         _require(self.warmup >= 0, "bench.warmup must be >= 0")
+        cost = self.cost_per_hour
+        _require(
+            cost is None or (_number(cost, (int, float)) and math.isfinite(cost) and cost > 0),
+            f"bench.cost_per_hour={cost!r} must be > 0: set it to the price of one hour of this machine "
+            "(any currency), e.g. bench.cost_per_hour=2.5, or null to leave the run unpriced",
+        )
         _require(self.repeat >= 1, "bench.repeat must be >= 1")
         _one_of("bench.arms", self.arms, ARM_SETS)
         _one_of("bench.reference_precision", self.reference_precision, FLOAT_PRECISIONS)
@@ -295,6 +305,91 @@ class ServeConfig:
             _require(value is None or value > 0, f"serve.{name} must be > 0 (milliseconds) or null")
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """``python -m spectoolkit.serve``: the OpenAI-compatible server on the serving engine (issue 17).
+
+    ``model_name``: the id clients send as ``model`` (None: ``model.name``). ``request_timeout_s``: a
+    request still running after this is cancelled (504). ``shutdown_timeout_s``: on Ctrl-C / SIGTERM,
+    in-flight requests get this long to finish, then are cancelled. ``default_max_tokens``: completions
+    without ``max_tokens`` (OpenAI's default 16). Binding beyond loopback needs ``allow_remote=true``.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str | None = None
+    request_timeout_s: float = 600.0
+    shutdown_timeout_s: float = 30.0
+    default_max_tokens: int = 16
+    allow_remote: bool = False
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.port <= 65535, f"server.port={self.port} must be in 1..65535")
+        _require(self.request_timeout_s > 0, "server.request_timeout_s must be > 0 (seconds)")
+        _require(self.shutdown_timeout_s >= 0, "server.shutdown_timeout_s must be >= 0 (seconds)")
+        _require(self.default_max_tokens >= 1, "server.default_max_tokens must be >= 1")
+        _require(
+            self.allow_remote or is_loopback(self.host),
+            f"server.host={self.host} is not a loopback address: set server.allow_remote=true to listen there",
+        )
+
+
+BACKEND_KINDS = ("local", "endpoint", "vllm")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Where a serving run's arms run (issue 17).
+
+    - ``local``: our engine, in process.
+    - ``endpoint``: any OpenAI-compatible servers, given as base URLs (``http://127.0.0.1:8000/v1``):
+      ``baseline_url`` (the target alone) and ``spec_url`` (speculative; null: baseline only). ``model``
+      is the id to send (null: the first of each server's ``/v1/models``).
+    - ``vllm``: vLLM servers started by us from this config (``make vllm`` installs vLLM in
+      ``vllm_env``), on ``port`` (baseline) and ``port + 1`` (speculative); ``eagle_path``: an EAGLE head
+      checkpoint for ``draft.kind=eagle``-style speculation; ``vllm_args``: extra server flags.
+    Timeouts (seconds): ``connect_timeout_s`` per connection, ``read_timeout_s`` between stream chunks,
+    ``request_timeout_s`` per request, ``startup_timeout_s`` for a managed server to become healthy.
+    Only loopback addresses are targeted unless ``allow_remote=true``.
+    """
+
+    kind: str = "local"
+    baseline_url: str | None = None
+    spec_url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0
+    startup_timeout_s: float = 900.0
+    allow_remote: bool = False
+    vllm_env: str = ".venv-vllm"
+    host: str = "127.0.0.1"
+    port: int = 8100
+    eagle_path: str | None = None
+    vllm_args: tuple[str, ...] = ()
+    vllm_kv_cache_gib: int = 2
+
+    def __post_init__(self) -> None:
+        _one_of("backend.kind", self.kind, BACKEND_KINDS)
+        for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s", "startup_timeout_s"):
+            _require(getattr(self, name) > 0, f"backend.{name} must be > 0 (seconds)")
+        _require(1 <= self.port <= 65534, f"backend.port={self.port} must be in 1..65534 (port + 1 is used too)")
+        _require(self.vllm_kv_cache_gib >= 1, "backend.vllm_kv_cache_gib must be >= 1")
+        _require(
+            self.kind != "endpoint" or bool(self.baseline_url),
+            "backend=endpoint needs backend.baseline_url=URL (an OpenAI base URL such as http://127.0.0.1:8000/v1)",
+        )
+        object.__setattr__(self, "vllm_args", tuple(str(arg) for arg in self.vllm_args))
+
+
 EVAL_KINDS = ("none", "exactness", "lmeval")
 
 
@@ -354,6 +449,8 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
     device: str = "auto"
     output_dir: str = "."
     resume: bool = True  # skip when output_dir holds a complete job of this config (spectoolkit.bench.sweep.jobs)
@@ -408,6 +505,8 @@ _SECTIONS = {
     "eval": EvalConfig,
     "runtime": RuntimeConfig,
     "serve": ServeConfig,
+    "server": ServerConfig,
+    "backend": BackendConfig,
 }
 
 

@@ -24,6 +24,7 @@ from spectoolkit.models.cached import synchronize
 from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
 from spectoolkit.serving.blocks import BlockAllocator, BlockTable
+from spectoolkit.serving.counters import EngineCounters
 from spectoolkit.serving.paged_kv import PagedKVPool
 from spectoolkit.serving.ragged import Segment, ragged_forward, use_ragged_attention
 from spectoolkit.serving.scheduler import Plan, Scheduler, SchedulerLimits, Work
@@ -60,6 +61,8 @@ class ContinuousEngine:
         self.scheduler = Scheduler(limits, allocator, policy)
         self.policy = self.scheduler.policy
         self.on_step: Callable[[StepStats], None] | None = None
+        self.on_emit: Callable[[str, list[int]], None] | None = None  # (request id, new output ids) per step
+        self.counters = EngineCounters()
         self._failed: list[FinishedRequest] = []
         self._steps = 0
 
@@ -91,6 +94,22 @@ class ContinuousEngine:
         self._failed.clear()
         if self.drafter is not None:
             self.drafter.reset()
+
+    def abort(self, request_id: str) -> bool:
+        """Drop ``request_id`` (queued or running) and free its KV now; False when it is not here."""
+        scheduler = self.scheduler
+        seq = next((s for s in [*scheduler.queue, *scheduler.running] if s.request.request_id == request_id), None)
+        if seq is None:
+            return False
+        if seq in scheduler.running:
+            scheduler.finish(seq)
+        else:
+            scheduler.queue.remove(seq)
+            seq.table.release()
+        self._forget(seq)
+        self.policy.release(seq)
+        self.counters.aborted_requests += 1
+        return True
 
     def step(self) -> list[FinishedRequest]:
         """One scheduler step: plan, draft, one target forward, verify and commit per sequence."""
@@ -185,9 +204,14 @@ class ContinuousEngine:
     def _count(self, seq: Sequence, first: bool, work: Work, proposal: Proposal, accepted, emitted, now) -> None:
         result = seq.result
         result.token_times.extend([now] * len(emitted))
+        self.counters.generation_tokens += len(emitted)
+        if self.on_emit is not None:
+            self.on_emit(seq.request.request_id, emitted)
         if first:
+            self.counters.prompt_tokens += seq.prompt_len
             return  # the prefill's token: not a verify round
         result.verify_rounds += 1
+        self.counters.count_round(len(proposal), accepted)
         if self.drafter is not None:
             result.drafted_tokens += len(proposal)
             result.accepted_tokens += accepted
@@ -197,6 +221,8 @@ class ContinuousEngine:
             self.policy.observe(seq, work.drafts, len(proposal), accepted)
 
     def _finish(self, seq: Sequence, now: float) -> FinishedRequest:
+        self.counters.finished_requests += seq.result.error is None
+        self.counters.preemptions += seq.result.preemptions
         self.scheduler.finish(seq)
         self._forget(seq)
         self.policy.release(seq)
@@ -205,6 +231,7 @@ class ContinuousEngine:
         return seq.result
 
     def _fail(self, seq: Sequence, reason: str, now: float) -> FinishedRequest:
+        self.counters.failed_requests += 1
         seq.result.error = reason
         return self._finish(seq, now)
 
@@ -216,6 +243,9 @@ class ContinuousEngine:
         self, plan: Plan, reserved: int, prefill: int, started: float, draft_time: float, finished: int
     ) -> None:
         self._steps += 1
+        self.counters.steps += 1
+        self.counters.step_seconds += time.perf_counter() - started
+        self.counters.draft_seconds += draft_time
         if self.on_step is None:
             return
         used = (self.allocator.num_blocks - self.allocator.num_free) * self.allocator.block_size

@@ -59,22 +59,40 @@ def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:
     """ "baseline" (the target alone, continuous batching), with a drafter "spec" (fixed γ) and, when
     ``speculate.policy`` is not fixed, "spec-<policy>" beside it (sharing the spec arm's KV pools: arms
     never run at once, and every run starts from a reset engine)."""
-    models = setup.models
-    serve = cfg.serve
-    slots = kv_slots(serve, models.max_positions)
-    for loaded in (models.target, models.draft):  # the kernel of a many-row step, measured here
-        if loaded is not None and cfg.runtime.kernels == "auto":
-            choose_batched_kernels(loaded.model)
+    slots = _prepare(cfg, setup)
     arms = [_arm(cfg, setup, "baseline", None, slots, FixedPolicy(0))]
     if cfg.draft.kind == "none":
         return arms
-    drafter = _drafter(cfg, models, slots)
+    drafter = _drafter(cfg, setup.models, slots)
     arms.append(_arm(cfg, setup, "spec", drafter, slots, make_policy(cfg.speculate, "fixed")))
     policy = make_policy(cfg.speculate)
     if policy.name != "fixed":
         sibling = _sibling(drafter, policy.stop_below)
         arms.append(_arm(cfg, setup, f"spec-{policy.name}", sibling, slots, policy, share=arms[-1].engine))
     return arms
+
+
+def served_arm(cfg: RunConfig, setup) -> ServingArm:
+    """The one arm a server runs (``python -m spectoolkit.serve``): the target with the configured drafter
+    and draft-length policy, named as in a serving run ("spec", "spec-<policy>"); "baseline" for draft=none."""
+    slots = _prepare(cfg, setup)
+    if cfg.draft.kind == "none":
+        return _arm(cfg, setup, "baseline", None, slots, FixedPolicy(0))
+    policy = make_policy(cfg.speculate)
+    name = "spec" if policy.name == "fixed" else f"spec-{policy.name}"
+    drafter = _drafter(cfg, setup.models, slots)
+    if policy.stop_below is not None:  # confidence: the draft model stops below the threshold
+        drafter = _sibling(drafter, policy.stop_below)
+    return _arm(cfg, setup, name, drafter, slots, policy)
+
+
+def _prepare(cfg: RunConfig, setup) -> int:
+    """Measure the many-row kernels of the loaded models (``runtime.kernels=auto``); the KV slots per pool."""
+    models = setup.models
+    for loaded in (models.target, models.draft):  # the kernel of a many-row step, measured here
+        if loaded is not None and cfg.runtime.kernels == "auto":
+            choose_batched_kernels(loaded.model)
+    return kv_slots(cfg.serve, models.max_positions)
 
 
 def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: ContinuousEngine | None = None):
