@@ -4,8 +4,9 @@ For each level: an untimed warm-up of ``serve.warmup_requests`` requests per arm
 ``bench.repeat`` timed runs per arm over the same request sequence, the arm order rotating per repeat
 (baseline, spec; spec, baseline; …) so arms share the time window. ``engine.reset()`` before every run.
 Records are written as requests finish; step statistics are totalled per (arm, level, repeat) and, with
-``serve.step_log``, appended to ``steps.jsonl``. Afterwards, greedy runs without level "1" get their
-exactness reference: the baseline at concurrency 1 over the distinct prompts, untimed.
+``serve.step_log``, appended to ``steps.jsonl``. An arm on a server (``snapshot()``: its ``/metrics``
+speculation counters) gets their change over each timed run in ``server_counters``. Afterwards, greedy
+runs without level "1" get their exactness reference: the baseline at concurrency 1 over the distinct prompts, untimed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from spectoolkit.metrics.records import RecordWriter
 from spectoolkit.serving.api import ServeRequest, ServingEngine, StepStats
 
 Sleep = Callable[[float], None]
+COUNTER_SETTLE_S = 0.25  # wait before the closing /metrics scrape of a run on a server
 
 
 class StepLog:
@@ -55,6 +57,7 @@ class LoadSweep:
     clock: Clock = time.perf_counter
     sleep: Sleep = time.sleep
     steps: StepBook = field(default_factory=dict)
+    server_counters: dict[tuple[str, str, int], dict] = field(default_factory=dict)  # (arm, level, repeat) -> delta
     on_run: Callable[[str, str, int], None] | None = None  # (arm, level key, repeat) after each timed run
 
     def requests(self, level: Level, repeat_idx: int) -> list[Sent]:
@@ -119,7 +122,14 @@ def _timed_run(sweep: LoadSweep, ctx: RunContext, writer: RecordWriter, step_log
 
     arm.engine.reset()
     requests = [s.request for s in sent.values()]
+    snapshot = getattr(arm, "snapshot", None)  # a server's own speculation counters (its /metrics)
+    before = snapshot() if snapshot else None
     drive(sweep, arm.engine, requests, level, sweep.arrival_seed(level, repeat_idx), finished, stepped)
+    if before is not None:
+        sweep.sleep(COUNTER_SETTLE_S)  # the last request's counters reach /metrics just after its last chunk
+        after = snapshot()
+        if after is not None:
+            sweep.server_counters[(arm.name, level.key, repeat_idx)] = after.minus(before).as_json()
 
 
 def run_levels(sweep: LoadSweep, writer: RecordWriter, step_log: StepLog | None = None) -> None:

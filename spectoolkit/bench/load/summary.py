@@ -183,12 +183,15 @@ def serving_summary(
     steps: StepBook,
     references: dict[str, list[int]] | None,
     greedy: bool,
+    server_counters: dict[tuple[str, str, int], dict] | None = None,
 ) -> dict[str, Any]:
     """``serving_levels``, ``serving`` ({arm: {level key: stats}}), ``serving_exactness`` (greedy runs) and
     ``k_distribution`` ({drafting arm: the distribution of k per round}).
 
     ``arms`` maps each arm name to its reference arm (None for a target-alone arm), in run order;
     ``references`` maps case_id -> the batch-1 output ids of the target-alone reference.
+    ``server_counters``: an arm on a server, the change of its ``/metrics`` speculation counters per
+    (arm, level, repeat); where the records carry no drafts, the level's acceptance comes from them.
     """
     groups: dict[tuple[str, str], Records] = defaultdict(list)
     for record in records:
@@ -202,6 +205,8 @@ def serving_summary(
             if reference is not None:
                 mine, theirs = groups.get((arm, level.key), []), groups.get((reference, level.key), [])
                 stats["speedup"] = _speedup(_by_repeat(mine), _by_repeat(theirs))
+            deltas = [v for (a, k, _), v in (server_counters or {}).items() if (a, k) == (arm, level.key)]
+            _server_acceptance(stats, deltas)
             serving[arm][level.key] = stats
     reference_arm = next((name for name, ref in arms.items() if ref is None), next(iter(arms), "baseline"))
     return {
@@ -210,6 +215,23 @@ def serving_summary(
         "serving_exactness": _exactness(records, reference_arm, references) if greedy else None,
         "k_distribution": _k_by_level(records, [arm for arm, ref in arms.items() if ref is not None], levels),
     }
+
+
+def _server_acceptance(stats: dict[str, Any], deltas: list[dict]) -> None:
+    """The repeats' server counter deltas summed into ``stats["server_counters"]``; acceptance from them
+    when the records have none (an HTTP client sees tokens, not drafts)."""
+    if not deltas:
+        return
+    width = max(len(d["accepted_per_position"]) for d in deltas)
+    summed = {key: sum(d[key] for d in deltas) for key in ("drafts", "draft_tokens", "accepted_tokens")}
+    summed["accepted_per_position"] = [sum(d["accepted_per_position"][j] for d in deltas
+                                           if j < len(d["accepted_per_position"])) for j in range(width)]  # fmt: skip
+    summed["acceptance_rate"] = _ratio(summed["accepted_tokens"], summed["draft_tokens"])
+    summed["mean_accept_length"] = 1 + summed["accepted_tokens"] / summed["drafts"] if summed["drafts"] else None
+    stats["server_counters"] = summed
+    if stats["acceptance_rate"] is None and summed["acceptance_rate"] is not None:
+        stats["acceptance_rate"], stats["mean_accept_length"] = summed["acceptance_rate"], summed["mean_accept_length"]
+        stats["acceptance_source"] = "server /metrics"
 
 
 def _k_by_level(records: Records, drafting: list[str], levels: list[Level]) -> dict[str, Any]:

@@ -1,0 +1,206 @@
+"""A :class:`~spectoolkit.serving.api.ServingEngine` over HTTP: any OpenAI-compatible server (issue 17).
+
+Each submitted request is one streamed ``POST {base_url}/completions`` with the prompt as token ids
+(every server sees the same input), the run's sampling, and ``return_token_ids`` (vLLM's extension,
+which our server implements too). Token times are the arrival times of the stream's chunks: a chunk
+that carries k tokens (a speculative step) is one delivery of k tokens, as in the in-process engine.
+A server that gives no ids gets its text re-tokenized (``ids_from_text`` is set on the engine).
+
+The requests run on one asyncio loop in a background thread; :meth:`EndpointEngine.step` returns the
+requests that finished since the last call, waiting at most :data:`POLL_S` for one. Faults never
+raise: a refused connection, an HTTP error, a stream cut mid-way or a timeout (connect, between
+chunks, whole request — all from ``backend.*_timeout_s``) each fail that request with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from spectoolkit.config import SamplingConfig
+from spectoolkit.serving.api import FinishedRequest, ServeRequest
+
+POLL_S = 0.005  # longest wait of one step() for a finished request (open-loop arrivals stay on time)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect_s: float
+    read_s: float  # between two stream chunks
+    request_s: float  # the whole request
+
+    def httpx(self) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect_s, read=self.read_s, write=self.read_s, pool=self.request_s)
+
+
+class LoopThread:
+    """One asyncio event loop on a daemon thread; :meth:`run` schedules a coroutine on it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="spectoolkit-http", daemon=True)
+        self._thread.start()
+
+    def run(self, coro) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def sampling_payload(sampling: SamplingConfig) -> dict[str, Any]:
+    """The request fields that make a server sample as the run does (greedy: temperature 0)."""
+    payload: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p}
+    if sampling.top_k > 0:
+        payload["top_k"] = sampling.top_k
+    return payload
+
+
+class EndpointEngine:
+    """Serves requests by sending them to ``base_url`` (an OpenAI base URL, e.g. http://127.0.0.1:8000/v1)."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        model: str,
+        sampling: SamplingConfig,
+        timeouts: Timeouts,
+        loop: LoopThread,
+        tokenizer: Any = None,
+        api_key: str | None = None,
+    ) -> None:
+        self.name, self.base_url, self.model, self.sampling = name, base_url.rstrip("/"), model, sampling
+        self.timeouts, self.loop, self.tokenizer = timeouts, loop, tokenizer
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._client = loop.run(_make_client(headers, timeouts, limits)).result()
+        self._done: queue.SimpleQueue[FinishedRequest] = queue.SimpleQueue()
+        self._in_flight: dict[str, Future] = {}
+        self.ids_from_text = False  # set when a server answered with text only
+        self.on_step = None  # the load generator's hook; an HTTP server reports no steps
+
+    # ---- the ServingEngine protocol ------------------------------------------------------------
+
+    def submit(self, request: ServeRequest) -> None:
+        if request.arrival is None:
+            request.arrival = time.perf_counter()
+        future = self.loop.run(self._send(request))
+        self._in_flight[request.request_id] = future
+        future.add_done_callback(lambda _: self._in_flight.pop(request.request_id, None))
+
+    def step(self) -> list[FinishedRequest]:
+        finished = []
+        try:
+            finished.append(self._done.get(timeout=POLL_S))
+        except queue.Empty:
+            return finished
+        while True:
+            try:
+                finished.append(self._done.get_nowait())
+            except queue.Empty:
+                return finished
+
+    def has_work(self) -> bool:
+        return bool(self._in_flight) or not self._done.empty()
+
+    def reset(self) -> None:
+        """Cancel every request in flight and forget what finished but was not collected."""
+        for future in list(self._in_flight.values()):
+            future.cancel()
+        deadline = time.monotonic() + 10
+        while self._in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while not self._done.empty():
+            self._done.get_nowait()
+
+    def close(self) -> None:
+        self.reset()
+        self.loop.run(self._client.aclose()).result(timeout=10)
+
+    # ---- one request ---------------------------------------------------------------------------
+
+    async def _send(self, request: ServeRequest) -> None:
+        result = FinishedRequest(request.request_id, arrival=request.arrival, prompt_len=len(request.prompt_ids))
+        try:
+            await asyncio.wait_for(self._stream(request, result), timeout=self.timeouts.request_s)
+        except asyncio.CancelledError:
+            raise  # reset(): nobody waits for this one
+        except TimeoutError:
+            result.error = f"timed out after backend.request_timeout_s={self.timeouts.request_s:g} s"
+        except httpx.TimeoutException as exc:
+            result.error = f"{type(exc).__name__} from {self.base_url} (backend.connect_timeout_s/read_timeout_s)"
+        except httpx.HTTPError as exc:
+            result.error = f"{type(exc).__name__} from {self.base_url}: {exc}"
+        except Exception as exc:  # noqa: BLE001  a request fails alone, whatever the server sent
+            result.error = f"{type(exc).__name__}: {exc}"
+        result.finish = time.perf_counter()
+        self._done.put(result)
+
+    def _payload(self, request: ServeRequest) -> dict[str, Any]:
+        return {
+            "model": self.model, "prompt": list(request.prompt_ids), "max_tokens": request.max_new_tokens,
+            "seed": request.seed, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True, **sampling_payload(self.sampling),
+        }  # fmt: skip
+
+    async def _stream(self, request: ServeRequest, result: FinishedRequest) -> None:
+        text, finish_reason = "", None
+        async with self._client.stream("POST", f"{self.base_url}/completions", json=self._payload(request)) as reply:
+            if reply.status_code != 200:
+                body = (await reply.aread()).decode(errors="replace")
+                result.error = f"HTTP {reply.status_code} from {self.base_url}: {_error_message(body)}"
+                return
+            async for line in reply.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.error = f"the server failed the request mid-stream: {_error_message(data)}"
+                    return
+                now = time.perf_counter()
+                for choice in chunk.get("choices") or []:
+                    text += choice.get("text") or ""
+                    new_ids = self._new_ids(choice, text, result.output_ids)
+                    result.output_ids.extend(new_ids)
+                    result.token_times.extend([now] * len(new_ids))
+                    finish_reason = choice.get("finish_reason") or finish_reason
+        if finish_reason is None:
+            result.error = (f"the stream from {self.base_url} ended before the request finished "
+                            f"(after {len(result.output_ids)} tokens)")  # fmt: skip
+
+    def _new_ids(self, choice: dict[str, Any], text: str, seen: list[int]) -> list[int]:
+        ids = choice.get("token_ids")
+        if ids is not None:
+            return [int(i) for i in ids]
+        if self.tokenizer is None:
+            raise ValueError("the server returned no token_ids and no tokenizer was loaded to count tokens")
+        self.ids_from_text = True
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        return list(ids[len(seen) :]) if ids[: len(seen)] == seen else []
+
+
+async def _make_client(headers: dict[str, str], timeouts: Timeouts, limits: httpx.Limits) -> httpx.AsyncClient:
+    return httpx.AsyncClient(headers=headers, timeout=timeouts.httpx(), limits=limits)
+
+
+def _error_message(body: str) -> str:
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return body[:300]
+    error = payload.get("error", payload) if isinstance(payload, dict) else payload
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message or error)[:300]
