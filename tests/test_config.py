@@ -236,6 +236,21 @@ def test_validation_errors(values: dict) -> None:
         run_config_from_dict(values)
 
 
+@pytest.mark.parametrize("price", [0, -1.5, float("nan"), float("inf"), True, "2 EUR"], ids=str)
+def test_cost_per_hour_must_be_a_positive_price(price: object) -> None:
+    with pytest.raises(SpecToolkitError, match=r"bench\.cost_per_hour=.*(must be > 0: set it to the price of one "
+                       r"hour of this machine|must be of type float or null)"):  # fmt: skip
+        run_config_from_dict({"bench": {"cost_per_hour": price}})
+
+
+def test_cost_per_hour_defaults_to_null_and_takes_a_price() -> None:
+    assert BenchConfig().cost_per_hour is None and _run_config().bench.cost_per_hour is None
+    assert _run_config("bench.cost_per_hour=2.5").bench.cost_per_hour == 2.5
+    assert run_config_from_dict({"bench": {"cost_per_hour": 3}}).bench.cost_per_hour == 3
+    with pytest.raises(SpecToolkitError, match=r"bench\.cost_per_hour=0 must be > 0"):
+        _run_config("bench.cost_per_hour=0")
+
+
 def test_from_dict_round_trip() -> None:
     cfg = RunConfig(
         draft=DraftConfig(kind="model", precision="fp16"),

@@ -23,11 +23,14 @@ from spectoolkit.metrics.summary_sections import (
     Exactness,
     GammaCheck,
     QuantQuality,
+    TokenCost,
 )
 from spectoolkit.metrics.tolerant import from_mapping, num
 
 # 1: no schema_version key (the fields of 2); 3: + k_distribution, gamma_validation, recommended_gamma
-# within the measured γ range and extrapolated_gamma beyond it, the arms' draft-length policy
+# within the measured γ range and extrapolated_gamma beyond it, the arms' draft-length policy.
+# An added optional section that older summaries simply lack (baseline_check, mode: serving, token_cost)
+# does not bump the version: the tolerant reader gives its default; a changed meaning does.
 SUMMARY_SCHEMA_VERSION = 3
 BASELINE = "baseline"  # the target-alone arm every speedup is measured against
 TIME_PARTS = ("prefill", "draft", "verify", "overhead")  # ArmStats.time_split: parts of total_time
@@ -110,7 +113,7 @@ class GroupStats:
 class Summary:
     """``summary.json``: the statistics of :func:`~spectoolkit.metrics.summary.summarize` plus the
     sections the runner adds (cost model, gamma validation, exactness, quantization quality, baseline
-    check, conditions)."""
+    check, token cost, conditions)."""
 
     schema_version: int = SUMMARY_SCHEMA_VERSION
     complete: bool | None = None  # False: interrupted, the numbers are partial
@@ -135,6 +138,7 @@ class Summary:
     exactness: Exactness | None = None
     quant_quality: QuantQuality | None = None
     baseline_check: BaselineCheck | None = None  # None: bench.baseline_check=false, or an older run
+    token_cost: TokenCost | None = None  # cost per 1M output tokens at bench.cost_per_hour; None: an older run
     conditions: Conditions = field(default_factory=Conditions)
 
     @classmethod

@@ -1,6 +1,7 @@
 """Typed sections of ``summary.json`` that the runner adds beside the statistics: the cost model of each
 drafting arm and its check against a gamma sweep, the distribution of the draft length k per round, the
-greedy exactness verdict, the quantization quality, the stock-baseline check and the run conditions.
+greedy exactness verdict, the quantization quality, the stock-baseline check, the cost per output token and
+the run conditions.
 
 Read with :func:`spectoolkit.metrics.tolerant.from_mapping` through ``Summary.from_dict``: a missing or
 wrong-typed field is None (or empty), never an exception. Times are seconds, memory is bytes.
@@ -169,6 +170,25 @@ class BaselineCheck:
 
 
 @dataclass
+class TokenCostEntry:
+    """One arm (at one load level) priced: :func:`spectoolkit.metrics.token_cost.cost_entry`."""
+
+    output_throughput: float | None = None  # output tokens/s the cost rests on
+    cost_per_million_output_tokens: float | None = None  # in the currency of bench.cost_per_hour
+    reference: str | None = None  # the arm the change is against; None: target alone
+    change: float | None = None  # cost / the reference's cost - 1 (negative: cheaper)
+
+
+@dataclass
+class TokenCost:
+    """``token_cost``: the cost per 1M output tokens at ``bench.cost_per_hour`` (``metrics.token_cost``)."""
+
+    cost_per_hour: float | None = None  # price of one hour of this machine; None: the run was not priced
+    arms: dict[str, TokenCostEntry] = field(default_factory=dict)  # batch-1 runs
+    by_level: dict[str, dict[str, TokenCostEntry]] = field(default_factory=dict)  # serving: arm -> level key ->
+
+
+@dataclass
 class ConfiguredArm:
     """One arm as configured for the run (conditions.arms), measured or not."""
 
@@ -225,5 +245,6 @@ class Conditions:
     concurrency: int | None = None
     workload: dict[str, Any] = field(default_factory=dict)
     bench: dict[str, Any] = field(default_factory=dict)
+    serve: dict[str, Any] = field(default_factory=dict)  # ServeConfig (SLOs); empty before it was recorded
     memory: Memory = field(default_factory=Memory)
     compat_warnings: list[str] = field(default_factory=list)

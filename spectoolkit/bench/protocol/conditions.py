@@ -115,6 +115,7 @@ def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
         "concurrency": 1,
         "workload": dataclasses.asdict(cfg.workload),
         "bench": dataclasses.asdict(cfg.bench),
+        "serve": dataclasses.asdict(cfg.serve),  # serve.slo_tpot_ms: the TPOT rule of alerts.yml
         "memory": memory(arm_set),
         "compat_warnings": facts.compat_warnings,
     }

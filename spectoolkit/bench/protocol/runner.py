@@ -32,6 +32,7 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.gamma_validation import gamma_validation
 from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_records, write_json_atomic
 from spectoolkit.metrics.summary import cost_models, summarize
+from spectoolkit.metrics.token_cost import batch_token_cost
 from spectoolkit.workloads.prompts import Request, encode_prompt, load_workload
 
 RECORDS_FILE = "records.jsonl"
@@ -199,6 +200,7 @@ def _write_summary(cfg: RunConfig, setup: RunSetup, out_dir: Path, complete: boo
     summary = summarize(records, greedy=cfg.sampling.greedy, complete=complete, arms=arm_info, primary=arm_set.primary)
     summary["cost_model"] = cost_models(records, arm_info, extra.pop("verify_costs", {}))
     summary["gamma_validation"] = gamma_validation(summary["cost_model"], arm_info)
+    summary["token_cost"] = batch_token_cost(cfg.bench.cost_per_hour, summary["arms"])
     summary.update(extra)
     summary["conditions"] = run_conditions(cfg, setup)
     write_json_atomic(out_dir / SUMMARY_FILE, summary)

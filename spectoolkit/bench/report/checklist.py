@@ -6,17 +6,19 @@ touches files; the interpretation rules are in ``report.interpret``.
 
 A serving run (issue 15) has its own list, :func:`evaluate_serving_checklist`: tails stated per load
 level, P99 TTFT/TPOT against ``serve.slo_ttft_ms``/``serve.slo_tpot_ms`` (only when given), exactness
-under batching. Missing keys (older summaries) and nulls never raise. An item that cannot be evidenced FAILs (a
-launch decision must not rest on it); an item that cannot apply to this run (one repeat, no
-drafter, sampling instead of greedy) is N/A.
+under batching. Both lists end with the rollout items: cost per unit of throughput (``report.token_cost``),
+the alerts of alerts.yml and the canary share (``report.alerts``). Missing keys (older summaries) and
+nulls never raise. An item that cannot be evidenced FAILs (a launch decision must not rest on it); an
+item that cannot apply to this run (one repeat, no drafter, sampling instead of greedy) is N/A.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
+from spectoolkit.bench.report.alerts import check_alerts, check_canary, derive_alerts
+from spectoolkit.bench.report.check_item import FAIL, NA, PASS, CheckItem
 from spectoolkit.bench.report.load import (
     Records,
     arm_policy,
@@ -27,27 +29,19 @@ from spectoolkit.bench.report.load import (
     primary_alpha,
     sampling_mode,
 )
+from spectoolkit.bench.report.token_cost import check_serving_token_cost, check_token_cost
 from spectoolkit.metrics.load_curves import CONCURRENCY, RATE, ServingSummary, meets_up_to
 from spectoolkit.metrics.summary import first_divergence as first_token_diff
 from spectoolkit.metrics.summary import output_pairs
 from spectoolkit.metrics.summary_schema import BASELINE, Summary
 from spectoolkit.metrics.summary_sections import Exactness
 
-PASS, FAIL, NA = "PASS", "FAIL", "N/A"
+__all__ = ["CheckItem", "FAIL", "NA", "PASS"]  # re-exported: the checklist's statuses live in report.check_item
 SPREAD_LIMIT = 0.10  # (max - min) / median of baseline throughput over repeats
 MIN_DRAFTED = 200  # drafted tokens per task type before its α is worth quoting
 SPLIT_TOLERANCE = 0.01  # prefill + draft + verify + overhead vs total time
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "random_seed")
 STOCK_RATIO_LIMIT = 0.95  # our baseline tokens/s / stock transformers generate tokens/s
-
-
-@dataclass(frozen=True)
-class CheckItem:
-    """One pre-launch checklist line: ``status`` is PASS, FAIL or N/A; ``evidence`` the numbers."""
-
-    name: str
-    status: str
-    evidence: str
 
 
 # ---- pre-launch checklist ------------------------------------------------------------------------
@@ -281,6 +275,9 @@ def evaluate_checklist(summary: Summary, records: Records) -> list[CheckItem]:
         check_exactness(summary, records),
         check_fallback(summary),
         check_baseline_vs_stock(summary),
+        check_token_cost(summary),
+        check_alerts(derive_alerts(summary, records)),
+        check_canary(),
     ]
 
 
@@ -385,4 +382,9 @@ def evaluate_serving_checklist(summary: Summary, serving: ServingSummary, record
         slo = num(serving.serve.get(key))
         if slo is not None:
             items.append(check_slo(serving, name, metric, slo))
-    return items + [check_exact_under_batching(serving, sampling_mode(summary, records))]
+    return items + [
+        check_exact_under_batching(serving, sampling_mode(summary, records)),
+        check_serving_token_cost(summary, serving),
+        check_alerts(derive_alerts(summary, records, serving)),
+        check_canary(),
+    ]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.metrics.load_curves import ServingSummary
 from spectoolkit.metrics.records import RequestRecord, read_records
 from spectoolkit.metrics.summary_schema import Summary
 from spectoolkit.metrics.tolerant import num
@@ -91,6 +92,13 @@ def sampling_mode(summary: Summary, records: Records) -> str | None:
 
 def is_quantized(precision: Any) -> bool:
     return isinstance(precision, str) and precision.lower() not in REFERENCE_PRECISIONS
+
+
+def primary_arm(summary: Summary, serving: ServingSummary) -> str | None:
+    """A serving run's drafting arm the headline is about: the summary's primary arm, else "spec", else the first."""
+    arms = serving.drafting_arms
+    named = (summary.primary_arm, summary.conditions.primary_arm, "spec")
+    return next((name for name in named if name in arms), arms[0] if arms else None)
 
 
 def primary_alpha(summary: Summary) -> tuple[str | None, float | None]:

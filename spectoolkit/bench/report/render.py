@@ -5,8 +5,9 @@ without the conditions it holds under (hardware, precisions, KV, γ, sampling, b
 workload, repeats); an incomplete run or one without a baseline gets no headline at all. The
 checklist is in ``report.checklist``, the interpretation rules in ``report.interpret``, plots in
 ``report.plots``, the cost model section in ``report.cost``, the draft length per round in
-``report.draft_lengths``, the sweep report in ``bench.sweep.report``; a serving run's report in
-``report.serving``.
+``report.draft_lengths``, the cost per output token in ``report.token_cost``, the sweep report in
+``bench.sweep.report``; a serving run's report in ``report.serving``. Every report also writes
+``alerts.yml`` beside report.md (``report.alerts``).
 Older summaries, nulls, baseline-only runs and runs without a successful request render "n/a".
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from spectoolkit.bench.report import plots as plotting
+from spectoolkit.bench.report.alerts import write_alerts
 from spectoolkit.bench.report.checklist import FAIL, evaluate_checklist
 from spectoolkit.bench.report.cost import cost_section
 from spectoolkit.bench.report.draft_lengths import k_section
@@ -37,6 +39,7 @@ from spectoolkit.bench.report.load import (
 from spectoolkit.bench.report.quality import exactness_section, quality_section
 from spectoolkit.bench.report.serving import load_serving, render_serving_report
 from spectoolkit.bench.report.serving_plots import serving_plots
+from spectoolkit.bench.report.token_cost import token_cost_section
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary_schema import BASELINE, TIME_PARTS, ArmStats, GroupStats, Summary
 
@@ -334,8 +337,8 @@ def _k_section(summary: Summary, records: Records, plots: dict[str, Path]) -> li
 
 
 SECTIONS = (_conditions_section, _results_section, _task_section, _k_section, _length_section, _time_section,
-            cost_section, _memory_section, exactness_section, quality_section, _interpretation_section,
-            _checklist_section, _stability_section)  # fmt: skip
+            cost_section, token_cost_section, _memory_section, exactness_section, quality_section,
+            _interpretation_section, _checklist_section, _stability_section)  # fmt: skip
 
 
 def render_report(summary: Summary, records: Records, plots: dict[str, Path], title: str = "run") -> str:
@@ -347,7 +350,8 @@ def render_report(summary: Summary, records: Records, plots: dict[str, Path], ti
 
 
 def write_report(run_dir: Path) -> Path:
-    """Write ``run_dir/report.md`` (atomically) and its plots in ``run_dir/plots/``; returns the report path.
+    """Write ``run_dir/report.md`` and ``run_dir/alerts.yml`` (atomically) and the plots in ``run_dir/plots/``;
+    returns the report path.
 
     A serving run (``mode: serving``, issue 15) gets the serving report (``report.serving``) instead: it
     has no batch-1 arms, so the sections above do not apply to it."""
@@ -362,4 +366,5 @@ def write_report(run_dir: Path) -> Path:
         text = render_report(summary, records, plots, run_dir.name)
     path = run_dir / REPORT_NAME
     atomic_write(path, text)
+    write_alerts(run_dir, summary, records, serving)
     return path

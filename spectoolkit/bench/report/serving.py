@@ -4,6 +4,7 @@ A summary.json with ``mode: serving`` has no batch-1 ``arms``; ``render.write_re
 Sections: a headline (the primary drafting arm's speedup at the lowest and highest load, where
 speculation stops paying and the ``serve.spec_max_batch`` to set), conditions, level × arm results,
 scheduler facts per level, load curves (knee, saturation, crossover: :mod:`spectoolkit.metrics.load_curves`),
+the cost per output token per level (``report.token_cost``),
 α by task type per level, the draft length k per round per level (``report.draft_lengths``), exactness
 under batching, interpretation (``report.interpret``) and the serving checklist (``report.checklist``).
 Any metric may be None: it renders "n/a". The sweep report's part for serving jobs is
@@ -20,7 +21,8 @@ from typing import Any
 from spectoolkit.bench.report.checklist import FAIL, evaluate_serving_checklist
 from spectoolkit.bench.report.draft_lengths import k_section
 from spectoolkit.bench.report.interpret import interpret_serving
-from spectoolkit.bench.report.load import Records, fmt, md_table, num, sampling_mode, speed
+from spectoolkit.bench.report.load import Records, fmt, md_table, num, primary_arm, sampling_mode, speed
+from spectoolkit.bench.report.token_cost import serving_token_cost_section
 from spectoolkit.metrics.load_curves import (
     CONCURRENCY,
     KNEE_GAIN,
@@ -45,13 +47,6 @@ def load_serving(run_dir: Path) -> ServingSummary | None:
     except (OSError, ValueError):
         return None
     return ServingSummary.from_dict(raw)
-
-
-def primary_arm(summary: Summary, serving: ServingSummary) -> str | None:
-    """The drafting arm the headline is about: the summary's primary arm, else "spec", else the first."""
-    arms = serving.drafting_arms
-    named = (summary.primary_arm, summary.conditions.primary_arm, "spec")
-    return next((name for name in named if name in arms), arms[0] if arms else None)
 
 
 # ---- formatting helpers --------------------------------------------------------------------------
@@ -338,9 +333,9 @@ def _k_section(summary: Summary, serving: ServingSummary, records: Records, plot
     return k_section(summary, plots, "by_load_level", "load level", serving.label_of)
 
 
-SERVING_SECTIONS: tuple[Section, ...] = (_conditions_section, _results_section, _curves_section, _task_section,
-                                         _k_section, _exactness_section, _interpretation_section,
-                                         _checklist_section)  # fmt: skip
+SERVING_SECTIONS: tuple[Section, ...] = (_conditions_section, _results_section, _curves_section,
+                                         serving_token_cost_section, _task_section, _k_section, _exactness_section,
+                                         _interpretation_section, _checklist_section)  # fmt: skip
 
 
 def render_serving_report(

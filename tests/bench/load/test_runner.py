@@ -29,6 +29,7 @@ from tests.bench.load.fakes import fake_arms, install_serving_arms
 
 BUILTIN_CASES = 6
 MAX_NEW_TOKENS = 8
+COST_PER_HOUR = 2.0
 LEVEL_KEYS = ["1", "2", "rate=200"]
 STAT_KEYS = {
     "output_throughput", "request_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99",
@@ -42,7 +43,7 @@ def _cfg(checkpoint: Path, out: Path, **serve) -> RunConfig:
     return RunConfig(
         model=ModelConfig(target_path=str(checkpoint)),
         workload=WorkloadConfig(kind="builtin", max_new_tokens=MAX_NEW_TOKENS),
-        bench=BenchConfig(warmup=0, repeat=2, calibrate=False, baseline_check=False),
+        bench=BenchConfig(warmup=0, repeat=2, calibrate=False, baseline_check=False, cost_per_hour=COST_PER_HOUR),
         runtime=RuntimeConfig(kernels="reference"), serve=ServeConfig(**{**values, **serve}),
         device="cpu", output_dir=str(out),
     )  # fmt: skip
@@ -104,7 +105,15 @@ def test_end_to_end(patched, monkeypatch, tiny_checkpoint: Path, tmp_path: Path)
     assert [arm["name"] for arm in summary["conditions"]["arms"]] == ["baseline", "spec"]
     steps = _lines(tmp_path / STEPS_FILE)
     assert {line["level"] for line in steps} == set(LEVEL_KEYS)
-    assert (tmp_path / "report.md").exists()  # the report reads this summary
+    cost = summary["token_cost"]  # per arm and level, from each level's output throughput
+    assert (cost["cost_per_hour"], cost["arms"], list(cost["by_level"])) == (COST_PER_HOUR, {}, ["baseline", "spec"])
+    for arm, by_level in summary["serving"].items():
+        for key, stats in by_level.items():
+            expected = COST_PER_HOUR / (stats["output_throughput"] * 3600) * 1e6
+            assert cost["by_level"][arm][key]["cost_per_million_output_tokens"] == pytest.approx(expected)
+    assert cost["by_level"]["spec"]["2"]["reference"] == "baseline"
+    assert cost["by_level"]["baseline"]["2"]["change"] is None
+    assert (tmp_path / "report.md").exists() and (tmp_path / "alerts.yml").exists()  # the report reads this summary
     table = format_serving_table(summary).splitlines()
     assert "out tok/s" in table[0] and len(table) == 1 + 3 * 2 + 1
     assert table[-1].startswith("greedy exactness: 80/80 outputs equal baseline at concurrency 1")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from spectoolkit.bench.protocol.runner import RECORDS_FILE, SUMMARY_FILE, run
 from spectoolkit.config import BenchConfig, DraftConfig, ModelConfig, RunConfig, WorkloadConfig
@@ -22,6 +23,7 @@ BUILTIN_CASES = 6
 BUILTIN_TASK_TYPES = {"chat", "code", "structured", "summarization", "qa"}
 MAX_NEW_TOKENS = 8
 GAMMA = 4
+COST_PER_HOUR = 2.0
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: extra threads only contend
 
@@ -31,7 +33,7 @@ def _config(checkpoint: Path, out: Path, draft: DraftConfig, **overrides) -> Run
         draft=draft,
         model=ModelConfig(target_path=str(checkpoint)),
         workload=WorkloadConfig(kind="builtin", max_new_tokens=MAX_NEW_TOKENS),
-        bench=BenchConfig(warmup=0, repeat=2),
+        bench=BenchConfig(warmup=0, repeat=2, cost_per_hour=COST_PER_HOUR),
         device="cpu",
         output_dir=str(out),
     )
@@ -125,6 +127,14 @@ def test_summary(two_arm_run) -> None:
     assert set(summary["by_task_type"]) == BUILTIN_TASK_TYPES
     for group in summary["by_task_type"].values():
         assert set(group["arms"]) == {"baseline", "spec"} and set(group["speedups"]) == {"spec"}
+    cost = summary["token_cost"]  # per 1M output tokens at bench.cost_per_hour, from each arm's net throughput
+    assert cost["cost_per_hour"] == COST_PER_HOUR and list(cost["arms"]) == ["baseline", "spec"]
+    for name, stats in summary["arms"].items():
+        expected = COST_PER_HOUR / (stats["net_throughput"] * 3600) * 1e6
+        assert cost["arms"][name]["cost_per_million_output_tokens"] == pytest.approx(expected)
+    assert cost["arms"]["spec"]["reference"] == "baseline" and cost["arms"]["spec"]["change"] is not None
+    alerts = yaml.safe_load((Path(cfg.output_dir) / "alerts.yml").read_text(encoding="utf-8"))  # beside report.md
+    assert alerts["groups"][0]["name"] == "spectoolkit-speculation"
     if cfg.draft.kind == "model":  # a self-draft at the target's precision proposes what the target picks
         assert spec["drafted_tokens"] > 0 and spec["acceptance_rate"] > 0.9
         assert spec["tokens_per_verify"] > 1.5

@@ -21,6 +21,7 @@ from spectoolkit.bench.sweep.report import write_sweep_report
 from spectoolkit.metrics.load_curves import ServingSummary
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary_schema import Summary
+from spectoolkit.metrics.token_cost import serving_token_cost
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CONCURRENCY = (1, 2, 4, 8, 16)
@@ -29,6 +30,7 @@ SPEEDUPS = (1.4, 1.3, 1.1, 0.92, 0.85)  # pays at 1–4, stops from 8
 BASE_TTFT_P99 = (0.05, 0.08, 0.12, 0.25, 0.40)  # seconds: within 200 ms up to concurrency 4
 PRE_SCHEMA_RUN = Path(__file__).parent / "data" / "pre_schema_run"
 TTFT_ITEM = "TTFT P99 ≤ serve.slo_ttft_ms (200 ms) at every level"
+COST_PER_HOUR = 2.0  # bench.cost_per_hour of the synthetic runs
 
 
 def _stats(tput: float | None, speedup: float | None, ttft_p99: float | None, drafting: bool) -> dict[str, Any]:
@@ -63,12 +65,13 @@ def serving_summary(concurrency: tuple[int, ...] = CONCURRENCY, rates: tuple[flo
         "mode": "serving", "complete": True, "serving_levels": levels, "serving": serving,
         "serving_exactness": {"reference": "baseline at batch 1", "divergent": divergent or [], "checked": checked},
         "serve": {"spec_max_batch": None, "max_num_tokens": 256, "batch_invariant": False, **(serve or {})},
+        "token_cost": serving_token_cost(COST_PER_HOUR, serving, {"baseline": None, "spec": "baseline"}),
         "conditions": {
             "hardware": {"device": "cpu", "cpu": "AMD EPYC"}, "target": {"precision": "fp32"},
             "draft": {"kind": "ngram", "name": "ngram", "precision": None}, "kv": {"target": "auto", "draft": "auto"},
             "compat": {"checked": True, "note": "n-gram lookup proposes the target's own ids"},
             "sampling": {"temperature": temperature, "top_p": 1.0, "top_k": 0}, "gamma": 4,
-            "workload": {"kind": "mixed", "num_prompts": 12}, "bench": {"repeat": 1},
+            "workload": {"kind": "mixed", "num_prompts": 12}, "bench": {"repeat": 1, "cost_per_hour": COST_PER_HOUR},
         },
     }  # fmt: skip
 
@@ -146,7 +149,14 @@ def test_slo_items_pass_and_fail_with_the_highest_level_meeting_them() -> None:
 
 def test_slo_items_are_absent_without_an_slo() -> None:
     names = list(checklist(serving_summary()))
-    assert names == ["vocab/tokenizer checked", "P95/P99 stated at every load level", "exact under batching"]
+    assert names == [
+        "vocab/tokenizer checked",
+        "P95/P99 stated at every load level",
+        "exact under batching",
+        "cost per unit of throughput",
+        "alerts on acceptance and rollback",
+        "canary share",
+    ]
 
 
 def test_exact_under_batching_passes_fails_and_is_na_when_sampling(tmp_path: Path) -> None:
@@ -162,7 +172,8 @@ def test_exact_under_batching_passes_fails_and_is_na_when_sampling(tmp_path: Pat
     assert checklist(unchecked)["exact under batching"].status == cl.FAIL
     text = write_report(write_serving_run(tmp_path / "div", serving_summary(divergent=divergent))).read_text()
     assert "| spec | concurrency 8 | humaneval/3 | 17 |" in text and "1 divergent." in text
-    assert "**Caution:** 1 pre-launch check(s) FAIL: exact under batching." in text
+    # a serving run has no cost model, so no break-even α: its alerts item always FAILs
+    assert "**Caution:** 2 pre-launch check(s) FAIL: exact under batching; alerts on acceptance and rollback." in text
 
 
 def test_a_run_where_speculation_always_pays_gets_no_cap_and_no_falling_rule() -> None:
