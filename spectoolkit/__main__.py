@@ -70,6 +70,9 @@ def _run_job(config, values: dict) -> str | None:
 
 
 def _bench_job(config) -> str:
+    if config.backend.kind != "local" and not config.serve.enabled:
+        raise SpecToolkitError(f"backend={config.backend.kind} measures servers under load: add "
+                               "experiment=concurrency_sweep (or serve.enabled=true)")  # fmt: skip
     if config.serve.enabled:  # serving under load: load levels instead of one request at a time
         from spectoolkit.bench.load.runner import format_serving_table, run_serving
 

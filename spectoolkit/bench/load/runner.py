@@ -1,7 +1,8 @@
 """``serve.enabled`` runs: the load-level protocol end to end (DESIGN §6, issue 15).
 
 Loads the workload and models as the batch-1 protocol does (same prompts, same "cannot run" reasons),
-builds the serving arms (``spectoolkit.serving.factory.serving_arms``), runs every level
+builds the serving arms (``spectoolkit.serving.factory.serving_arms``; with ``backend=endpoint|vllm``
+the arms are OpenAI-compatible servers instead, :mod:`spectoolkit.backends.source`), runs every level
 (:mod:`spectoolkit.bench.load.levels`), then writes ``records.jsonl`` (an older one set aside),
 ``summary.json`` (atomically; after Ctrl-C too, with ``"complete": false``) and ``report.md``.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import RecordWriter, read_records, write_json_atomic
 from spectoolkit.metrics.summary_schema import SUMMARY_SCHEMA_VERSION
+from spectoolkit.metrics.token_cost import serving_token_cost
 from spectoolkit.workloads.prompts import load_workload
 
 STEPS_FILE = "steps.jsonl"
@@ -49,16 +53,43 @@ def _step_log(out_dir: Path, enabled: bool) -> contextlib.AbstractContextManager
     return contextlib.closing(StepLog(out_dir / STEPS_FILE))
 
 
+@dataclass
+class _Source:
+    """What the levels run on: prompts are encoded with ``encoding`` (.tokenizer, .max_positions)."""
+
+    encoding: Any
+    arms: list[ServingArmLike]
+    conditions: Callable[[list[ServingArmLike]], dict[str, Any]]
+
+
+@contextlib.contextmanager
+def _source(cfg: RunConfig) -> Iterator[_Source]:
+    """backend=local: our engine in process; endpoint / vllm: servers (:mod:`spectoolkit.backends.source`)."""
+    if cfg.backend.kind == "local":
+        setup = build(cfg)
+        yield _Source(setup.models, _serving_arms(cfg, setup), lambda arms: _conditions(cfg, setup, arms))
+        return
+    from spectoolkit.backends.source import server_source
+
+    with server_source(cfg) as servers:
+        yield _Source(servers.encoding, list(servers.arms), lambda arms: servers.conditions(cfg))
+
+
 def run_serving(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     """Run every load level of ``cfg.serve`` for every arm; returns the summary (also written)."""
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     requests = load_workload(cfg.workload)
-    setup = build(cfg)
-    cases = cases_of(requests, [_encode(setup.models, request, cfg) for request in requests])
-    check_fits(cases, cfg.serve, cfg.workload.max_new_tokens)
+    with _source(cfg) as source:
+        return _run_levels(cfg, source, requests, out_dir, progress)
+
+
+def _run_levels(cfg: RunConfig, source: _Source, requests, out_dir: Path, progress: bool) -> dict[str, Any]:
+    cases = cases_of(requests, [_encode(source.encoding, request, cfg) for request in requests])
+    if cfg.backend.kind == "local":
+        check_fits(cases, cfg.serve, cfg.workload.max_new_tokens)
     levels = load_levels(cfg.serve)
-    sweep = LoadSweep(cfg, _serving_arms(cfg, setup), levels, cases)
+    sweep = LoadSweep(cfg, source.arms, levels, cases)
     _set_aside(out_dir / RECORDS_FILE)
     references: dict[str, list[int]] | None = None
     complete = False
@@ -72,7 +103,7 @@ def run_serving(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
             references = reference_outputs(sweep, _reference_arm(sweep.arms))
         complete = True
     finally:  # Ctrl-C included: keep what was finished and say the run is incomplete
-        summary = _write_summary(cfg, setup, sweep, out_dir, complete, references)
+        summary = _write_summary(cfg, source, sweep, out_dir, complete, references)
     return summary
 
 
@@ -105,7 +136,7 @@ def _primary(arms: list[ServingArmLike]) -> str | None:
 
 def _write_summary(
     cfg: RunConfig,
-    setup: RunSetup,
+    source: _Source,
     sweep: LoadSweep,
     out_dir: Path,
     complete: bool,
@@ -125,9 +156,12 @@ def _write_summary(
         "error_reasons": sorted({r.error for r in records if r.error})[:20],
         "primary_arm": _primary(sweep.arms),
         "serve": dataclasses.asdict(cfg.serve),
-        **serving_summary(records, sweep.levels, arms, sweep.steps, references, cfg.sampling.greedy),
-        "conditions": _conditions(cfg, setup, sweep.arms),
+        **serving_summary(
+            records, sweep.levels, arms, sweep.steps, references, cfg.sampling.greedy, sweep.server_counters
+        ),
+        "conditions": source.conditions(sweep.arms),
     }
+    summary["token_cost"] = serving_token_cost(cfg.bench.cost_per_hour, summary["serving"], arms)
     if summary.get("serving_exactness") and summary["serving_exactness"]["divergent"]:
         summary["serving_exactness"] = _classified(cfg, sweep, summary["serving_exactness"], records, references)
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
