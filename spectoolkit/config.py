@@ -376,6 +376,7 @@ class BackendConfig:
     eagle_path: str | None = None
     vllm_args: tuple[str, ...] = ()
     vllm_kv_cache_gib: int = 2
+    vllm_threads_bind: str | None = None  # CPU build: null = every core (as our engine); "auto" = vLLM's choice
 
     def __post_init__(self) -> None:
         _one_of("backend.kind", self.kind, BACKEND_KINDS)

@@ -1,0 +1,86 @@
+"""``backend=vllm``: start the baseline and speculative vLLM servers from the run's config (issue 17).
+
+The target checkpoint (``model.target_path``; the embedded SmolLM2 directory by default) is served at
+``target.precision`` (a float precision: vLLM's ``--dtype``) on ``backend.port`` (baseline) and
+``backend.port + 1`` (speculative: ``draft=ngram``, ``draft=<precision>`` with a draft model, or an
+EAGLE head when ``backend.eagle_path`` is given), both from the venv ``make vllm`` builds. Logs go to
+``<output_dir>/vllm-<arm>.log``. Servers are registered on the caller's ``ExitStack``, so they stop on
+every exit path; a server that dies or is not healthy within ``backend.startup_timeout_s`` is one
+clear error with its log's last lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from spectoolkit.backends.arms import Declared
+from spectoolkit.backends.process import ManagedServer
+from spectoolkit.backends.vllm import find_vllm_python, vllm_command, vllm_env, vllm_server_args
+from spectoolkit.config import RunConfig
+from spectoolkit.errors import SpecToolkitError
+
+FLOAT_DTYPES = ("fp32", "bf16", "fp16")
+
+
+def _drafter(cfg: RunConfig) -> str | None:
+    if cfg.backend.eagle_path:
+        return "eagle"
+    return {"ngram": "ngram", "model": "model", "none": None}[cfg.draft.kind]
+
+
+def _threads_bind(setting: str | None) -> str | None:
+    """None: every core of this machine (our engine uses them all too); "auto": vLLM's own choice."""
+    if setting == "auto":
+        return None
+    return setting or f"0-{max(0, (os.cpu_count() or 1) - 1)}"
+
+
+def start_vllm_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[RunConfig, dict[str, Any], dict]:
+    """Start the servers; returns ``cfg`` with their URLs as the endpoint back-end's, how each was started,
+    and what each arm runs (vLLM's servers do not report their speculation settings)."""
+    from spectoolkit.embedded import embedded_dir
+
+    backend = cfg.backend
+    if cfg.target.precision not in FLOAT_DTYPES:
+        raise SpecToolkitError(
+            f"backend=vllm serves the target checkpoint at a float precision ({', '.join(FLOAT_DTYPES)}), not "
+            f"target={cfg.target.precision}: use +target=bf16 (or point model.target_path at a checkpoint vLLM loads)"
+        )
+    python = find_vllm_python(backend.vllm_env)
+    model_dir = cfg.model.target_path or str(embedded_dir())
+    drafter = _drafter(cfg)
+    env = vllm_env(backend.vllm_kv_cache_gib, _threads_bind(backend.vllm_threads_bind))
+    roles = {"baseline": backend.port} | ({"spec": backend.port + 1} if drafter else {})
+    servers, managed = {}, {}
+    for role, port in roles.items():
+        args = vllm_server_args(
+            role, model_dir=model_dir, served_model_name=cfg.model.name, host=backend.host, port=port,
+            dtype=cfg.target.precision, gamma=cfg.speculate.gamma, drafter=drafter or "ngram",
+            ngram_max=cfg.draft.ngram_max, ngram_min=cfg.draft.ngram_min, draft_model_dir=cfg.model.draft_path,
+            draft_precision=cfg.draft.precision if drafter == "model" else None, eagle_dir=backend.eagle_path,
+            extra_args=backend.vllm_args,
+        )  # fmt: skip
+        log = Path(cfg.output_dir) / f"vllm-{role}.log"
+        server = ManagedServer(vllm_command(python, args), host=backend.host, port=port, log_path=log, env=env,
+                               name=f"vllm {role}", allow_remote=backend.allow_remote)  # fmt: skip
+        stack.enter_context(server)
+        servers[role] = server
+        managed[role] = {"command": server.command, "log": str(log), "url": server.base_url}
+    for server in servers.values():
+        server.wait_healthy(backend.startup_timeout_s)
+    urls = {"baseline_url": servers["baseline"].base_url, "spec_url": servers["spec"].base_url if drafter else None}
+    cfg = dataclasses.replace(cfg, backend=dataclasses.replace(backend, **urls))
+    return cfg, managed, _declared(cfg, drafter)
+
+
+def _declared(cfg: RunConfig, drafter: str | None) -> dict[str, Declared]:
+    precision = cfg.target.precision
+    declared = {"baseline": Declared("none", 0, "none", precision)}
+    if drafter:
+        draft_precision = cfg.draft.precision if drafter == "model" else None
+        declared["spec"] = Declared(f"vllm-{drafter}", cfg.speculate.gamma, "fixed", precision, draft_precision)
+    return declared
