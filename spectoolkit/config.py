@@ -8,6 +8,7 @@ into a :class:`RunConfig` and rejects unknown keys with a message that names the
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -309,7 +310,11 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
+    """An address of this machine: 127.0.0.0/8, ::1 or localhost (a name merely starting "127." is not)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,13 @@ def probe(url: str, backend: BackendConfig) -> dict[str, Any]:
         raise SpecToolkitError(f"cannot reach the server at {url} ({type(exc).__name__}: {exc}): is it up?") from None
     if models.status_code != 200:
         raise SpecToolkitError(f"{url}/models answered HTTP {models.status_code}: is {url} an OpenAI base URL?")
-    report: dict[str, Any] = {"url": url, "models": models.json().get("data", [])}
+    try:
+        cards = models.json().get("data", [])
+    except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
+        cards = None
+    if not isinstance(cards, list):
+        raise SpecToolkitError(f"{url}/models did not answer OpenAI JSON: is {url} an OpenAI base URL?")
+    report: dict[str, Any] = {"url": url, "models": cards}
     for name in ("version", "info"):
         try:
             reply = httpx.get(f"{root}/{name}", headers=headers, timeout=backend.connect_timeout_s)

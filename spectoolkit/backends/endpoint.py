@@ -84,7 +84,8 @@ class EndpointEngine:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._client = loop.run(_make_client(headers, timeouts, limits)).result()
-        self._done: queue.SimpleQueue[FinishedRequest] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[tuple[int, FinishedRequest]] = queue.SimpleQueue()
+        self._generation = 0  # bumped by reset(): a result of an earlier generation is dropped
         self._in_flight: dict[str, Future] = {}
         self.ids_from_text = False  # set when a server answered with text only
         self.on_step = None  # the load generator's hook; an HTTP server reports no steps
@@ -94,27 +95,28 @@ class EndpointEngine:
     def submit(self, request: ServeRequest) -> None:
         if request.arrival is None:
             request.arrival = time.perf_counter()
-        future = self.loop.run(self._send(request))
+        future = self.loop.run(self._send(request, self._generation))
         self._in_flight[request.request_id] = future
         future.add_done_callback(lambda _: self._in_flight.pop(request.request_id, None))
 
     def step(self) -> list[FinishedRequest]:
-        finished = []
+        results = []
         try:
-            finished.append(self._done.get(timeout=POLL_S))
+            results.append(self._done.get(timeout=POLL_S))
         except queue.Empty:
-            return finished
+            return []
         while True:
             try:
-                finished.append(self._done.get_nowait())
+                results.append(self._done.get_nowait())
             except queue.Empty:
-                return finished
+                return [done for generation, done in results if generation == self._generation]
 
     def has_work(self) -> bool:
         return bool(self._in_flight) or not self._done.empty()
 
     def reset(self) -> None:
         """Cancel every request in flight and forget what finished but was not collected."""
+        self._generation += 1
         for future in list(self._in_flight.values()):
             future.cancel()
         deadline = time.monotonic() + 10
@@ -129,22 +131,30 @@ class EndpointEngine:
 
     # ---- one request ---------------------------------------------------------------------------
 
-    async def _send(self, request: ServeRequest) -> None:
+    async def _send(self, request: ServeRequest, generation: int) -> None:
         result = FinishedRequest(request.request_id, arrival=request.arrival, prompt_len=len(request.prompt_ids))
         try:
             await asyncio.wait_for(self._stream(request, result), timeout=self.timeouts.request_s)
         except asyncio.CancelledError:
             raise  # reset(): nobody waits for this one
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # distinct classes before Python 3.11
             result.error = f"timed out after backend.request_timeout_s={self.timeouts.request_s:g} s"
+        except httpx.ConnectTimeout:
+            limit = self.timeouts.connect_s
+            result.error = f"no connection to {self.base_url} within backend.connect_timeout_s={limit:g} s"
+        except httpx.ReadTimeout:
+            result.error = (f"{self.base_url} sent nothing for backend.read_timeout_s={self.timeouts.read_s:g} s "
+                            "(between stream chunks)")  # fmt: skip
         except httpx.TimeoutException as exc:
-            result.error = f"{type(exc).__name__} from {self.base_url} (backend.connect_timeout_s/read_timeout_s)"
+            result.error = f"{type(exc).__name__} from {self.base_url} (backend.*_timeout_s)"
+        except httpx.ConnectError as exc:
+            result.error = _connect_error(self.base_url, exc)
         except httpx.HTTPError as exc:
             result.error = f"{type(exc).__name__} from {self.base_url}: {exc}"
         except Exception as exc:  # noqa: BLE001  a request fails alone, whatever the server sent
             result.error = f"{type(exc).__name__}: {exc}"
         result.finish = time.perf_counter()
-        self._done.put(result)
+        self._done.put((generation, result))
 
     def _payload(self, request: ServeRequest) -> dict[str, Any]:
         return {
@@ -174,6 +184,7 @@ class EndpointEngine:
                 for choice in chunk.get("choices") or []:
                     text += choice.get("text") or ""
                     new_ids = self._new_ids(choice, text, result.output_ids)
+                    del result.token_times[len(result.output_ids) :]
                     result.output_ids.extend(new_ids)
                     result.token_times.extend([now] * len(new_ids))
                     finish_reason = choice.get("finish_reason") or finish_reason
@@ -188,12 +199,23 @@ class EndpointEngine:
         if self.tokenizer is None:
             raise ValueError("the server returned no token_ids and no tokenizer was loaded to count tokens")
         self.ids_from_text = True
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        return list(ids[len(seen) :]) if ids[: len(seen)] == seen else []
+        ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
+        common = next((i for i, (a, b) in enumerate(zip(seen, ids, strict=False)) if a != b), min(len(seen), len(ids)))
+        del seen[common:]  # a word split across chunks re-tokenizes: the tail is re-spelled (and re-timed)
+        return ids[common:]
 
 
 async def _make_client(headers: dict[str, str], timeouts: Timeouts, limits: httpx.Limits) -> httpx.AsyncClient:
     return httpx.AsyncClient(headers=headers, timeout=timeouts.httpx(), limits=limits)
+
+
+def _connect_error(base_url: str, exc: httpx.ConnectError) -> str:
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ConnectionRefusedError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        return f"connection refused by {base_url}: is the server up?"
+    return f"cannot connect to {base_url}: {exc}"
 
 
 def _error_message(body: str) -> str:

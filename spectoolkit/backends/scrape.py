@@ -80,4 +80,7 @@ def scrape(base_url: str, timeout_s: float) -> SpecCounters | None:
         return None
     if reply.status_code != 200:
         return None
-    return parse_spec_counters(reply.text)
+    try:
+        return parse_spec_counters(reply.text)
+    except ValueError:  # a page that is not Prometheus text (a proxy, a web UI): no counters
+        return None

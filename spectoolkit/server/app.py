@@ -11,7 +11,9 @@ engine runner starts with the app and stops with it: in-flight requests get ``dr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,6 +37,7 @@ from spectoolkit.server.protocol import APIError, ChatCompletionRequest, Complet
 from spectoolkit.server.runner import EngineRunner
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streaming request checks that its client is still there
 
 
 def create_app(
@@ -64,7 +67,7 @@ def create_app(
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         card = {"id": served.name, "object": "model", "created": 0, "owned_by": "spectoolkit",
-                "root": served.info.get("target_path"), "max_model_len": served.max_positions}  # fmt: skip
+                "root": served.info.get("target_path"), "max_model_len": served.context}  # fmt: skip
         return {"object": "list", "data": [card]}
 
     @app.get("/version")
@@ -80,22 +83,39 @@ def create_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Response:
+    async def completions(body: CompletionRequest, request: Request) -> Response:
         if body.stream:
             specs = completion_specs(body, ctx)
             ctx.check_running()
             return _sse(stream_completion(body, ctx, specs))
-        return JSONResponse(await complete(body, ctx))
+        return JSONResponse(await _unless_disconnected(request, complete(body, ctx)))
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         if body.stream:
             spec = chat_spec(body, ctx)
             ctx.check_running()
             return _sse(stream_chat(body, ctx, spec))
-        return JSONResponse(await chat(body, ctx))
+        return JSONResponse(await _unless_disconnected(request, chat(body, ctx)))
 
     return app
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """``work``'s result; cancelled (its engine requests aborted, KV freed) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise APIError("the client disconnected", code="client_disconnected", status=499)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def _sse(events: AsyncIterator[str]) -> StreamingResponse:

@@ -167,7 +167,7 @@ def chat_spec(body: ChatCompletionRequest, ctx: Context) -> GenerationSpec:
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is None:
-        max_tokens = max(1, served.max_positions - len(ids))
+        max_tokens = max(1, served.context - len(ids))
     if max_tokens < 1:
         raise APIError(f"{param}={max_tokens} must be >= 1", param)
     served.check_length(len(ids), max_tokens, param)

@@ -73,7 +73,7 @@ async def generate(
                 if stream.stopped:  # a stop string: the rest is not wanted, free its KV now
                     done = True
                     runner.abort(request_id)
-                    yield Delta(event.ids, text, "stop")
+                    yield Delta(event.ids[: stream.kept], text, "stop")
                     return
                 yield Delta(event.ids, text)
                 continue

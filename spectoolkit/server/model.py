@@ -27,6 +27,12 @@ class ServedModel:
     scorer: Callable[[list[int], int], TokenScores]  # (ids, top) -> scores, run on the engine thread
     info: dict[str, Any] = field(default_factory=dict)  # what the server reports about itself (/info)
     default_max_tokens: int = 16  # completions without max_tokens (OpenAI's default)
+    kv_slots: int | None = None  # the engine's KV pool: one request's prompt + output - 1 must fit
+
+    @property
+    def context(self) -> int:
+        """The most prompt + output tokens one request may have: the model's context, or the KV pool's."""
+        return self.max_positions if self.kv_slots is None else min(self.max_positions, self.kv_slots + 1)
 
     def check_model(self, name: str) -> None:
         if name != self.name:
@@ -57,10 +63,18 @@ class ServedModel:
         return self.encode([int(i) for i in ids], "messages")
 
     def check_length(self, prompt_len: int, max_tokens: int, param: str = "max_tokens") -> None:
-        if prompt_len + max_tokens > self.max_positions:
+        total = prompt_len + max_tokens
+        if total > self.max_positions:
             raise APIError(
                 f"this model's maximum context length is {self.max_positions} tokens, but {prompt_len} prompt "
                 f"tokens + {max_tokens} max_tokens were requested: shorten the prompt or lower {param}",
+                param, "context_length_exceeded",
+            )  # fmt: skip
+        if total > self.context:
+            raise APIError(
+                f"{prompt_len} prompt tokens + {max_tokens} max_tokens do not fit this server's KV pool of "
+                f"{self.kv_slots} tokens (the model's context is {self.max_positions}): shorten the prompt, lower "
+                f"{param}, or restart the server with a larger serve.max_kv_tokens",
                 param, "context_length_exceeded",
             )  # fmt: skip
 

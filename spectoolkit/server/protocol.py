@@ -104,10 +104,11 @@ def check_sampling(body: _Common, sampling: SamplingConfig) -> None:
         raise APIError(f"n={body.n} is not supported: this server returns one choice per prompt (n=1)", "n")
     mode = "greedy (sampling=greedy)" if sampling.greedy else f"temperature {sampling.temperature}"
     wanted = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
-    neutral = {"top_p": 1.0, "top_k": -1}  # values that mean "off" in OpenAI / vLLM
+    off = {"top_p": (1.0, 1.0), "top_k": (0, -1)}  # (ours, OpenAI / vLLM's) value that means "not used"
     for name, expected in wanted.items():
         value = getattr(body, name)
-        if value is None or value == expected or (expected in (1.0, 0) and value == neutral.get(name)):
+        ours, theirs = off.get(name, (None, None))
+        if value is None or value == expected or (expected == ours and value == theirs):
             continue
         raise APIError(
             f"{name}={value} differs from this server's sampling ({mode}, {name}={expected}): omit {name} or send "
@@ -119,6 +120,8 @@ def check_sampling(body: _Common, sampling: SamplingConfig) -> None:
 def pydantic_message(errors: list[dict]) -> tuple[str, str | None]:
     """One readable line from pydantic's error list, and the parameter it names."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', 'cannot parse it')}", None
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(loc) or None
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""

@@ -76,6 +76,7 @@ class ContinuousEngine:
             failed = FinishedRequest(request.request_id, error=reason, arrival=request.arrival)
             failed.finish, failed.prompt_len = time.perf_counter(), len(request.prompt_ids or [])
             self._failed.append(failed)
+            self.counters.failed_requests += 1
             return
         seq = new_sequence(request, BlockTable(self.allocator), -1, self.stochastic)
         self.scheduler.queue.append(seq)
