@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
 import threading
 import time
@@ -29,6 +30,7 @@ from spectoolkit.config import SamplingConfig
 from spectoolkit.serving.api import FinishedRequest, ServeRequest
 
 POLL_S = 0.005  # longest wait of one step() for a finished request (open-loop arrivals stay on time)
+logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request in the run's log
 
 
 @dataclass(frozen=True)

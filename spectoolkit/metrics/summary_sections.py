@@ -248,3 +248,5 @@ class Conditions:
     serve: dict[str, Any] = field(default_factory=dict)  # ServeConfig (SLOs); empty before it was recorded
     memory: Memory = field(default_factory=Memory)
     compat_warnings: list[str] = field(default_factory=list)
+    backend: dict[str, Any] = field(default_factory=dict)  # serving on servers: kind, URLs, how they were started
+    servers: dict[str, Any] = field(default_factory=dict)  # arm -> what its server reports about itself

@@ -13,7 +13,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from spectoolkit.bench.load.timing import delivery_gaps, time_per_output_token
+from spectoolkit.metrics.timing import delivery_gaps, time_per_output_token
 from spectoolkit.serving.api import FinishedRequest
 from spectoolkit.serving.engine import ContinuousEngine
 

@@ -1,7 +1,7 @@
 """Per-request records of a load level (DESIGN §3, §6), from the engine's finished requests.
 
 TTFT = first token − arrival, total_time = finish − arrival, queue_time = admitted − arrival; TPOT and
-inter-token latency follow :mod:`spectoolkit.bench.load.timing`.
+inter-token latency follow :mod:`spectoolkit.metrics.timing`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 
 from spectoolkit.bench.load.generator import Completion
 from spectoolkit.bench.load.plan import Case, Level
-from spectoolkit.bench.load.timing import delivery_gaps, percentile, time_per_output_token
 from spectoolkit.config import RunConfig
 from spectoolkit.metrics.records import RequestRecord
+from spectoolkit.metrics.timing import delivery_gaps, percentile, time_per_output_token
 from spectoolkit.serving.api import FinishedRequest, ServingEngine
 
 

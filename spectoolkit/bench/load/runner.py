@@ -70,9 +70,10 @@ def _source(cfg: RunConfig) -> Iterator[_Source]:
         yield _Source(setup.models, _serving_arms(cfg, setup), lambda arms: _conditions(cfg, setup, arms))
         return
     from spectoolkit.backends.source import server_source
+    from spectoolkit.bench.load.server_conditions import server_conditions
 
     with server_source(cfg) as servers:
-        yield _Source(servers.encoding, list(servers.arms), lambda arms: servers.conditions(cfg))
+        yield _Source(servers.encoding, list(servers.arms), lambda arms: server_conditions(cfg, arms, servers.managed))
 
 
 def run_serving(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:

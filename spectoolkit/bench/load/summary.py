@@ -5,7 +5,7 @@ Conventions, per (arm, level) over its successful records (never means of per-re
   request_throughput likewise with successful requests; speedup = the arm's output_throughput / its
   reference arm's, per repeat (the same time window), then the median; None for a target-alone arm
 - ttft/tpot/latency quantiles are request-level; itl quantiles pool every delivery gap of every request
-  (:mod:`spectoolkit.bench.load.timing`); numpy linear interpolation
+  (:mod:`spectoolkit.metrics.timing`); numpy linear interpolation
 - acceptance_rate = accepted / drafted; mean_accept_length = 1 + accepted / rounds with drafts (vLLM)
 - mean_batch_size = mean running batch per engine step; peak_temp_kv_tokens = max candidate KV
   reserved in a step; speculating_share = steps that speculated / steps
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from spectoolkit.bench.load.timing import delivery_gaps
 from spectoolkit.metrics.draft_lengths import k_distributions
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary import first_divergence, quantiles
+from spectoolkit.metrics.timing import delivery_gaps
 from spectoolkit.serving.api import StepStats
 
 if TYPE_CHECKING:

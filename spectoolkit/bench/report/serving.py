@@ -90,6 +90,8 @@ def serving_conditions_text(summary: Summary, serving: ServingSummary) -> str:
     kv = f"{_first(cond.kv.get('target'), 'n/a')}/{_first(cond.kv.get('draft'), 'n/a')}"
     workload = f"{_first(cond.workload.get('kind'), 'n/a')} × {_first(cond.workload.get('num_prompts'), 'n/a')} prompts"
     knobs = ", ".join(f"serve.{key}={serve.get(key)}" for key in SERVE_KNOBS)
+    if cond.backend.get("kind") not in (None, "local"):  # the servers' own scheduler settings apply, not ours
+        knobs = f"on servers ({cond.backend['kind']}): {servers_text(cond.servers)}"
     target = _first(cond.target.get("precision"), "n/a")
     return (
         f"hardware {_group(cond.hardware, ('gpu', 'device'), 'cpu')}, target {target}, "
@@ -97,6 +99,20 @@ def serving_conditions_text(summary: Summary, serving: ServingSummary) -> str:
         f"γ={_first(cond.gamma, 'n/a')}, {mode}, workload {workload}, "
         f"{_first(cond.bench.get('repeat'), 'n/a')} repeats, load levels {_levels_text(serving)}, {knobs}"
     )
+
+
+def servers_text(servers: dict[str, Any]) -> str:
+    """arm at URL (engine version, model) for each server the run measured."""
+    parts = []
+    for arm, report in servers.items():
+        report = report if isinstance(report, dict) else {}
+        info = report.get("info") if isinstance(report.get("info"), dict) else {}
+        version = report.get("version") if isinstance(report.get("version"), dict) else {}
+        engine = info.get("engine") or ("vllm" if version else "server")
+        models = [card.get("id") for card in report.get("models", []) if isinstance(card, dict)]
+        parts.append(f"{arm} at {report.get('url', 'n/a')} ({engine} {version.get('version', '')}".rstrip()
+                     + f", model {', '.join(map(str, models)) or 'n/a'})")  # fmt: skip
+    return "; ".join(parts) or "n/a"
 
 
 def spec_max_batch_advice(serving: ServingSummary, arm: str) -> str:
@@ -196,6 +212,9 @@ def _conditions_section(summary: Summary, serving: ServingSummary, records: Reco
     rows = [[key, _flat(getattr(summary.conditions, key))] for key in CONDITION_KEYS]
     rows += [["serve", _flat(serving.serve)], ["load levels", _levels_text(serving)],
              ["arms measured", ", ".join(serving.arms) or None]]  # fmt: skip
+    if summary.conditions.backend.get("kind") not in (None, "local"):
+        backend = summary.conditions.backend
+        rows += [["backend", backend.get("kind")], ["servers", servers_text(summary.conditions.servers)]]
     return ["## Conditions", "", *md_table(["condition", "value"], rows)]
 
 

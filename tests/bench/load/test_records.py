@@ -7,9 +7,9 @@ import pytest
 from spectoolkit.bench.load.generator import Completion
 from spectoolkit.bench.load.plan import Case, Level
 from spectoolkit.bench.load.records import RunContext, error_record, serving_record
-from spectoolkit.bench.load.timing import delivery_gaps, time_per_output_token
 from spectoolkit.config import RunConfig, SamplingConfig
 from spectoolkit.metrics.records import RequestRecord
+from spectoolkit.metrics.timing import delivery_gaps, time_per_output_token
 from spectoolkit.serving.api import FinishedRequest
 from tests.bench.load.fakes import FakeArm, FakeClock, FakeServingEngine
 
