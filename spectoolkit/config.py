@@ -16,7 +16,7 @@ from typing import Any
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.precisions import FLOAT_PRECISIONS, KV_PRECISIONS, MODEL_PRECISIONS
 
-DRAFT_KINDS = ("model", "ngram", "none")
+DRAFT_KINDS = ("model", "skip", "ngram", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
 ARM_SETS = ("standard", "four_groups", "gamma_sweep")
@@ -59,13 +59,16 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """What proposes tokens: a draft model (``model``), prompt n-gram lookup, or ``none`` (baseline only)."""
+    """What proposes tokens: a draft model (``model``), the target with layers left out (``skip``: its own
+    weights, shared, and its own KV cache), prompt n-gram lookup, or ``none`` (baseline only)."""
 
     kind: str = "ngram"
     precision: str = "bf16"  # weight precision of a draft model (kind=model), float or quantized
     group_size: int = 64  # group size of a group-wise quantized draft
     ngram_max: int = 3  # longest suffix n-gram looked up in the context (kind=ngram)
     ngram_min: int = 2  # shortest suffix n-gram tried (1-gram matches are accepted ~10-20%: a net loss)
+    layers: tuple[int, ...] = ()  # kind=skip: the target layers the draft runs (empty: from skip_every)
+    skip_every: int = 2  # kind=skip: leave out every skip_every-th layer (first and last always kept)
 
     def __post_init__(self) -> None:
         _one_of("draft.kind", self.kind, DRAFT_KINDS)
@@ -73,6 +76,12 @@ class DraftConfig:
             _one_of("draft.precision", self.precision, MODEL_PRECISIONS)
         _check_group_size("draft.group_size", self.group_size)
         _require(1 <= self.ngram_min <= self.ngram_max, "draft.ngram_min must be >= 1 and <= draft.ngram_max")
+        _require(self.skip_every >= 2, f"draft.skip_every={self.skip_every} must be >= 2 (2: every other layer)")
+        _require(
+            isinstance(self.layers, (list, tuple)) and all(_number(i, int) and i >= 0 for i in self.layers),
+            f"draft.layers={self.layers!r} must be a list of target layer indices, e.g. [0,2,4,...]",
+        )
+        object.__setattr__(self, "layers", tuple(self.layers))
 
 
 @dataclass(frozen=True)

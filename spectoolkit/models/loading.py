@@ -31,13 +31,17 @@ class LoadedModel:
     precision: str
     vocab_size: int  # rows of the output embedding (may exceed len(tokenizer): tail padding)
     kernels: dict[str, str] = field(default_factory=dict)  # linear shape -> kernel variant (kernel_choice)
+    shared: bool = False  # its weights are another loaded model's (a layer-skip draft): no extra bytes
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     def weight_bytes(self) -> int:
-        """Bytes of parameters and buffers (tied weights counted once), plus bitsandbytes scales."""
+        """Bytes of parameters and buffers (tied weights counted once), plus bitsandbytes scales; 0 when
+        ``shared`` (the bytes are the other model's)."""
+        if self.shared:
+            return 0
         seen: set[int] = set()
         total = 0
         for tensor in list(self.model.parameters()) + list(self.model.buffers()):

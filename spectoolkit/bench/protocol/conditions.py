@@ -62,6 +62,8 @@ def _compat(cfg: RunConfig, facts: RunFacts) -> dict[str, Any]:
     """Whether target and draft vocabularies/tokenizers were checked, and why it holds."""
     if facts.compat_checked:
         return {"checked": True, "note": "separate draft checkpoint passed the vocab/tokenizer check"}
+    if cfg.draft.kind == "skip":
+        return {"checked": True, "note": "layer-skip self-draft: the target's own layers and tokenizer"}
     if cfg.draft.kind == "model":
         return {"checked": True, "note": "self-draft: the draft is the target checkpoint, same tokenizer"}
     if cfg.draft.kind == "ngram":

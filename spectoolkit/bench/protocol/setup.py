@@ -18,6 +18,7 @@ from spectoolkit.engine import BaselineEngine, Engine, SpeculativeEngine
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.layer_skip import kept_layers, layer_skip_model, skip_name
 from spectoolkit.models.loading import LoadedModel, load_model, load_tokenizer
 from spectoolkit.policy import DraftLengthPolicy, make_policy
 from spectoolkit.precisions import QUANT_PRECISIONS
@@ -142,7 +143,7 @@ class _Parts:
     ) -> Arm:
         gamma = policy.max_gamma
         engine = SpeculativeEngine(runner, self.drafter, self.verifier, gamma, self.eos_ids, policy)
-        draft_precision = self.cfg.draft.precision if self.draft else None
+        draft_precision = self.draft.precision if self.draft else None
         return Arm(name, engine, target, precision, self.drafter.name, self.draft, draft_precision, gamma, ref,
                    policy.name)  # fmt: skip
 
@@ -155,6 +156,8 @@ def build(cfg: RunConfig) -> RunSetup:
     target = load_model(cfg.model.target_path, cfg.target.precision, device, cfg.target.group_size, *_kernels(cfg))
     eos_ids = eos_ids_of(tokenizer, target.model)
     draft, warnings = _load_draft(cfg, target, device) if cfg.draft.kind == "model" else (None, [])
+    if cfg.draft.kind == "skip":
+        draft = skip_draft(cfg, target)
     drafter = make_drafter(cfg, cfg.sampling, target, draft, eos_ids)
     runner = CachedModel(target.model, cfg.kv.target)
     parts = _Parts(cfg, device, target, runner, make_verifier(cfg.sampling, device), eos_ids, drafter, draft)
@@ -174,9 +177,9 @@ def make_drafter(
     A draft model proposes only the ids it shares with the target; n-gram lookup reports a one-hot q
     when sampling (stochastic verification needs the distribution its proposal came from).
     """
-    if cfg.draft.kind == "model":
+    if cfg.draft.kind in ("model", "skip"):
         shared = shared_vocab_size(target, draft)
-        name = f"model-{cfg.draft.precision}"
+        name = f"model-{cfg.draft.precision}" if cfg.draft.kind == "model" else skip_name(draft.model, target.model)
         stop_below = cfg.speculate.confidence if cfg.speculate.policy == "confidence" else None
         return ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name, cfg.kv.draft,
                             stop_below)  # fmt: skip
@@ -254,6 +257,14 @@ def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
         warnings = report.warnings
     draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, cfg.runtime.kernels, (1, 2))
     return draft, warnings
+
+
+def skip_draft(cfg: RunConfig, target: LoadedModel) -> LoadedModel:
+    """The layer-skip self-draft of ``target`` (:mod:`spectoolkit.models.layer_skip`): its weights, shared."""
+    total = target.model.config.get_text_config().num_hidden_layers
+    keep = kept_layers(total, cfg.draft.layers, cfg.draft.skip_every)
+    model = layer_skip_model(target.model, keep)
+    return LoadedModel(model, target.path, target.precision, target.vocab_size, target.kernels, shared=True)
 
 
 def _kernels(cfg: RunConfig) -> tuple[str, tuple[int, int]]:
