@@ -29,6 +29,11 @@ FLOAT_DTYPES = ("fp32", "bf16", "fp16")
 def _drafter(cfg: RunConfig) -> str | None:
     if cfg.backend.eagle_path:
         return "eagle"
+    if cfg.draft.kind == "skip":
+        raise SpecToolkitError(
+            "backend=vllm has no layer-skip drafter: use +draft=ngram, a draft model (+draft=<precision>), or an "
+            "EAGLE head (backend.eagle_path=DIR); +draft=skip runs on backend=local or our server"
+        )
     return {"ngram": "ngram", "model": "model", "none": None}[cfg.draft.kind]
 
 

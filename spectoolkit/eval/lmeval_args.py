@@ -44,7 +44,7 @@ def run_config_from_model_args(model_args: dict[str, Any]) -> tuple[RunConfig, i
         raise SpecToolkitError(f"unknown spectoolkit model_args: {', '.join(unknown)}; use {', '.join(MODEL_ARG_KEYS)}")
     draft = "none" if args.get("draft") is None else str(args["draft"])
     if draft not in MODEL_PRECISIONS and draft not in DRAFT_KINDS:
-        choices = ", ".join((*MODEL_PRECISIONS, "ngram", "none"))
+        choices = ", ".join((*MODEL_PRECISIONS, "skip", "ngram", "none"))
         raise SpecToolkitError(f"model_args draft={draft!r} is not supported; use one of {choices}")
     kv = str(args.get("kv") or "auto")
     values: dict[str, Any] = {
