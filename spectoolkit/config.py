@@ -69,6 +69,7 @@ class DraftConfig:
     ngram_min: int = 2  # shortest suffix n-gram tried (1-gram matches are accepted ~10-20%: a net loss)
     layers: tuple[int, ...] = ()  # kind=skip: the target layers the draft runs (empty: from skip_every)
     skip_every: int = 2  # kind=skip: leave out every skip_every-th layer (first and last always kept)
+    quantize_head: bool = False  # kind=model, rtn-*: quantize lm_head too (a float head dominates a small draft)
 
     def __post_init__(self) -> None:
         _one_of("draft.kind", self.kind, DRAFT_KINDS)
@@ -82,6 +83,11 @@ class DraftConfig:
             f"draft.layers={self.layers!r} must be a list of target layer indices, e.g. [0,2,4,...]",
         )
         object.__setattr__(self, "layers", tuple(self.layers))
+
+    @property
+    def model_name(self) -> str:
+        """The drafter's name for a draft model: ``model-rtn-int4`` (``+qhead``: its lm_head quantized too)."""
+        return f"model-{self.precision}" + ("+qhead" if self.quantize_head else "")
 
 
 @dataclass(frozen=True)

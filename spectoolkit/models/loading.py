@@ -19,7 +19,7 @@ from spectoolkit.models.kernel_choice import choose_kernels, model_step
 from spectoolkit.models.paths import resolve_path
 from spectoolkit.quant import QUANT_PRECISIONS
 from spectoolkit.quant.bnb_scales import scale_bytes
-from spectoolkit.quant.registry import load_quantized
+from spectoolkit.quant.registry import HEAD_QUANTIZING, load_quantized
 
 
 @dataclass
@@ -71,6 +71,7 @@ def load_model(
     group_size: int = 64,
     kernels: str | None = "auto",
     widths: tuple[int, ...] = (1, 5),
+    quantize_head: bool = False,
 ) -> LoadedModel:
     """Load ``path`` at ``precision`` onto ``device``, in eval mode.
 
@@ -80,12 +81,18 @@ def load_model(
     attention row by row (:func:`~spectoolkit.models.attention.rowwise_gqa_attention`) and every
     linear through the variant :mod:`spectoolkit.models.kernel_choice` picks for its shape, timed at
     ``widths`` (a decode step and the run's verify width); ``None`` leaves the model as loaded.
+    ``quantize_head``: quantize the output projection too (``rtn-int8``/``rtn-int4`` only).
     """
+    if quantize_head and precision not in HEAD_QUANTIZING:
+        raise SpecToolkitError(
+            f"quantize_head applies to {', '.join(HEAD_QUANTIZING)} (their lm_head is quantized like the other "
+            f"linears), not to precision '{precision}': drop draft.quantize_head or use +draft=rtn-int4"
+        )
     if precision not in DTYPES and precision not in QUANT_PRECISIONS:
         raise SpecToolkitError(f"precision '{precision}' is not one of {', '.join((*DTYPES, *QUANT_PRECISIONS))}")
     location = resolve_path(path)
     if precision in QUANT_PRECISIONS:
-        model = load_quantized(location, precision, device, group_size)
+        model = load_quantized(location, precision, device, group_size, quantize_head)
     else:
         model = load_float_model(location, precision, device)
     chosen: dict[str, str] = {}

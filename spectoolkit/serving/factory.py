@@ -126,7 +126,7 @@ def _drafter(cfg: RunConfig, models, slots: int):
     pool = make_pool(draft.model, cfg.kv.draft, blocks * cfg.serve.block_size)
     shared = min(target.vocab_size, draft.vocab_size)
     allocator = BlockAllocator(blocks, cfg.serve.block_size)
-    name = f"model-{cfg.draft.precision}" if cfg.draft.kind == "model" else skip_name(draft.model, target.model)
+    name = cfg.draft.model_name if cfg.draft.kind == "model" else skip_name(draft.model, target.model)
     chooser = make_chooser(cfg.sampling)
     return BatchModelDrafter(draft.model, chooser, pool, allocator, target.vocab_size, shared, models.eos_ids, name)
 

@@ -179,7 +179,7 @@ def make_drafter(
     """
     if cfg.draft.kind in ("model", "skip"):
         shared = shared_vocab_size(target, draft)
-        name = f"model-{cfg.draft.precision}" if cfg.draft.kind == "model" else skip_name(draft.model, target.model)
+        name = cfg.draft.model_name if cfg.draft.kind == "model" else skip_name(draft.model, target.model)
         stop_below = cfg.speculate.confidence if cfg.speculate.policy == "confidence" else None
         return ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name, cfg.kv.draft,
                             stop_below)  # fmt: skip
@@ -255,7 +255,8 @@ def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
         if not report.compatible:
             raise SpecToolkitError(report.message())
         warnings = report.warnings
-    draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, cfg.runtime.kernels, (1, 2))
+    draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, cfg.runtime.kernels, (1, 2),
+                       cfg.draft.quantize_head)  # fmt: skip
     return draft, warnings
 
 
