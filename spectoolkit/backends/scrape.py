@@ -10,42 +10,15 @@ server that exports none) gives no counters — never zeros that would read as "
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from spectoolkit.metrics.spec_counters import SpecCounters
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-
-
-@dataclass
-class SpecCounters:
-    drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted_tokens: float = 0.0
-    accepted_per_position: list[float] = field(default_factory=list)
-
-    def minus(self, before: SpecCounters) -> SpecCounters:
-        width = max(len(self.accepted_per_position), len(before.accepted_per_position))
-        mine = self.accepted_per_position + [0.0] * (width - len(self.accepted_per_position))
-        theirs = before.accepted_per_position + [0.0] * (width - len(before.accepted_per_position))
-        return SpecCounters(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
-                            self.accepted_tokens - before.accepted_tokens,
-                            [a - b for a, b in zip(mine, theirs, strict=True)])  # fmt: skip
-
-    def plus(self, other: SpecCounters) -> SpecCounters:
-        return self.minus(SpecCounters(-other.drafts, -other.draft_tokens, -other.accepted_tokens,
-                                       [-v for v in other.accepted_per_position]))  # fmt: skip
-
-    def as_json(self) -> dict:
-        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-        length = 1 + self.accepted_tokens / self.drafts if self.drafts else None
-        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
-                "accepted_per_position": self.accepted_per_position, "acceptance_rate": rate,
-                "mean_accept_length": length}  # fmt: skip
 
 
 def parse_spec_counters(text: str) -> SpecCounters | None:

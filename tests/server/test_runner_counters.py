@@ -184,17 +184,21 @@ def _slowed(eng, monkeypatch, seconds: float = 0.002):
     return eng
 
 
+async def _long_request_started(runner: EngineRunner) -> Listener:
+    """Submit a LONG request, start the runner, and wait until the request has emitted its first tokens."""
+    listener = Listener(asyncio.get_running_loop())
+    runner.submit(ServeRequest("long", prompts((6,))[0], LONG), listener)
+    runner.start()
+    assert isinstance(await asyncio.wait_for(listener.queue.get(), EVENT_TIMEOUT_S), Tokens)
+    return listener
+
+
 def test_runner_abort_frees_kv_and_call_runs_between_steps(model, monkeypatch):
     eng = _slowed(_spec_engine(model), monkeypatch)
     runner = EngineRunner(eng)
 
     async def main():
-        loop = asyncio.get_running_loop()
-        listener = Listener(loop)
-        runner.submit(ServeRequest("long", prompts((6,))[0], LONG), listener)
-        runner.start()
-        first = await asyncio.wait_for(listener.queue.get(), EVENT_TIMEOUT_S)
-        assert isinstance(first, Tokens)
+        await _long_request_started(runner)
         runner.abort("long")
         # call() runs after the abort command, on the engine thread
         state = await asyncio.wrap_future(runner.call(lambda: (len(eng.scheduler.running), all_free(eng))))
@@ -216,12 +220,8 @@ def test_runner_stop_cancels_in_flight_requests(model, monkeypatch):
     runner = EngineRunner(eng)
 
     async def main():
-        loop = asyncio.get_running_loop()
-        listener = Listener(loop)
-        runner.submit(ServeRequest("long", prompts((6,))[0], LONG), listener)
-        runner.start()
-        assert isinstance(await asyncio.wait_for(listener.queue.get(), EVENT_TIMEOUT_S), Tokens)
-        await loop.run_in_executor(None, runner.stop, 0.0)
+        listener = await _long_request_started(runner)
+        await asyncio.get_running_loop().run_in_executor(None, runner.stop, 0.0)
         return await _events(listener)
 
     _, done = asyncio.run(main())

@@ -25,6 +25,7 @@ from spectoolkit.bench.load.summary import StepBook, StepTotals
 from spectoolkit.bench.protocol.runner import request_seed
 from spectoolkit.config import RunConfig
 from spectoolkit.metrics.records import RecordWriter
+from spectoolkit.metrics.spec_counters import SpecCounters
 from spectoolkit.serving.api import ServeRequest, ServingEngine, StepStats
 
 Sleep = Callable[[float], None]
@@ -57,7 +58,7 @@ class LoadSweep:
     clock: Clock = time.perf_counter
     sleep: Sleep = time.sleep
     steps: StepBook = field(default_factory=dict)
-    server_counters: dict[tuple[str, str, int], dict] = field(default_factory=dict)  # (arm, level, repeat) -> delta
+    server_counters: dict[tuple[str, str, int], SpecCounters] = field(default_factory=dict)  # (arm, level, repeat)
     on_run: Callable[[str, str, int], None] | None = None  # (arm, level key, repeat) after each timed run
 
     def requests(self, level: Level, repeat_idx: int) -> list[Sent]:
@@ -129,7 +130,7 @@ def _timed_run(sweep: LoadSweep, ctx: RunContext, writer: RecordWriter, step_log
         sweep.sleep(COUNTER_SETTLE_S)  # the last request's counters reach /metrics just after its last chunk
         after = snapshot()
         if after is not None:
-            sweep.server_counters[(arm.name, level.key, repeat_idx)] = after.minus(before).as_json()
+            sweep.server_counters[(arm.name, level.key, repeat_idx)] = after.minus(before)
 
 
 def run_levels(sweep: LoadSweep, writer: RecordWriter, step_log: StepLog | None = None) -> None:

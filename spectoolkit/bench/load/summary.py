@@ -19,6 +19,7 @@ A leaf module (metrics and the serving API only), so the report may import it.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ import numpy as np
 
 from spectoolkit.metrics.draft_lengths import k_distributions
 from spectoolkit.metrics.records import RequestRecord
+from spectoolkit.metrics.spec_counters import SpecCounters
 from spectoolkit.metrics.summary import first_divergence, quantiles
 from spectoolkit.metrics.timing import delivery_gaps
 from spectoolkit.serving.api import StepStats
@@ -183,7 +185,7 @@ def serving_summary(
     steps: StepBook,
     references: dict[str, list[int]] | None,
     greedy: bool,
-    server_counters: dict[tuple[str, str, int], dict] | None = None,
+    server_counters: dict[tuple[str, str, int], SpecCounters] | None = None,
 ) -> dict[str, Any]:
     """``serving_levels``, ``serving`` ({arm: {level key: stats}}), ``serving_exactness`` (greedy runs) and
     ``k_distribution`` ({drafting arm: the distribution of k per round}).
@@ -217,17 +219,12 @@ def serving_summary(
     }
 
 
-def _server_acceptance(stats: dict[str, Any], deltas: list[dict]) -> None:
+def _server_acceptance(stats: dict[str, Any], deltas: list[SpecCounters]) -> None:
     """The repeats' server counter deltas summed into ``stats["server_counters"]``; acceptance from them
     when the records have none (an HTTP client sees tokens, not drafts)."""
     if not deltas:
         return
-    width = max(len(d["accepted_per_position"]) for d in deltas)
-    summed = {key: sum(d[key] for d in deltas) for key in ("drafts", "draft_tokens", "accepted_tokens")}
-    summed["accepted_per_position"] = [sum(d["accepted_per_position"][j] for d in deltas
-                                           if j < len(d["accepted_per_position"])) for j in range(width)]  # fmt: skip
-    summed["acceptance_rate"] = _ratio(summed["accepted_tokens"], summed["draft_tokens"])
-    summed["mean_accept_length"] = 1 + summed["accepted_tokens"] / summed["drafts"] if summed["drafts"] else None
+    summed = functools.reduce(SpecCounters.plus, deltas).as_json()
     stats["server_counters"] = summed
     if stats["acceptance_rate"] is None and summed["acceptance_rate"] is not None:
         stats["acceptance_rate"], stats["mean_accept_length"] = summed["acceptance_rate"], summed["mean_accept_length"]
