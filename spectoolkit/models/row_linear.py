@@ -1,0 +1,301 @@
+"""A row-invariant CPU linear: every output row is computed by the same code, whatever the row count.
+
+Exactness under speculation (DESIGN §1, §6) needs a k-token verify forward to compute each row as
+the one-token decode step does, bit for bit. BLAS does not promise that: MKL runs one row through
+gemv and several through a blocked gemm, whose sums round differently (measured here: ~5e-5 apart
+in the logits of the embedded model), and :mod:`spectoolkit.models.kernel_choice` pays for
+invariance with one call per row — k reads of every weight for a k-row verify.
+
+This kernel reads each weight row once per call and takes, for every input row, the same fixed-order
+dot product: 32 independent partial sums over k (the compiler vectorizes them; no reassociation),
+a fixed pairwise tree, then the tail. One output element is always computed whole by one thread, so
+neither the row count nor the thread split changes a bit. A one-row call streams the weights like a
+gemv, and a k-row call costs barely more: the rows reuse the weight row from L1.
+
+Built once per machine with torch's C++ extension loader (gcc; ``-O3 -march=native``, cached under
+torch's extensions directory), exposed as the custom op ``torch.ops.spectoolkit.row_linear`` so a
+compiled graph calls it as one extern kernel. fp32 activations; fp32 or bf16 weights; fp32 output.
+:func:`reference_row_linear` is the plain-torch reference the tests compare against.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from spectoolkit.errors import SpecToolkitError, first_line
+
+_SOURCE = r"""
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+inline float widen(float v) { return v; }
+inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
+
+#ifdef __AVX512F__
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {  // bf16 -> fp32 is a 16-bit shift, exact
+  __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// R input rows against NW weight rows. Per (row, weight row): one 16-lane partial sum over k in steps
+// of 16, reduced by a fixed shuffle tree, then the scalar tail. That arithmetic is the same for every
+// R and NW (they only interleave independent sums, for memory-level parallelism and register reuse:
+// each loaded weight vector serves R rows, each loaded input vector NW weight rows), so the grouping
+// changes no bit.
+template <int R, int NW, typename W>
+inline void block(const float* x, int64_t ldx, const W* w, int64_t K, float* out, int64_t ldo) {
+  __m512 acc[R][NW];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NW; ++j) acc[r][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 wv[NW];
+    for (int j = 0; j < NW; ++j) wv[j] = load16(w + j * K + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * ldx + k);
+      for (int j = 0; j < NW; ++j) acc[r][j] = _mm512_fmadd_ps(xv, wv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < NW; ++j) {
+      float tail = 0.f;
+      for (int64_t t = k; t < K; ++t) tail += x[r * ldx + t] * widen(w[j * K + t]);
+      out[r * ldo + j] = _mm512_reduce_add_ps(acc[r][j]) + tail;
+    }
+  }
+}
+#else
+// Portable fallback: 16 independent partial sums (vectorized by the compiler), a fixed tree, the tail.
+template <int R, int NW, typename W>
+inline void block(const float* x, int64_t ldx, const W* w, int64_t K, float* out, int64_t ldo) {
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < NW; ++j) {
+      const float* xr = x + r * ldx;
+      const W* wj = w + j * K;
+      float acc[16] = {0};
+      int64_t k = 0;
+      for (; k + 16 <= K; k += 16)
+        for (int i = 0; i < 16; ++i) acc[i] += xr[k + i] * widen(wj[k + i]);
+      for (int h = 8; h > 0; h /= 2)
+        for (int i = 0; i < h; ++i) acc[i] += acc[i + h];
+      float tail = 0.f;
+      for (; k < K; ++k) tail += xr[k] * widen(wj[k]);
+      out[r * ldo + j] = acc[0] + tail;
+    }
+  }
+}
+#endif
+
+// Rows of x in fours (then 3, 2 or 1) against NW weight rows at a time.
+template <int NW, typename W>
+inline void rows_against(const float* x, const W* w, float* out, int64_t M, int64_t N, int64_t K) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) block<4, NW>(x + m * K, K, w, K, out + m * N, N);
+  switch (M - m) {
+    case 3: block<3, NW>(x + m * K, K, w, K, out + m * N, N); break;
+    case 2: block<2, NW>(x + m * K, K, w, K, out + m * N, N); break;
+    case 1: block<1, NW>(x + m * K, K, w, K, out + m * N, N); break;
+    default: break;
+  }
+}
+
+// Weight rows eight at a time for one input row (eight independent sums in flight), four otherwise.
+template <typename W>
+void run(const float* x, const W* w, const float* bias, float* out, int64_t M, int64_t N, int64_t K) {
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    if (M == 1) {
+      for (; n + 8 <= n1; n += 8) rows_against<8>(x, w + n * K, out + n, M, N, K);
+    }
+    for (; n + 4 <= n1; n += 4) rows_against<4>(x, w + n * K, out + n, M, N, K);
+    for (; n < n1; ++n) rows_against<1>(x, w + n * K, out + n, M, N, K);
+    if (bias)
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t j = n0; j < n1; ++j) out[r * N + j] += bias[j];
+  });
+}
+
+at::Tensor row_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "row_linear: x [M, K], w [N, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "row_linear: fp32 activations");
+  auto xc = x.contiguous();
+  auto wc = w.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1), N = wc.size(0);
+  auto out = at::empty({M, N}, xc.options());
+  at::Tensor bc;
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    bc = bias->to(at::kFloat).contiguous();
+    b = bc.data_ptr<float>();
+  }
+  if (wc.scalar_type() == at::kFloat) {
+    run(xc.data_ptr<float>(), wc.data_ptr<float>(), b, out.data_ptr<float>(), M, N, K);
+  } else {
+    TORCH_CHECK(wc.scalar_type() == at::kBFloat16, "row_linear: fp32 or bf16 weights");
+    run(xc.data_ptr<float>(), wc.data_ptr<c10::BFloat16>(), b, out.data_ptr<float>(), M, N, K);
+  }
+  return out;
+}
+
+// Causal attention one (query row, head) at a time over KV slots [0, pos[row]]: scores by the same
+// fixed-order dot, max-subtracted exp, and the weighted value sum accumulated slot by slot in order.
+// A row's result depends only on its query, its position and the cache, never on the other rows.
+template <typename KV>
+void attend(const float* q, const KV* k, const KV* v, const int64_t* pos, float* out, int64_t W, int64_t Hq,
+            int64_t Hkv, int64_t cap, int64_t D, float scale) {
+  const int64_t rep = Hq / Hkv;
+  at::parallel_for(0, W * Hq, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores, acc(D);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t row = i / Hq, head = i % Hq, group = head / rep, len = pos[row] + 1;
+      const float* qi = q + (row * Hq + head) * D;
+      const KV* kg = k + group * cap * D;
+      const KV* vg = v + group * cap * D;
+      scores.resize(len);
+      float top = -INFINITY;
+      for (int64_t s = 0; s < len; ++s) {
+        block<1, 1>(qi, D, kg + s * D, D, &scores[s], 1);
+        scores[s] *= scale;
+        top = std::max(top, scores[s]);
+      }
+      float total = 0.f;
+      for (int64_t s = 0; s < len; ++s) {
+        scores[s] = std::exp(scores[s] - top);
+        total += scores[s];
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t s = 0; s < len; ++s) {
+        const KV* vs = vg + s * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] += scores[s] * widen(vs[d]);
+      }
+      float* o = out + (row * Hq + head) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / total;
+    }
+  });
+}
+
+at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos,
+                         double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes(), "row_attention: q [W, Hq, D], k/v [Hkv, cap, D]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type(), "row_attention: fp32 q, k/v alike");
+  TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "row_attention: contiguous caches");
+  auto qc = q.contiguous();
+  auto pc = pos.to(at::kLong).contiguous();
+  const int64_t W = qc.size(0), Hq = qc.size(1), D = qc.size(2), Hkv = k.size(0), cap = k.size(1);
+  TORCH_CHECK(pc.numel() == W && Hq % Hkv == 0 && k.size(2) == D, "row_attention: shapes");
+  TORCH_CHECK(W == 0 || (pc.max().item<int64_t>() < cap && pc.min().item<int64_t>() >= 0),
+              "row_attention: position outside the cache");
+  auto out = at::empty_like(qc);
+  const float sc = static_cast<float>(scale);
+  if (k.scalar_type() == at::kFloat) {
+    attend(qc.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), pc.data_ptr<int64_t>(),
+           out.data_ptr<float>(), W, Hq, Hkv, cap, D, sc);
+  } else {
+    TORCH_CHECK(k.scalar_type() == at::kBFloat16, "row_attention: fp32 or bf16 caches");
+    attend(qc.data_ptr<float>(), k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>(), pc.data_ptr<int64_t>(),
+           out.data_ptr<float>(), W, Hq, Hkv, cap, D, sc);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(spectoolkit, m) {
+  m.def("row_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+  m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor pos, float scale) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
+  m.impl("row_linear", &row_linear);
+  m.impl("row_attention", &row_attention);
+}
+"""
+
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def load_row_linear() -> None:
+    """Build (first time on a machine, ~1 min) and load the kernel; registers ``torch.ops.spectoolkit.row_linear``."""
+    from torch.utils.cpp_extension import load_inline
+
+    try:
+        load_inline(
+            name="spectoolkit_row_linear",
+            cpp_sources=[_SOURCE],
+            extra_cflags=["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=os.environ.get("SPECTOOLKIT_VERBOSE_BUILD") == "1",
+        )
+    except (RuntimeError, OSError) as exc:  # no compiler, or a failed build
+        raise SpecToolkitError(
+            f"cannot build the row-invariant linear kernel ({first_line(exc)}): "
+            "install gcc or use runtime.compile=false"
+        ) from None
+    torch.library.register_fake("spectoolkit::row_linear")(_fake_row_linear)
+    torch.library.register_fake("spectoolkit::row_attention")(_fake_row_attention)
+
+
+def _fake_row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Shape of the output for tracing: x [M, K], w [N, K] -> [M, N] fp32."""
+    return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
+
+
+def _fake_row_attention(q, k, v, pos, scale) -> torch.Tensor:
+    """q [W, Hq, D] -> [W, Hq, D] fp32, for tracing."""
+    return torch.empty_like(q)
+
+
+def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] (any float dtype) @ weight[N, K]ᵀ (+ bias) -> [..., N] in x's dtype, row-invariantly."""
+    rows = x.reshape(-1, x.shape[-1]).float()  # [M, K]
+    out = torch.ops.spectoolkit.row_linear(rows, weight, bias)  # [M, N] fp32
+    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def reference_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain torch: the same product in fp64 (what the kernel approximates in fp32), cast to x's dtype."""
+    out = x.double() @ weight.double().t()
+    if bias is not None:
+        out = out + bias.double()
+    return out.to(x.dtype)
+
+
+def row_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """query [W, Hq, D] at ``positions`` [W], caches [Hkv, cap, D] -> [W, Hq, D] in query's dtype.
+
+    Row i attends slots [0, positions[i]] (causal by position; later slots are never read).
+    """
+    out = torch.ops.spectoolkit.row_attention(query.float(), keys, values, positions, scale)
+    return out.to(query.dtype)
+
+
+def reference_row_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Plain-torch SDPA with the same causal-by-position mask (GQA heads repeated), in query's dtype."""
+    rep = query.shape[1] // keys.shape[0]
+    k = keys.float().repeat_interleave(rep, 0)  # [Hq, cap, D]
+    v = values.float().repeat_interleave(rep, 0)
+    mask = torch.arange(keys.shape[1]) <= positions[:, None]  # [W, cap]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.float().transpose(0, 1), k, v, attn_mask=mask[None], scale=scale
+    )  # [Hq, W, D]
+    return out.transpose(0, 1).to(query.dtype)

@@ -1,0 +1,129 @@
+"""A Llama-family HF model's forward as plain tensor code over static per-layer KV buffers.
+
+The body that :mod:`spectoolkit.models.compiled` hands to ``torch.compile``: no transformers
+``Cache``, no mask construction, no Python per-layer objects between kernels — gpt-fast's shape of
+a decode step, on the loaded model's own modules (weights, rotary embedding, norms are shared, not
+copied). Two ways through it:
+
+- :meth:`StaticDecoder.rows` (decode steps and verify windows): every linear and the attention are
+  the row-invariant kernels of :mod:`spectoolkit.models.row_linear`, so a row of a k-token call is
+  bit-identical to the one-token step at that position; linears the kernel does not take (RTN
+  modules with their own kernels) run their module.
+- :meth:`StaticDecoder.prefill` (prompts): BLAS linears and SDPA, fast for many rows; both arms of a
+  comparison prefill through it alike.
+
+Row ``i`` sits at ``positions[i]``; its key/value go to slot ``positions[i]`` and it attends slots
+``[0, positions[i]]``, so padding rows placed after the real ones change nothing the real rows see.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.models.row_linear import WEIGHT_DTYPES, row_attention, row_linear
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class StaticDecoder:
+    """The decoder of a Llama-family ``*ForCausalLM`` (embed → layers → norm → head), run functionally."""
+
+    def __init__(self, model: nn.Module) -> None:
+        config = model.config.get_text_config()
+        kind = getattr(config, "model_type", "?")
+        if kind not in SUPPORTED_TYPES:
+            raise SpecToolkitError(
+                f"runtime.compile=true runs Llama-family decoders ({', '.join(SUPPORTED_TYPES)}), not model_type "
+                f"'{kind}': use runtime.compile=false"
+            )
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            raise SpecToolkitError(
+                "runtime.compile=true does not implement sliding-window attention: use runtime.compile=false"
+            )
+        inner = model.model
+        self.embed = inner.embed_tokens
+        self.layers = list(inner.layers)
+        self.norm = inner.norm
+        self.rotary = inner.rotary_emb
+        self.head = model.get_output_embeddings()
+        self.num_heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scale = self.layers[0].self_attn.scaling
+        self.dtype = self.embed.weight.dtype
+
+    def rows(self, ids: torch.Tensor, positions: torch.Tensor, keys: list, values: list) -> torch.Tensor:
+        """ids/positions [W] -> logits [W, V]; writes KV at ``positions`` (the row-invariant path)."""
+        hidden = self.embed(ids)  # [W, E]
+        cos, sin = self.rotary(hidden[None], positions[None])  # [1, W, D] each
+        for layer, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q, k, v = self._qkv(attn, x, cos, sin)  # [W, Hq|Hkv, D]
+            layer_keys[:, positions] = k.transpose(0, 1).to(layer_keys.dtype)  # slots [Hkv, W, D]
+            layer_values[:, positions] = v.transpose(0, 1).to(layer_values.dtype)
+            out = row_attention(q, layer_keys, layer_values, positions, self.scale)  # [W, Hq, D]
+            hidden = hidden + _linear(attn.o_proj, out.reshape(out.shape[0], -1))
+            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+        return _linear(self.head, self.norm(hidden))  # [W, V]
+
+    def prefill(
+        self, ids: torch.Tensor, positions: torch.Tensor, keys: list, values: list, last_only: bool
+    ) -> torch.Tensor:
+        """ids [n] at consecutive ``positions`` [n] -> logits [n, V] ([1, V] when ``last_only``); BLAS + SDPA."""
+        start, n = int(positions[0]), ids.shape[0]
+        hidden = self.embed(ids)  # [n, E]
+        cos, sin = self.rotary(hidden[None], positions[None])
+        causal = torch.ones(n, start + n, dtype=torch.bool, device=ids.device).tril(start)  # [n, start+n]
+        rep = self.num_heads // self.kv_heads
+        for layer, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
+            attn = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            q, k, v = self._qkv(attn, x, cos, sin, plain=True)
+            layer_keys[:, start : start + n] = k.transpose(0, 1).to(layer_keys.dtype)
+            layer_values[:, start : start + n] = v.transpose(0, 1).to(layer_values.dtype)
+            seen_k = layer_keys[:, : start + n].to(q.dtype).repeat_interleave(rep, 0)  # [Hq, start+n, D]
+            seen_v = layer_values[:, : start + n].to(q.dtype).repeat_interleave(rep, 0)
+            out = F.scaled_dot_product_attention(q.transpose(0, 1), seen_k, seen_v, attn_mask=causal, scale=self.scale)
+            hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(n, -1))
+            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden), plain=True)
+        if last_only:
+            hidden = hidden[-1:]
+        return self.head(self.norm(hidden))
+
+    def _qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plain: bool = False):
+        """x [W, E] -> rotated q [W, Hq, D], k [W, Hkv, D] and v [W, Hkv, D]."""
+        project = _call if plain else _linear
+        rows = x.shape[0]
+        q = project(attn.q_proj, x).view(rows, self.num_heads, self.head_dim)
+        k = project(attn.k_proj, x).view(rows, self.kv_heads, self.head_dim)
+        v = project(attn.v_proj, x).view(rows, self.kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = cos[0][:, None], sin[0][:, None]  # [W, 1, D]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def _mlp(self, mlp: nn.Module, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
+        """SwiGLU: down(act(gate(x)) * up(x)), x [W, E] -> [W, E]."""
+        project = _call if plain else _linear
+        return project(mlp.down_proj, mlp.act_fn(project(mlp.gate_proj, x)) * project(mlp.up_proj, x))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> [-x2, x1] (the rotary pairing transformers' Llama uses)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
+
+
+def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x [W, K] -> [W, N] row-invariantly: the C++ kernel for float CPU nn.Linear, else the module's own kernel."""
+    if type(module) is nn.Linear and module.weight.dtype in WEIGHT_DTYPES and module.weight.is_cpu:
+        return row_linear(x, module.weight, module.bias)
+    return module(x)
