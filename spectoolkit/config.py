@@ -246,9 +246,13 @@ class RuntimeConfig:
 
     ``kernels=auto``: each linear shape gets the fastest row-invariant kernel variant measured on this
     machine (cached per machine fingerprint); ``reference``: the reference variant everywhere.
+    ``compile``: decode and verify steps run compiled over static KV (:mod:`spectoolkit.models.compiled`,
+    Llama-family models, ``kv=auto``), their own row-invariant kernels replacing ``kernels``; false:
+    eager transformers, the reference.
     """
 
     kernels: str = "auto"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         _one_of("runtime.kernels", self.kernels, KERNEL_MODES)
@@ -478,6 +482,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _one_of("device", self.device, DEVICES)
+        if self.runtime.compile and self.serve.enabled:
+            raise SpecToolkitError(
+                "runtime.compile=true compiles batch-1 decode and verify steps; the continuous-batching engine "
+                "(serve.enabled=true) runs eager: set runtime.compile=false for load levels"
+            )
 
 
 _SCALAR_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.drafting.base import Proposal
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.compiled import make_runner
 from spectoolkit.sampling import GreedyChooser, RandomChooser
 
 
@@ -29,8 +29,10 @@ class ModelDrafter:
         name: str = "model",
         kv_precision: str = "auto",
         stop_below: float | None = None,
+        compiled: bool = False,
     ) -> None:
-        self.runner = CachedModel(model, kv_precision)
+        """``compiled``: the draft's steps run compiled (``runtime.compile``, :mod:`spectoolkit.models.compiled`)."""
+        self.runner = make_runner(model, kv_precision, compiled)
         self.chooser = chooser
         self.target_vocab_size = target_vocab_size
         self.shared_vocab_size = shared_vocab_size

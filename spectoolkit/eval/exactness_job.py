@@ -32,7 +32,7 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
 from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
 from spectoolkit.metrics.records import RequestRecord, write_json_atomic
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.compiled import make_runner
 from spectoolkit.policy import make_policy
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
@@ -122,7 +122,8 @@ def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling
     real = make_drafter(cfg, sampling, models.target, models.draft, models.eos_ids)
     drafter_for = lambda control: negative_control(real, sampling) if control else real  # noqa: E731
     return empirical_exactness(
-        CachedModel(models.target.model, cfg.kv.target), drafter_for, sampling, cfg.speculate.gamma, models.eos_ids,
+        make_runner(models.target.model, cfg.kv.target, cfg.runtime.compile),
+        drafter_for, sampling, cfg.speculate.gamma, models.eos_ids,
         prompt, samples=cfg.eval.samples, length=cfg.eval.length, seed=cfg.sampling.seed,
         significance=cfg.eval.significance, policy_for=lambda: make_policy(cfg.speculate),
     )  # fmt: skip

@@ -43,6 +43,11 @@ def build_server(cfg: RunConfig) -> BuiltServer:
     from spectoolkit.bench.protocol.setup import build
     from spectoolkit.serving.factory import served_arm
 
+    if cfg.runtime.compile:
+        raise SpecToolkitError(
+            "runtime.compile=true compiles batch-1 steps; the server's continuous-batching engine runs eager: "
+            "set runtime.compile=false"
+        )
     setup = build(cfg)
     arm = served_arm(cfg, setup)
     models = setup.models

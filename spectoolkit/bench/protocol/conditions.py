@@ -12,6 +12,7 @@ import torch
 from spectoolkit.bench.protocol.setup import ArmSet, RunFacts, RunSetup
 from spectoolkit.config import RunConfig
 from spectoolkit.kernels.runtime import kernels_usable
+from spectoolkit.models.compiled import compiled_runners
 from spectoolkit.models.kernel_choice import cpu_model
 
 
@@ -71,6 +72,13 @@ def _compat(cfg: RunConfig, facts: RunFacts) -> dict[str, Any]:
     return {"checked": False, "note": "no drafter"}
 
 
+def _compile(cfg: RunConfig, arm_set: ArmSet) -> dict[str, Any]:
+    """``runtime.compile``: the graphs each compiled runner built and what compiling took. They are built at
+    setup, before warm-up, so measured times exclude them; ``compiled_after_warm_up`` > 0 says otherwise."""
+    runners = compiled_runners(arm.engine for arm in arm_set.arms)
+    return {"enabled": cfg.runtime.compile, **{role: r.compile_stats.as_dict() for role, r in runners.items()}}
+
+
 def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
     """Everything a reader needs to know before trusting a number of this run."""
     import transformers
@@ -97,6 +105,7 @@ def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
             "precision": cfg.draft.precision if models.draft else None,
         },  # fmt: skip
         "kv": dataclasses.asdict(cfg.kv),
+        "compile": _compile(cfg, arm_set),
         "compat": _compat(cfg, facts),
         "arms": [
             {

@@ -18,6 +18,7 @@ from spectoolkit.engine import BaselineEngine, Engine, SpeculativeEngine
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.compiled import CompiledModel, make_runner
 from spectoolkit.models.layer_skip import kept_layers, layer_skip_model, skip_name
 from spectoolkit.models.loading import LoadedModel, load_model, load_tokenizer
 from spectoolkit.policy import DraftLengthPolicy, make_policy
@@ -159,7 +160,7 @@ def build(cfg: RunConfig) -> RunSetup:
     if cfg.draft.kind == "skip":
         draft = skip_draft(cfg, target)
     drafter = make_drafter(cfg, cfg.sampling, target, draft, eos_ids)
-    runner = CachedModel(target.model, cfg.kv.target)
+    runner = _target_runner(cfg, target)
     parts = _Parts(cfg, device, target, runner, make_verifier(cfg.sampling, device), eos_ids, drafter, draft)
     arms, primary = _ARM_SETS[cfg.bench.arms](parts)
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
@@ -181,8 +182,11 @@ def make_drafter(
         shared = shared_vocab_size(target, draft)
         name = cfg.draft.model_name if cfg.draft.kind == "model" else skip_name(draft.model, target.model)
         stop_below = cfg.speculate.confidence if cfg.speculate.policy == "confidence" else None
-        return ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name, cfg.kv.draft,
-                            stop_below)  # fmt: skip
+        drafter = ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name,
+                               cfg.kv.draft, stop_below, cfg.runtime.compile)  # fmt: skip
+        if cfg.runtime.compile:
+            drafter.runner.warm(2)  # a draft step, and the catch-up feed after a fully accepted round
+        return drafter
     if cfg.draft.kind == "ngram":
         return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not sampling.greedy)
     return None
@@ -233,7 +237,7 @@ def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
     cfg = parts.cfg
     ref_precision, quant = cfg.bench.reference_precision, cfg.target.precision
     reference = load_model(cfg.model.target_path, ref_precision, parts.device, 64, *_kernels(cfg))
-    ref_runner = CachedModel(reference.model, cfg.kv.target)
+    ref_runner = _target_runner(cfg, reference)
     arms = [
         parts.target_alone("baseline", reference, ref_runner, ref_precision),
         parts.target_alone("quant", parts.target, parts.runner, quant),
@@ -255,7 +259,8 @@ def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
         if not report.compatible:
             raise SpecToolkitError(report.message())
         warnings = report.warnings
-    draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, cfg.runtime.kernels, (1, 2),
+    kernels = None if cfg.runtime.compile else cfg.runtime.kernels  # compiled steps bring their own kernels
+    draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, kernels, (1, 2),
                        cfg.draft.quantize_head)  # fmt: skip
     return draft, warnings
 
@@ -268,7 +273,19 @@ def skip_draft(cfg: RunConfig, target: LoadedModel) -> LoadedModel:
     return LoadedModel(model, target.path, target.precision, target.vocab_size, target.kernels, shared=True)
 
 
-def _kernels(cfg: RunConfig) -> tuple[str, tuple[int, int]]:
-    """``runtime.kernels`` and the widths a target's kernels are timed at: a decode step and the widest verify."""
-    gammas = cfg.bench.gammas if cfg.bench.arms == "gamma_sweep" else (cfg.speculate.gamma,)
-    return cfg.runtime.kernels, (1, max(gammas) + 1)
+def _kernels(cfg: RunConfig) -> tuple[str | None, tuple[int, int]]:
+    """``runtime.kernels`` and the widths a target's kernels are timed at: a decode step and the widest verify
+    (None under ``runtime.compile``: the compiled steps bring their own row-invariant kernels)."""
+    return None if cfg.runtime.compile else cfg.runtime.kernels, (1, _max_gamma(cfg) + 1)
+
+
+def _max_gamma(cfg: RunConfig) -> int:
+    return max(cfg.bench.gammas if cfg.bench.arms == "gamma_sweep" else (cfg.speculate.gamma,))
+
+
+def _target_runner(cfg: RunConfig, target: LoadedModel) -> CachedModel | CompiledModel:
+    """The target's runner; compiled steps are compiled here for every verify width the run can use."""
+    runner = make_runner(target.model, cfg.kv.target, cfg.runtime.compile)
+    if cfg.runtime.compile:
+        runner.warm(_max_gamma(cfg) + 1)
+    return runner

@@ -1,0 +1,130 @@
+"""llama.cpp and our engine side by side: same model, same prompt tokens, greedy, arms interleaved.
+
+    make llama-cpp          # llama-cpp-python 0.3.36, built from source (~10 min on 2 cores)
+    python experiments/peers_llamacpp.py --prompts 4 --max-new-tokens 64 --rounds 2
+
+llama.cpp runs the very Q4_1 GGUF the embedded model ships as (``spectoolkit.embedded.gguf_path``),
+plain and with its prompt-lookup drafter (``LlamaPromptLookupDecoding``, γ draft tokens). Ours run
+the HF checkpoint converted from that GGUF (dequantized to fp32), each arm through
+``runtime.compile`` (compiled static-KV steps) unless ``--eager``:
+
+- ``fp32``: our fp32 baseline; ``rtn-int4``: ``+target=rtn-int4 target.group_size=32`` (the GGUF's
+  4-bit, re-quantized by our RTN: same bits per weight, not the same codes);
+- ``fp32+ngram`` / ``rtn-int4+ngram``: the same targets with n-gram lookup (γ draft tokens);
+- ``fp32+rtn-int4``: the fp32 target with its rtn-int4 self-draft.
+
+Every arm gets the same prompt token ids (the GGUF's vocabulary is the checkpoint's) and decodes up
+to ``--max-new-tokens`` tokens or EOS; tokens/s is generated tokens over wall time, prompt included,
+summed over prompts and rounds, with the arm order reversed on every other prompt. Ratios are
+against llama.cpp plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from spectoolkit.config import WorkloadConfig
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
+from spectoolkit.embedded import gguf_path
+from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.models.compiled import make_runner
+from spectoolkit.models.loading import load_model, load_tokenizer
+from spectoolkit.sampling import GreedyChooser
+from spectoolkit.verify import GreedyVerifier
+from spectoolkit.workloads.prompts import encode_prompt, load_workload
+
+
+def _llama_cpp(threads: int, gamma: int | None):
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=gamma) if gamma else None
+    return Llama(str(gguf_path()), n_ctx=2048, n_threads=threads, n_batch=512, verbose=False, draft_model=draft)
+
+
+def _run_llama(llm, ids: list[int], max_new: int) -> tuple[int, float]:
+    llm.reset()
+    start = time.perf_counter()
+    out = llm.create_completion(ids, max_tokens=max_new, temperature=0.0, top_k=1)
+    return out["usage"]["completion_tokens"], time.perf_counter() - start
+
+
+def _run_ours(engine, ids: list[int], max_new: int) -> tuple[int, float]:
+    start = time.perf_counter()
+    out = engine.generate(ids, max_new, None)
+    return len(out.output_ids), time.perf_counter() - start
+
+
+def _our_arms(args, eos_ids: frozenset[int]) -> dict:
+    compiled = not args.eager
+    kernels = None if compiled else "auto"
+    cpu = torch.device("cpu")
+    fp32 = load_model(None, "fp32", cpu, kernels=kernels, widths=(1, args.gamma + 1))
+    int4 = load_model(None, "rtn-int4", cpu, group_size=32, kernels=kernels, widths=(1, args.gamma + 1))
+    runners = {name: make_runner(m.model, "auto", compiled) for name, m in (("fp32", fp32), ("rtn-int4", int4))}
+    # The self-draft: its own runner (own KV) over the rtn-int4 weights the rtn-int4 arms use too.
+    draft = ModelDrafter(int4.model, GreedyChooser(), fp32.vocab_size, fp32.vocab_size, eos_ids, "rtn-int4",
+                         compiled=compiled)  # fmt: skip
+    if compiled:
+        for runner in runners.values():
+            runner.warm(args.gamma + 1)
+        draft.runner.warm(2)
+    verifier = GreedyVerifier()
+
+    def ngram() -> NgramDrafter:
+        return NgramDrafter(3, 1, fp32.vocab_size, False)
+
+    return {
+        "fp32": BaselineEngine(runners["fp32"], verifier, eos_ids),
+        "rtn-int4": BaselineEngine(runners["rtn-int4"], verifier, eos_ids),
+        "fp32+ngram": SpeculativeEngine(runners["fp32"], ngram(), verifier, args.gamma, eos_ids),
+        "rtn-int4+ngram": SpeculativeEngine(runners["rtn-int4"], ngram(), verifier, args.gamma, eos_ids),
+        "fp32+rtn-int4": SpeculativeEngine(runners["fp32"], draft, verifier, args.draft_gamma, eos_ids),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="humaneval")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens of the n-gram / prompt-lookup arms")
+    parser.add_argument("--draft-gamma", type=int, default=3, help="draft tokens of the rtn-int4 self-draft arm")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--eager", action="store_true", help="our arms on eager transformers (runtime.compile=false)")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(None)
+    eos_ids = frozenset({tokenizer.eos_token_id})
+    requests = load_workload(WorkloadConfig(kind=args.workload, num_prompts=args.prompts))
+    prompts = [encode_prompt(tokenizer, request, True) for request in requests]
+    began = time.perf_counter()
+    ours = _our_arms(args, eos_ids)
+    print(f"our arms ready in {time.perf_counter() - began:.0f} s (compiling included)")
+    peers = {"llama.cpp": _llama_cpp(args.threads, None), "llama.cpp+lookup": _llama_cpp(args.threads, args.gamma)}
+    runs = {name: (lambda ids, llm=llm: _run_llama(llm, ids, args.max_new_tokens)) for name, llm in peers.items()}
+    runs.update({name: (lambda ids, e=engine: _run_ours(e, ids, args.max_new_tokens)) for name, engine in ours.items()})
+    for run in runs.values():  # warm-up
+        run(prompts[0][:32])
+    totals = {name: [0, 0.0] for name in runs}
+    for round_index in range(args.rounds):
+        for index, ids in enumerate(prompts):
+            order = list(runs) if (index + round_index) % 2 == 0 else list(runs)[::-1]
+            for name in order:
+                tokens, seconds = runs[name](ids)
+                totals[name][0] += tokens
+                totals[name][1] += seconds
+    base = totals["llama.cpp"][0] / totals["llama.cpp"][1]
+    print(f"{'arm':<18} {'tok/s':>7} {'vs llama.cpp':>13}   ({len(prompts)} prompts x {args.rounds} rounds)")
+    for name, (tokens, seconds) in totals.items():
+        rate = tokens / seconds
+        print(f"{name:<18} {rate:>7.1f} {rate / base:>12.2f}x")
+
+
+if __name__ == "__main__":
+    main()
