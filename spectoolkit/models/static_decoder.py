@@ -43,6 +43,7 @@ class StaticDecoder:
             raise SpecToolkitError(
                 "runtime.compile=true does not implement sliding-window attention: use runtime.compile=false"
             )
+        _check_linears(model)
         inner = model.model
         self.embed = inner.embed_tokens
         self.layers = list(inner.layers)
@@ -110,6 +111,20 @@ class StaticDecoder:
         """SwiGLU: down(act(gate(x)) * up(x)), x [W, E] -> [W, E]."""
         project = _call if plain else _linear
         return project(mlp.down_proj, mlp.act_fn(project(mlp.gate_proj, x)) * project(mlp.up_proj, x))
+
+
+def _check_linears(model: nn.Module) -> None:
+    """Refuse layers the compiled step cannot run: float ``nn.Linear`` and our RTN layers only (bitsandbytes
+    and GPTQ kernels do not trace into one graph)."""
+    for name, module in model.named_modules():
+        if not hasattr(module, "in_features") or type(module) is nn.Linear:
+            continue
+        # By class name: spectoolkit.quant.rtn imports this package, so importing it here would be a cycle.
+        if not any(base.__name__ == "RtnLinear" for base in type(module).__mro__):
+            raise SpecToolkitError(
+                f"runtime.compile=true runs float and rtn-* weights; layer {name} is {type(module).__name__} "
+                "(bitsandbytes/GPTQ): use runtime.compile=false, or a float/rtn-* precision"
+            )
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

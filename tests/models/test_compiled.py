@@ -273,6 +273,18 @@ def test_a_non_llama_model_is_refused():
         CompiledModel(gpt2)
 
 
+def test_bitsandbytes_layers_are_refused_and_rtn_layers_accepted(tmp_path):
+    from spectoolkit.models.loading import load_model
+    from spectoolkit.models.tiny import save_tiny_llama
+
+    directory = save_tiny_llama(tmp_path / "tiny")
+    nf4 = load_model(str(directory), "nf4", torch.device("cpu"), kernels=None)
+    with pytest.raises(SpecToolkitError, match="runtime.compile.*Linear4bit"):
+        CompiledModel(nf4.model)
+    rtn = load_model(str(directory), "rtn-int4", torch.device("cpu"), group_size=32, kernels=None)
+    CompiledModel(rtn.model)  # accepted: RTN layers trace into the graph
+
+
 def test_sliding_window_attention_is_refused():
     from transformers import MistralConfig, MistralForCausalLM
 
