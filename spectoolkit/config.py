@@ -57,6 +57,9 @@ class TargetConfig:
         _check_group_size("target.group_size", self.group_size)
 
 
+SKIP_PRECISIONS = ("rtn-int8", "rtn-int4")  # a layer-skip draft's own quantized weights (draft.skip_precision)
+
+
 @dataclass(frozen=True)
 class DraftConfig:
     """What proposes tokens: a draft model (``model``), the target with layers left out (``skip``: its own
@@ -70,9 +73,12 @@ class DraftConfig:
     layers: tuple[int, ...] = ()  # kind=skip: the target layers the draft runs (empty: from skip_every)
     skip_every: int = 2  # kind=skip: leave out every skip_every-th layer (first and last always kept)
     quantize_head: bool = False  # kind=model, rtn-*: quantize lm_head too (a float head dominates a small draft)
+    skip_precision: str | None = None  # kind=skip: None shares the target weights; rtn-int4/-int8: a quantized copy
 
     def __post_init__(self) -> None:
         _one_of("draft.kind", self.kind, DRAFT_KINDS)
+        if self.skip_precision is not None:
+            _one_of("draft.skip_precision", self.skip_precision, SKIP_PRECISIONS)
         if self.kind == "model":
             _one_of("draft.precision", self.precision, MODEL_PRECISIONS)
         _check_group_size("draft.group_size", self.group_size)

@@ -121,3 +121,25 @@ def test_draft_skip_config():
     assert cfg.draft.layers == (0, 4) and cfg.draft.skip_every == 3
     with pytest.raises(SpecToolkitError, match="draft.skip_every=1"):
         run_config_from_dict({"draft": {"kind": "skip", "skip_every": 1}})
+
+
+def test_skip_precision_runs_the_kept_layers_of_a_quantized_copy(tiny_checkpoint):
+    from spectoolkit.bench.protocol.setup import skip_draft
+    from spectoolkit.models.loading import load_model
+
+    cfg = run_config_from_dict(
+        {"draft": {"kind": "skip", "layers": [0], "skip_precision": "rtn-int4", "group_size": 32}}
+    )
+    target = load_model(str(tiny_checkpoint), "fp32", torch.device("cpu"), kernels=None)
+    draft = skip_draft(cfg, target)
+    assert draft.precision == "rtn-int4" and not draft.shared and draft.weight_bytes() > 0
+    assert type(draft.model.model.layers[0].mlp.up_proj).__name__.startswith("_Int4")  # quantized, own bytes
+    assert all(p.data_ptr() != q.data_ptr() for p in draft.model.parameters() for q in target.model.parameters())
+    drafter = ModelDrafter(draft.model, GreedyChooser(), target.vocab_size, target.vocab_size, EOS_IDS)
+    runner = CachedModel(target.model)
+    prompt = [5, 9, 14, 3, 7]
+    alone = BaselineEngine(runner, GreedyVerifier(), EOS_IDS).generate(prompt, 16, None)
+    spec = SpeculativeEngine(runner, drafter, GreedyVerifier(), 3, EOS_IDS).generate(prompt, 16, None)
+    assert spec.output_ids == alone.output_ids
+    with pytest.raises(SpecToolkitError, match="draft.skip_precision"):
+        run_config_from_dict({"draft": {"kind": "skip", "skip_precision": "nf4"}})

@@ -181,6 +181,8 @@ def make_drafter(
     if cfg.draft.kind in ("model", "skip"):
         shared = shared_vocab_size(target, draft)
         name = cfg.draft.model_name if cfg.draft.kind == "model" else skip_name(draft.model, target.model)
+        if cfg.draft.kind == "skip" and cfg.draft.skip_precision:
+            name += f"-{cfg.draft.skip_precision}"
         stop_below = cfg.speculate.confidence if cfg.speculate.policy == "confidence" else None
         drafter = ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name,
                                cfg.kv.draft, stop_below, cfg.runtime.compile)  # fmt: skip
@@ -266,11 +268,17 @@ def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
 
 
 def skip_draft(cfg: RunConfig, target: LoadedModel) -> LoadedModel:
-    """The layer-skip self-draft of ``target`` (:mod:`spectoolkit.models.layer_skip`): its weights, shared."""
+    """The layer-skip self-draft of ``target`` (:mod:`spectoolkit.models.layer_skip`): its weights, shared,
+    or with ``draft.skip_precision`` the same layers of a quantized copy (bytes of its own)."""
     total = target.model.config.get_text_config().num_hidden_layers
     keep = kept_layers(total, cfg.draft.layers, cfg.draft.skip_every)
-    model = layer_skip_model(target.model, keep)
-    return LoadedModel(model, target.path, target.precision, target.vocab_size, target.kernels, shared=True)
+    precision = cfg.draft.skip_precision
+    if precision is None:
+        model = layer_skip_model(target.model, keep)
+        return LoadedModel(model, target.path, target.precision, target.vocab_size, target.kernels, shared=True)
+    kernels = None if cfg.runtime.compile else cfg.runtime.kernels
+    copy = load_model(target.path, precision, target.device, cfg.draft.group_size, kernels, (1, 2))
+    return LoadedModel(layer_skip_model(copy.model, keep), target.path, precision, copy.vocab_size, copy.kernels)
 
 
 def _kernels(cfg: RunConfig) -> tuple[str | None, tuple[int, int]]:
