@@ -61,11 +61,14 @@ $(VLLM_STAMP):
 	touch $@
 
 # llama.cpp peer (experiments/peers_llamacpp.py): llama-cpp-python builds llama.cpp from source (~10 min
-# on 2 cores) into our venv; nothing in the package imports it.
+# on 2 cores) into our venv; nothing in the package imports it. GGML_NATIVE's build died with "Illegal
+# instruction" on these VMs (the CPU flags list AMX, which the guest cannot use): AVX-512 set by hand, AMX off.
 LLAMA_CPP ?= llama-cpp-python==0.3.36
+LLAMA_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
+	-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
 llama-cpp: install
-	$(PY) -m pip install -q "$(LLAMA_CPP)"
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q --no-cache-dir "$(LLAMA_CPP)"
 	$(PY) -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
 
 clean:
