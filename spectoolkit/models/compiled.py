@@ -10,7 +10,7 @@ compiled by inductor (C++ through gcc on CPU) into one graph per step width:
   compiled: one decode step and one verify bucket), padded with repeats of its last token at the
   following positions (their KV lands in slots past the real ones, which the real rows never attend
   and the next write overwrites). The KV buffers have a fixed capacity, doubled only when a sequence
-  outgrows it. So the graphs are at most ``len(WIDTHS)`` per capacity; :meth:`CompiledModel.stats`
+  outgrows it. So the graphs are at most ``len(WIDTHS)`` per capacity; :attr:`CompiledModel.compile_stats`
   counts them and the seconds spent compiling, which warm-up absorbs and the conditions report.
 - **Exact.** Decode and verify rows go through row-invariant kernels, so a verify row equals the
   decode step at its position bit for bit, and the speculative output equals this target alone.
