@@ -24,7 +24,7 @@ KV rule (DESIGN §2): ``num_computed`` slots are valid; :meth:`truncate` only lo
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,10 +44,17 @@ LOGIT_TOLERANCE = 1e-3  # |compiled - eager| logits, fp32 (different summation o
 class CompileStats:
     """What compiling cost: graphs built (one per width and KV capacity) and the seconds they took."""
 
-    graphs: int = 0
+    built: set[tuple[int, int]] = field(default_factory=set)  # (width, KV capacity) of every graph compiled
     compile_seconds: float = 0.0
-    widths: tuple[int, ...] = ()
     graphs_at_warm_up: int | None = None  # graphs when warm-up ended (None: not marked)
+
+    @property
+    def graphs(self) -> int:
+        return len(self.built)
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return tuple(sorted({width for width, _ in self.built}))
 
     def mark_warm(self) -> None:
         """Warm-up is over: any graph compiled from now on was compiled inside measured time."""
@@ -123,7 +130,6 @@ class CompiledModel:
         dec = self.decoder
         self.cache = StaticKV(self.num_layers, dec.kv_heads, dec.head_dim, dec.dtype, self.device, capacity)
         self._step = torch.compile(dec.rows, dynamic=False, fullgraph=True)
-        self._built: set[tuple[int, int]] = set()  # (width, capacity) graphs compiled so far
         self.compile_stats = CompileStats()
         self.widths = WIDTHS  # step widths a call may take (warm() narrows them); longer calls are prefills
 
@@ -167,16 +173,13 @@ class CompiledModel:
         if ids.shape[0] < width:
             ids = torch.cat([ids, ids[-1:].repeat(width - ids.shape[0])])
         positions = torch.arange(start, start + width, device=self.device)
-        key = (width, self.cache.capacity)
-        if key in self._built:
+        key, stats = (width, self.cache.capacity), self.compile_stats
+        if key in stats.built:
             return self._step(ids, positions, self.cache.keys, self.cache.values)
         began = time.perf_counter()
         logits = self._step(ids, positions, self.cache.keys, self.cache.values)
-        self._built.add(key)
-        stats = self.compile_stats
-        stats.graphs += 1
+        stats.built.add(key)
         stats.compile_seconds += time.perf_counter() - began
-        stats.widths = tuple(sorted({w for w, _ in self._built}))
         return logits
 
 

@@ -19,10 +19,10 @@ Row ``i`` sits at ``positions[i]``; its key/value go to slot ``positions[i]`` an
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.models.attention import packed_gqa_attention
 from spectoolkit.models.row_linear import WEIGHT_DTYPES, row_attention, row_linear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -74,22 +74,28 @@ class StaticDecoder:
     def prefill(
         self, ids: torch.Tensor, positions: torch.Tensor, keys: list, values: list, last_only: bool
     ) -> torch.Tensor:
-        """ids [n] at consecutive ``positions`` [n] -> logits [n, V] ([1, V] when ``last_only``); BLAS + SDPA."""
+        """ids [n] at consecutive ``positions`` [n] -> logits [n, V] ([1, V] when ``last_only``); BLAS + SDPA
+        (:func:`~spectoolkit.models.attention.packed_gqa_attention`)."""
         start, n = int(positions[0]), ids.shape[0]
+        end = start + n
         hidden = self.embed(ids)  # [n, E]
         cos, sin = self.rotary(hidden[None], positions[None])
-        causal = torch.ones(n, start + n, dtype=torch.bool, device=ids.device).tril(start)  # [n, start+n]
-        rep = self.num_heads // self.kv_heads
         for layer, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
             q, k, v = self._qkv(attn, x, cos, sin, plain=True)
-            layer_keys[:, start : start + n] = k.transpose(0, 1).to(layer_keys.dtype)
-            layer_values[:, start : start + n] = v.transpose(0, 1).to(layer_values.dtype)
-            seen_k = layer_keys[:, : start + n].to(q.dtype).repeat_interleave(rep, 0)  # [Hq, start+n, D]
-            seen_v = layer_values[:, : start + n].to(q.dtype).repeat_interleave(rep, 0)
-            out = F.scaled_dot_product_attention(q.transpose(0, 1), seen_k, seen_v, attn_mask=causal, scale=self.scale)
-            hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(n, -1))
+            layer_keys[:, start:end] = k.transpose(0, 1).to(layer_keys.dtype)
+            layer_values[:, start:end] = v.transpose(0, 1).to(layer_values.dtype)
+            # The eager path's own GQA attention (causal over slots [0, end), no repeat_kv copy).
+            out, _ = packed_gqa_attention(
+                attn,
+                q.transpose(0, 1)[None],
+                layer_keys[None, :, :end],
+                layer_values[None, :, :end],
+                None,
+                scaling=self.scale,
+            )  # [1, n, Hq, D]
+            hidden = hidden + attn.o_proj(out[0].reshape(n, -1))
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden), plain=True)
         if last_only:
             hidden = hidden[-1:]
