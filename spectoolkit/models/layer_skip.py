@@ -78,6 +78,16 @@ def layer_skip_model(model: torch.nn.Module, keep: list[int]) -> torch.nn.Module
     return draft
 
 
-def skip_name(draft: torch.nn.Module, target: torch.nn.Module) -> str:
-    """``skip-16of30``: the decoder layers a layer-skip draft runs, of the target's."""
-    return f"skip-{len(_decoder(draft).layers)}of{len(_decoder(target).layers)}"
+def skip_name(draft: torch.nn.Module, target: torch.nn.Module, precision: str | None = None) -> str:
+    """``skip-16of30``: the decoder layers a layer-skip draft runs, of the target's (``-rtn-int4``: of a
+    quantized copy, ``draft.skip_precision``)."""
+    name = f"skip-{len(_decoder(draft).layers)}of{len(_decoder(target).layers)}"
+    return f"{name}-{precision}" if precision else name
+
+
+def draft_model_name(draft_cfg, draft: torch.nn.Module, target: torch.nn.Module) -> str:
+    """The drafter's name for a draft model or layer-skip draft (``draft_cfg``: a ``DraftConfig``, kind
+    ``model`` or ``skip``), the same in batch-1 runs and serving."""
+    if draft_cfg.kind == "skip":
+        return skip_name(draft, target, draft_cfg.skip_precision)
+    return draft_cfg.model_name

@@ -12,7 +12,7 @@ import torch
 
 from spectoolkit.config import RunConfig, ServeConfig
 from spectoolkit.models.batched_kernels import choose_batched_kernels
-from spectoolkit.models.layer_skip import skip_name
+from spectoolkit.models.layer_skip import draft_model_name
 from spectoolkit.policy import FixedPolicy, make_policy
 from spectoolkit.sampling import make_chooser
 from spectoolkit.serving.blocks import BlockAllocator
@@ -109,8 +109,8 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
         name, target, pool, allocator, make_verifier(cfg.sampling, models.device), limits,
         models.eos_ids, models.max_positions, drafter, not cfg.sampling.greedy, serve.batch_invariant, policy,
     )  # fmt: skip
-    draft_precision = {"model": cfg.draft.precision, "skip": cfg.target.precision}.get(cfg.draft.kind)
-    draft_precision = draft_precision if drafter is not None else None
+    # The loaded draft's precision (a layer-skip draft: the target's, or draft.skip_precision); None for n-gram.
+    draft_precision = models.draft.precision if drafter is not None and models.draft is not None else None
     drafter_name = drafter.name if drafter is not None else "none"
     reference = "baseline" if drafter is not None else None
     return ServingArm(name, engine, gamma, drafter_name, cfg.target.precision, draft_precision, reference,
@@ -126,8 +126,7 @@ def _drafter(cfg: RunConfig, models, slots: int):
     pool = make_pool(draft.model, cfg.kv.draft, blocks * cfg.serve.block_size)
     shared = min(target.vocab_size, draft.vocab_size)
     allocator = BlockAllocator(blocks, cfg.serve.block_size)
-    name = cfg.draft.model_name if cfg.draft.kind == "model" else skip_name(draft.model, target.model)
-    chooser = make_chooser(cfg.sampling)
+    name, chooser = draft_model_name(cfg.draft, draft.model, target.model), make_chooser(cfg.sampling)
     return BatchModelDrafter(draft.model, chooser, pool, allocator, target.vocab_size, shared, models.eos_ids, name)
 
 

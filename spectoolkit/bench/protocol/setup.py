@@ -19,7 +19,7 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.compiled import CompiledModel, make_runner
-from spectoolkit.models.layer_skip import kept_layers, layer_skip_model, skip_name
+from spectoolkit.models.layer_skip import draft_model_name, kept_layers, layer_skip_model
 from spectoolkit.models.loading import LoadedModel, load_model, load_tokenizer
 from spectoolkit.policy import DraftLengthPolicy, make_policy
 from spectoolkit.precisions import QUANT_PRECISIONS
@@ -180,9 +180,7 @@ def make_drafter(
     """
     if cfg.draft.kind in ("model", "skip"):
         shared = shared_vocab_size(target, draft)
-        name = cfg.draft.model_name if cfg.draft.kind == "model" else skip_name(draft.model, target.model)
-        if cfg.draft.kind == "skip" and cfg.draft.skip_precision:
-            name += f"-{cfg.draft.skip_precision}"
+        name = draft_model_name(cfg.draft, draft.model, target.model)
         stop_below = cfg.speculate.confidence if cfg.speculate.policy == "confidence" else None
         drafter = ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name,
                                cfg.kv.draft, stop_below, cfg.runtime.compile)  # fmt: skip
@@ -261,8 +259,7 @@ def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
         if not report.compatible:
             raise SpecToolkitError(report.message())
         warnings = report.warnings
-    kernels = None if cfg.runtime.compile else cfg.runtime.kernels  # compiled steps bring their own kernels
-    draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, kernels, (1, 2),
+    draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, _kernel_mode(cfg), (1, 2),
                        cfg.draft.quantize_head)  # fmt: skip
     return draft, warnings
 
@@ -276,15 +273,19 @@ def skip_draft(cfg: RunConfig, target: LoadedModel) -> LoadedModel:
     if precision is None:
         model = layer_skip_model(target.model, keep)
         return LoadedModel(model, target.path, target.precision, target.vocab_size, target.kernels, shared=True)
-    kernels = None if cfg.runtime.compile else cfg.runtime.kernels
-    copy = load_model(target.path, precision, target.device, cfg.draft.group_size, kernels, (1, 2))
+    copy = load_model(target.path, precision, target.device, cfg.draft.group_size, _kernel_mode(cfg), (1, 2))
     return LoadedModel(layer_skip_model(copy.model, keep), target.path, precision, copy.vocab_size, copy.kernels)
 
 
 def _kernels(cfg: RunConfig) -> tuple[str | None, tuple[int, int]]:
-    """``runtime.kernels`` and the widths a target's kernels are timed at: a decode step and the widest verify
-    (None under ``runtime.compile``: the compiled steps bring their own row-invariant kernels)."""
-    return None if cfg.runtime.compile else cfg.runtime.kernels, (1, _max_gamma(cfg) + 1)
+    """:func:`_kernel_mode` and the widths a target's kernels are timed at: a decode step and the widest verify."""
+    return _kernel_mode(cfg), (1, _max_gamma(cfg) + 1)
+
+
+def _kernel_mode(cfg: RunConfig) -> str | None:
+    """``runtime.kernels`` for :func:`load_model`; None under ``runtime.compile`` (the compiled steps bring
+    their own row-invariant kernels)."""
+    return None if cfg.runtime.compile else cfg.runtime.kernels
 
 
 def _max_gamma(cfg: RunConfig) -> int:
