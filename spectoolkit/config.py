@@ -21,7 +21,9 @@ WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
 ARM_SETS = ("standard", "four_groups", "gamma_sweep")
 DRAFT_POLICIES = ("fixed", "adaptive", "confidence")
+TREE_KINDS = ("none", "static", "dynamic")
 MAX_GAMMA = 64
+MAX_TREE_NODES = 32  # verify rows = nodes + 1 stay within the row-invariant verify widths (<= 33)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -159,6 +161,41 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class TreeConfig:
+    """Token-tree drafts (``speculate.tree``): verify several candidates per position in one forward.
+
+    ``kind``: ``none`` (a chain of γ), ``static`` (``branching[d]`` children per node at depth d, e.g.
+    [3, 2, 1, 1]) or ``dynamic`` (EAGLE-2 style: at each depth the ``top_k`` most probable frontier nodes
+    get ``top_k`` children each, up to depth γ; then the ``max_nodes`` best nodes are kept). Either way at
+    most ``max_nodes`` nodes are verified (verify width max_nodes + 1). n-gram drafts build a tree of the
+    distinct continuations of the matched suffix (depth γ, ``max_nodes`` nodes).
+    """
+
+    kind: str = "none"
+    branching: tuple[int, ...] = (3, 2, 1, 1)
+    max_nodes: int = 8
+    top_k: int = 4
+
+    def __post_init__(self) -> None:
+        _one_of("speculate.tree.kind", self.kind, TREE_KINDS)
+        branching = self.branching
+        _require(
+            isinstance(branching, (list, tuple)) and bool(branching) and all(_number(b, int) and b >= 1 for b in branching),
+            f"speculate.tree.branching={branching!r} must be a list of children per depth >= 1, e.g. [3,2,1,1]",
+        )
+        object.__setattr__(self, "branching", tuple(branching))
+        _require(
+            1 <= self.max_nodes <= MAX_TREE_NODES,
+            f"speculate.tree.max_nodes={self.max_nodes} must be between 1 and {MAX_TREE_NODES}",
+        )
+        _require(self.top_k >= 1, f"speculate.tree.top_k={self.top_k} must be >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+
+@dataclass(frozen=True)
 class SpeculateConfig:
     """Draft length: γ tokens proposed per verification round at most, and how each round's k is chosen.
 
@@ -173,6 +210,7 @@ class SpeculateConfig:
     confidence: float = 0.4
     decay: float = 0.9
     probe_every: int = 8
+    tree: TreeConfig = field(default_factory=TreeConfig)
 
     def __post_init__(self) -> None:
         _require(1 <= self.gamma <= MAX_GAMMA, f"speculate.gamma={self.gamma} must be between 1 and {MAX_GAMMA}")
@@ -180,6 +218,11 @@ class SpeculateConfig:
         _require(0 < self.confidence < 1, f"speculate.confidence={self.confidence} must be in (0, 1)")
         _require(0 < self.decay <= 1, f"speculate.decay={self.decay} must be in (0, 1] (1: never forget)")
         _require(self.probe_every >= 1, f"speculate.probe_every={self.probe_every} must be >= 1")
+        _require(
+            not self.tree.enabled or self.policy == "fixed",
+            f"speculate.tree.kind={self.tree.kind} drafts max_nodes nodes per round; speculate.policy={self.policy} "
+            "is not built for trees: use speculate.policy=fixed or speculate.tree.kind=none",
+        )
 
 
 @dataclass(frozen=True)
@@ -518,10 +561,10 @@ def _build(cls: type, values: dict[str, Any] | None, prefix: str) -> Any:
     _require(not unknown, f"unknown config option(s): {', '.join(prefix + k for k in unknown)}")
     kwargs = {}
     for name, value in values.items():
-        sub = _SECTIONS.get(name) if cls is RunConfig else None
+        sub = _SECTIONS.get(name) if cls is RunConfig else _NESTED.get((cls, name))
         if not sub:
             _check_type(prefix + name, value, str(fields[name].type))
-        kwargs[name] = _build(sub, value, f"{name}.") if sub else value
+        kwargs[name] = _build(sub, value, f"{prefix}{name}.") if sub else value
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a scalar where a section was expected, etc.
@@ -544,6 +587,9 @@ _SECTIONS = {
     "server": ServerConfig,
     "backend": BackendConfig,
 }
+
+
+_NESTED = {(SpeculateConfig, "tree"): TreeConfig}  # sections inside sections
 
 
 def run_config_from_dict(values: dict[str, Any]) -> RunConfig:

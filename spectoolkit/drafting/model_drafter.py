@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting.base import Proposal
+from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.drafting.tree_model import grow_tree
 from spectoolkit.models.compiled import make_runner
 from spectoolkit.sampling import GreedyChooser, RandomChooser
+
+_GREEDY = SamplingConfig(temperature=0.0)
 
 
 class ModelDrafter:
@@ -39,6 +44,7 @@ class ModelDrafter:
         self.eos_ids = eos_ids
         self.name = name
         self.stop_below = stop_below
+        self._tree_slots: list[int | None] = []  # draft cache slot of each node of the last tree (None: not fed)
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.runner.reset()
@@ -61,6 +67,23 @@ class ModelDrafter:
 
     def rollback(self, num_kept: int) -> None:
         self.runner.truncate(num_kept)
+
+    def propose_tree(
+        self, tokens: list[int], tree: TreeConfig, budget: int, max_depth: int, generator: torch.Generator | None
+    ) -> TokenTree:
+        """A token tree of at most ``budget`` nodes and depth ``max_depth`` after ``tokens`` (:mod:`.tree_model`)."""
+        feed = tokens[self.runner.num_computed :]  # >= 1 token: at least the pending one
+        root = self._aligned(self.runner.forward(feed, last_only=True))  # [V_target]
+        sampling = getattr(self.chooser, "sampling", _GREEDY)
+        grown, self._tree_slots = grow_tree(
+            self.runner, root, self._aligned, tree, sampling, max_depth, budget, self.eos_ids, generator
+        )
+        return grown
+
+    def commit_path(self, num_prefix: int, path: list[int]) -> None:
+        """Keep ``tokens[:num_prefix]`` and the accepted ``path``'s nodes that were inputs (a prefix of it)."""
+        slots = [self._tree_slots[node] for node in path if self._tree_slots[node] is not None]
+        self.runner.commit_slots(num_prefix, slots)
 
     def kv_bytes(self) -> int:
         return self.runner.cache.allocated_bytes()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.drafting.base import Proposal
+from spectoolkit.drafting.tree import TokenTree
 
 
 class NgramDrafter:
@@ -33,6 +34,22 @@ class NgramDrafter:
     def kv_bytes(self) -> int:
         return 0  # no model, no cache
 
+    def propose_tree(self, tokens: list[int], tree, budget: int, max_depth: int, generator) -> TokenTree:
+        """The distinct continuations (depth <= ``max_depth``) of every earlier match of the suffix, as a trie.
+
+        Matches of the longest suffix come first, the most recent first; shorter suffixes add theirs
+        while ``budget`` nodes remain. Children are deterministic, so each node's q is one-hot.
+        """
+        token_ids, parents = continuation_trie(torch.tensor(tokens), self.max_n, self.min_n, max_depth, budget)
+        probs = None
+        if self.one_hot_probs:
+            probs = torch.zeros(len(token_ids), self.target_vocab_size)  # [n, V]
+            probs[torch.arange(len(token_ids)), token_ids] = 1.0
+        return TokenTree(token_ids, parents, probs)
+
+    def commit_path(self, num_prefix: int, path: list[int]) -> None:
+        pass  # stateless
+
     def propose(self, tokens: list[int], budget: int, generator: torch.Generator | None) -> Proposal:
         draft_ids = lookup(torch.tensor(tokens), self.max_n, self.min_n, budget)
         probs = None
@@ -53,3 +70,28 @@ def lookup(tokens: torch.Tensor, max_n: int, min_n: int, budget: int) -> list[in
             follow = int(starts[-1]) + n  # index of the first token after the latest match
             return tokens[follow : follow + budget].tolist()
     return []
+
+
+def continuation_trie(
+    tokens: torch.Tensor, max_n: int, min_n: int, depth: int, budget: int
+) -> tuple[list[int], list[int]]:
+    """(token_ids, parents) of a trie of what followed earlier occurrences of the suffix of ``tokens`` [L]."""
+    length = tokens.shape[0]
+    token_ids: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n :]
+        windows = tokens[: length - 1].unfold(0, n, 1)  # [L-n, n]
+        starts = torch.nonzero((windows == suffix).all(dim=1)).flatten().tolist()
+        for start in reversed(starts):  # most recent first
+            node = -1
+            for token in tokens[start + n : start + n + depth].tolist():
+                if (node, token) not in child:
+                    if len(token_ids) >= budget:
+                        return token_ids, parents
+                    child[(node, token)] = len(token_ids)
+                    token_ids.append(token)
+                    parents.append(node)
+                node = child[(node, token)]
+    return token_ids, parents

@@ -14,11 +14,14 @@ import time
 
 import torch
 
+from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting.base import Drafter, Proposal
 from spectoolkit.engine.output import GenerationOutput, cut, finished, prefill
+from spectoolkit.engine.tree_round import tree_round
 from spectoolkit.models.cached import CachedModel, synchronize
 from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy
 from spectoolkit.verify.base import Verifier
+from spectoolkit.verify.tree import TreeVerifier
 
 
 class SpeculativeEngine:
@@ -34,14 +37,22 @@ class SpeculativeEngine:
         gamma: int,
         eos_ids: frozenset[int],
         policy: DraftLengthPolicy | None = None,
+        tree: TreeConfig | None = None,
     ) -> None:
-        """``gamma`` caps every round; ``policy`` picks each round's k (default: always ``gamma``)."""
+        """``gamma`` caps every round (a tree's depth); ``policy`` picks each round's k (default: always ``gamma``).
+
+        ``tree`` (enabled): every round drafts a token tree (:mod:`spectoolkit.engine.tree_round`); the
+        verifier then needs ``verify_tree`` and the drafter ``propose_tree``/``commit_path``.
+        """
         self.target = target
         self.drafter = drafter
         self.verifier = verifier
         self.gamma = gamma
         self.eos_ids = eos_ids
         self.policy = policy or FixedPolicy(gamma)
+        self.tree = tree if tree is not None and tree.enabled else None
+        # The tree rule is one module for every device; the chain's verifier keeps selecting the target-alone token.
+        self.tree_verifier = TreeVerifier(getattr(verifier, "sampling", None) or _GREEDY)
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None, on_token=None
@@ -55,7 +66,11 @@ class SpeculativeEngine:
         key = object()  # this request, to the policy
         try:
             while not finished(out.output_ids, max_new_tokens, self.eos_ids):
-                emitted = self._round(key, tokens, max_new_tokens - len(out.output_ids), generator, out)
+                room = max_new_tokens - len(out.output_ids)
+                if self.tree is not None:
+                    emitted = tree_round(self, tokens, room, generator, out)
+                else:
+                    emitted = self._round(key, tokens, room, generator, out)
                 tokens.extend(emitted)
                 out.output_ids.extend(emitted)
                 if on_token:
@@ -111,3 +126,4 @@ def _count(out: GenerationOutput, drafted: int, accepted: int) -> None:
 
 
 _EMPTY = Proposal([], None)
+_GREEDY = SamplingConfig(temperature=0.0)

@@ -88,6 +88,18 @@ class PositionalKVLayer(DynamicLayer):
         """Keep slots [0, length): everything after is dropped (never read again)."""
         self.length = min(self.length, max(length, 0))
 
+    def keep_slots(self, start: int, slots: list[int]) -> None:
+        """Keep [0, start) then ``slots`` (ascending, >= start) moved to [start, start+len(slots)); drop the rest.
+
+        Every stored buffer (codes, scales, zeros) moves as stored, so a kept slot is bit-identical after.
+        """
+        if slots != list(range(start, start + len(slots))) and self.is_initialized:
+            index = torch.tensor(slots, dtype=torch.long, device=self.device)
+            for name in self._buffer_names:
+                buf = getattr(self, name)  # [B, H_kv, capacity, ...]
+                buf[:, :, start : start + len(slots)] = buf.index_select(2, index)
+        self.truncate(start + len(slots))
+
     def crop(self, tokens_to_remove: int) -> None:
         """transformers' crop: ``-n`` removes n tokens (``crop(0)`` is a no-op); a positive value is a length."""
         self.truncate(self.length + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove)
@@ -132,6 +144,11 @@ class PositionalKVCache(Cache):
         """Roll every layer back to ``length`` committed positions."""
         for layer in self.layers:
             layer.truncate(length)
+
+    def keep_slots(self, start: int, slots: list[int]) -> None:
+        """Every layer keeps [0, start) + ``slots`` (see :meth:`PositionalKVLayer.keep_slots`)."""
+        for layer in self.layers:
+            layer.keep_slots(start, slots)
 
     def reset(self) -> None:
         for layer in self.layers:

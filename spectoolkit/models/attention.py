@@ -115,12 +115,30 @@ def rowwise_gqa_attention(
     rows = []
     for i in range(q_len):
         end = kv_len - q_len + i + 1
-        row_keys, row_values = _prefix(key, end), _prefix(value, end)  # [B, Hkv, end, D]
+        row_mask, index = row_masks[i], _visible_slots(row_masks[i])
+        if index is None:
+            row_keys, row_values = _prefix(key, end), _prefix(value, end)  # [B, Hkv, end, D]
+        else:  # a tree row: exactly the slots it sees, in order, as a decode step over prefix + path has them
+            row_keys, row_values, row_mask = _gather(key, index), _gather(value, index), None
         row, _ = packed_gqa_attention(
-            module, query[:, :, i : i + 1], row_keys, row_values, row_masks[i], dropout, scaling, **kwargs
+            module, query[:, :, i : i + 1], row_keys, row_values, row_mask, dropout, scaling, **kwargs
         )  # [B, 1, Hq, D]
         rows.append(row)
     return torch.cat(rows, dim=1), None  # [B, q, Hq, D]
+
+
+def _visible_slots(row_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The slot indices a batch-1 boolean row mask [1, 1, 1, n] lets through when they are not all n; else None."""
+    if row_mask is None or row_mask.shape[0] != 1 or row_mask.dtype != torch.bool or bool(row_mask.all()):
+        return None
+    return torch.nonzero(row_mask.reshape(-1)).flatten()  # [m] ascending
+
+
+def _gather(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """states [B, Hkv, L, D] -> slots ``index`` [m] in order, contiguous (a stand-in is dequantized first)."""
+    if isinstance(states, StoredKV):
+        states = states.materialize()
+    return states.index_select(2, index.to(states.device))
 
 
 def _prefix(states: torch.Tensor, end: int) -> torch.Tensor:

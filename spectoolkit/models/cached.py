@@ -51,6 +51,29 @@ class CachedModel:
         logits = out.logits[0]  # [n or 1, V]
         return logits[-1] if last_only else logits
 
+    @torch.inference_mode()
+    def forward_masked(self, token_ids: list[int], positions: list[int], visible: torch.Tensor) -> torch.Tensor:
+        """Append ``token_ids`` (n tokens) at slots [num_computed, num_computed+n), at rotary ``positions``.
+
+        ``visible`` [n, num_computed+n] bool: the slots each new token attends (a token tree's mask,
+        :func:`~spectoolkit.models.tree_mask.tree_visibility`). Returns logits [n, V].
+        """
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
+        position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)  # [1, n]
+        mask = visible.to(self.device, torch.bool)[None, None]  # [1, 1, n, L]: used as given
+        kwargs = {self._cache_kwarg: self.cache}
+        out = self.model(input_ids=ids, position_ids=position_ids, attention_mask=mask, use_cache=True, **kwargs)
+        return out.logits[0]  # [n, V]
+
+    @torch.inference_mode()
+    def commit_slots(self, start: int, slots: list[int]) -> None:
+        """Keep slots [0, start) and then ``slots`` (ascending, each >= start), moved to [start, start+len(slots)).
+
+        A tree's accepted path: its KV moves next to the prefix, stored bytes copied as they are (a
+        quantized slot is not re-quantized), and the cache ends after it; the other tree slots are dropped.
+        """
+        self.cache.keep_slots(start, slots)
+
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels so wall-clock timings are honest on CUDA (no-op on CPU)."""
