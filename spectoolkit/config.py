@@ -19,7 +19,7 @@ from spectoolkit.precisions import FLOAT_PRECISIONS, KV_PRECISIONS, MODEL_PRECIS
 DRAFT_KINDS = ("model", "skip", "ngram", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
-ARM_SETS = ("standard", "four_groups", "gamma_sweep")
+ARM_SETS = ("standard", "four_groups", "gamma_sweep", "tree_chain")
 DRAFT_POLICIES = ("fixed", "adaptive", "confidence")
 TREE_KINDS = ("none", "static", "dynamic")
 MAX_GAMMA = 64
@@ -175,12 +175,15 @@ class TreeConfig:
     branching: tuple[int, ...] = (3, 2, 1, 1)
     max_nodes: int = 8
     top_k: int = 4
+    max_depth: int | None = None  # dynamic: depth cap (null: speculate.gamma); static: len(branching)
 
     def __post_init__(self) -> None:
         _one_of("speculate.tree.kind", self.kind, TREE_KINDS)
         branching = self.branching
         _require(
-            isinstance(branching, (list, tuple)) and bool(branching) and all(_number(b, int) and b >= 1 for b in branching),
+            isinstance(branching, (list, tuple))
+            and bool(branching)
+            and all(_number(b, int) and b >= 1 for b in branching),
             f"speculate.tree.branching={branching!r} must be a list of children per depth >= 1, e.g. [3,2,1,1]",
         )
         object.__setattr__(self, "branching", tuple(branching))
@@ -189,6 +192,13 @@ class TreeConfig:
             f"speculate.tree.max_nodes={self.max_nodes} must be between 1 and {MAX_TREE_NODES}",
         )
         _require(self.top_k >= 1, f"speculate.tree.top_k={self.top_k} must be >= 1")
+        _require(self.max_depth is None or self.max_depth >= 1, "speculate.tree.max_depth must be >= 1 or null")
+
+    def describe(self) -> str:
+        """E.g. ``static[3,2,1,1]/8`` or ``dynamic(top_k=4)/8``: kind, shape, node budget."""
+        if self.kind == "static":
+            return f"static[{','.join(map(str, self.branching))}]/{self.max_nodes}"
+        return f"dynamic(top_k={self.top_k})/{self.max_nodes}" if self.kind == "dynamic" else "none"
 
     @property
     def enabled(self) -> bool:

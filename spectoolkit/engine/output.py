@@ -27,7 +27,7 @@ class GenerationOutput:
     accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round
     draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round
     chosen_lengths: list[int] = field(default_factory=list)  # k the draft-length policy asked for, per round
-    tree_depths: list[int] = field(default_factory=list)  # token trees: depth of each round's tree (nodes: draft_lengths)
+    tree_depths: list[int] = field(default_factory=list)  # token trees: each round's tree depth (nodes: draft_lengths)
 
 
 def finished(output_ids: list[int], max_new_tokens: int, eos_ids: frozenset[int]) -> bool:

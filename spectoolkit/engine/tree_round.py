@@ -23,10 +23,19 @@ from spectoolkit.models.tree_mask import verify_rows
 _EMPTY = TokenTree([], [])
 
 
-def tree_round(engine, tokens: list[int], room: int, generator: torch.Generator | None, out: GenerationOutput) -> list[int]:
+def tree_depth(tree, gamma: int) -> int:
+    """How deep a round's tree may grow: ``len(branching)`` (static), ``max_depth`` or γ (dynamic, n-gram)."""
+    if tree.kind == "static":
+        return len(tree.branching)
+    return tree.max_depth or gamma
+
+
+def tree_round(
+    engine, tokens: list[int], room: int, generator: torch.Generator | None, out: GenerationOutput
+) -> list[int]:
     """One round of ``engine`` (a :class:`~spectoolkit.engine.speculative.SpeculativeEngine` with a tree)."""
     t0 = time.perf_counter()
-    depth = min(engine.gamma, room - 1)  # the round always emits one target token on top
+    depth = min(tree_depth(engine.tree, engine.gamma), room - 1)  # the round always emits one target token on top
     budget = engine.tree.max_nodes if depth > 0 else 0
     tree = engine.drafter.propose_tree(tokens, engine.tree, budget, depth, generator) if budget else _EMPTY
     synchronize(engine.target.device)

@@ -4,7 +4,8 @@ One record per request × repeat × arm. Records are appended and flushed as the
 an interrupted run keeps every finished request. Every line carries ``schema_version``
 (:data:`RECORD_SCHEMA_VERSION`); a line without one is version 1, the same fields as version 2;
 version 3 adds the optional serving fields (:data:`SERVING_FIELDS`), which older lines read as unset;
-version 4 adds ``chosen_lengths`` (the k the draft-length policy asked for per round; empty before).
+version 4 adds ``chosen_lengths`` (the k the draft-length policy asked for per round; empty before);
+version 5 adds ``tree`` and ``tree_depths`` (token-tree arms; None/empty before and for chains).
 The serving fields (``load_level`` … ``token_offsets``) are optional additions: absent in older lines.
 :func:`read_records` gives back the dataclass each line was written from.
 """
@@ -19,7 +20,8 @@ from typing import Any
 
 from spectoolkit.metrics.tolerant import from_mapping
 
-RECORD_SCHEMA_VERSION = 4  # 1: no schema_version key (the fields of 2); 3: + SERVING_FIELDS; 4: + chosen_lengths
+# 1: no schema_version key (the fields of 2); 3: + SERVING_FIELDS; 4: + chosen_lengths; 5: + tree, tree_depths
+RECORD_SCHEMA_VERSION = 5
 # Optional fields of serving runs (spectoolkit.bench.load), absent in batch-1 lines of any version.
 SERVING_FIELDS = ("load_level", "rate", "arrival_offset", "queue_time", "tpot", "itl_p50", "itl_p99", "preemptions",
                   "mean_batch_size", "token_offsets")  # fmt: skip
@@ -66,6 +68,8 @@ class RequestRecord:
     accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round
     draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round
     chosen_lengths: list[int] = field(default_factory=list)  # k the draft-length policy asked for per round (<= γ)
+    tree: str | None = None  # token-tree arms: kind, shape and node budget ("static[3,2,1,1]/8"); None for chains
+    tree_depths: list[int] = field(default_factory=list)  # token trees: each round's tree depth (nodes: draft_lengths)
     output_ids: list[int] = field(default_factory=list)
     error: str | None = None
     # Serving under load (spectoolkit.bench.load); None/empty in batch-1 runs. Times in seconds.

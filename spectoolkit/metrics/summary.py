@@ -36,6 +36,7 @@ from spectoolkit.metrics.summary_schema import (
     GroupStats,
     Quantiles,
 )
+from spectoolkit.metrics.trees import tree_stats
 
 INPUT_BUCKETS = ((1, 128), (129, 512), (513, 2048), (2049, None))
 OUTPUT_BUCKETS = ((1, 32), (33, 128), (129, 512), (513, None))
@@ -231,6 +232,7 @@ def summarize(
         "baseline_repeat_throughput": repeat_throughput,
         "baseline_spread": spread,
         "k_distribution": k_distributions(ok, drafting),
+        "trees": tree_stats(ok, drafting),
     }
 
 

@@ -24,6 +24,7 @@ from spectoolkit.metrics.summary_sections import (
     GammaCheck,
     QuantQuality,
     TokenCost,
+    TreeArm,
 )
 from spectoolkit.metrics.tolerant import from_mapping, num
 
@@ -135,6 +136,7 @@ class Summary:
     cost_model: dict[str, CostModel] = field(default_factory=dict)
     gamma_validation: list[GammaCheck] = field(default_factory=list)  # a gamma sweep's predictions vs measurements
     k_distribution: dict[str, ArmKDistribution] = field(default_factory=dict)  # drafting arm -> k per round
+    trees: dict[str, TreeArm] = field(default_factory=dict)  # drafting arm -> nodes/depth/accepted (tree runs only)
     exactness: Exactness | None = None
     quant_quality: QuantQuality | None = None
     baseline_check: BaselineCheck | None = None  # None: bench.baseline_check=false, or an older run

@@ -85,6 +85,20 @@ class ArmKDistribution:
 
 
 @dataclass
+class TreeArm:
+    """One drafting arm's rounds in a token-tree run (:mod:`spectoolkit.metrics.trees`)."""
+
+    tree: str | None = None  # "static[3,2,1,1]/8", "dynamic(top_k=4)/8"; None for a chain
+    rounds: int | None = None
+    verify_width: int | None = None  # most rows one verify forward scored (nodes + 1)
+    mean_nodes: float | None = None
+    mean_depth: float | None = None
+    mean_accepted: float | None = None  # K: accepted drafts per round
+    mean_accept_length: float | None = None  # K + 1
+    accepted_counts: list[int] = field(default_factory=list)  # rounds with K = 0, 1, …
+
+
+@dataclass
 class ExactnessArm:
     """The greedy exactness counts of one drafting arm against its reference arm."""
 

@@ -152,13 +152,42 @@ class CompiledModel:
         if needed > self.cache.capacity:
             self.cache.grow(needed)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)  # [n]
+        positions = torch.arange(start, start + count, device=self.device)
         if width is None:
-            positions = torch.arange(start, start + count, device=self.device)
-            logits = self.decoder.prefill(ids, positions, self.cache.keys, self.cache.values, last_only)
+            logits = self.decoder.prefill(ids, positions, self.cache.keys, self.cache.values, last_only, start)
         else:
-            logits = self._rows(ids, start, width)[:count]
+            logits = self._rows(ids, positions, None, start, width)[:count]
         self.cache.length = start + count
         return logits[-1] if last_only else logits
+
+    @torch.inference_mode()
+    def forward_masked(self, token_ids: list[int], positions: list[int], visible: torch.Tensor) -> torch.Tensor:
+        """:meth:`CachedModel.forward_masked`: ``token_ids`` at slots [num_computed, +n), rotary ``positions``,
+        attending the slots ``visible`` [n, num_computed+n] sets; logits [n, V]."""
+        count, start = len(token_ids), self.cache.length
+        width = next((w for w in self.widths if w >= count), None)
+        needed = start + (width or count)
+        if needed > self.cache.capacity:
+            self.cache.grow(needed)
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)  # [n]
+        where = torch.tensor(positions, dtype=torch.long, device=self.device)  # [n]
+        visible = visible.to(self.device, torch.bool)
+        if width is None:
+            logits = self.decoder.prefill(ids, where, self.cache.keys, self.cache.values, False, start, visible)
+        else:
+            logits = self._rows(ids, where, visible, start, width)[:count]
+        self.cache.length = start + count
+        return logits
+
+    @torch.inference_mode()
+    def commit_slots(self, start: int, slots: list[int]) -> None:
+        """Keep slots [0, start) and then ``slots`` (ascending, >= start) moved to [start, start+len(slots))."""
+        if slots != list(range(start, start + len(slots))):
+            index = torch.tensor(slots, dtype=torch.long, device=self.device)
+            for buffers in (self.cache.keys, self.cache.values):
+                for layer in buffers:  # [Hkv, cap, D]
+                    layer[:, start : start + len(slots)] = layer.index_select(1, index)
+        self.truncate(start + len(slots))
 
     def warm(self, max_tokens: int) -> None:
         """Compile now (outside measured time) every width a call of 1..``max_tokens`` tokens takes; resets the KV."""
@@ -168,16 +197,28 @@ class CompiledModel:
             self.forward([0] * width)
         self.reset()
 
-    def _rows(self, ids: torch.Tensor, start: int, width: int) -> torch.Tensor:
-        """ids [n <= width], padded to ``width`` (the last repeated at the next positions) -> logits [width, V]."""
-        if ids.shape[0] < width:
-            ids = torch.cat([ids, ids[-1:].repeat(width - ids.shape[0])])
-        positions = torch.arange(start, start + width, device=self.device)
-        key, stats = (width, self.cache.capacity), self.compile_stats
+    def _rows(
+        self, ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | None, start: int, width: int
+    ) -> torch.Tensor:
+        """ids/positions [n <= width] at slots [start, start+n), attending ``visible`` [n, start+n] (None: causal),
+        padded to ``width`` rows (the last token repeated at the next slots, seeing only the real rows' prefix
+        and itself) -> logits [width, V]. Chains and trees share one graph per width."""
+        count, capacity = ids.shape[0], self.cache.capacity
+        slots = torch.arange(start, start + width, device=self.device)  # [width]
+        causal = torch.arange(capacity, device=self.device)[None] <= slots[:, None]  # [width, cap]
+        if visible is not None:
+            causal[:count, : start + count] &= visible
+            causal[:count, start + count :] = False
+        if count < width:
+            pad = width - count
+            ids = torch.cat([ids, ids[-1:].repeat(pad)])
+            positions = torch.cat([positions, positions[-1:] + torch.arange(1, pad + 1, device=self.device)])
+        key, stats = (width, capacity), self.compile_stats
+        args = (ids, positions, slots, causal, self.cache.keys, self.cache.values)
         if key in stats.built:
-            return self._step(ids, positions, self.cache.keys, self.cache.values)
+            return self._step(*args)
         began = time.perf_counter()
-        logits = self._step(ids, positions, self.cache.keys, self.cache.values)
+        logits = self._step(*args)
         stats.built.add(key)
         stats.compile_seconds += time.perf_counter() - began
         return logits

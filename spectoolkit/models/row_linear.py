@@ -162,8 +162,8 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& w, const c10::optio
 // fixed-order dot, max-subtracted exp, and the weighted value sum accumulated slot by slot in order.
 // A row's result depends only on its query, its position and the cache, never on the other rows.
 template <typename KV>
-void attend(const float* q, const KV* k, const KV* v, const int64_t* pos, float* out, int64_t W, int64_t Hq,
-            int64_t Hkv, int64_t cap, int64_t D, float scale) {
+void attend(const float* q, const KV* k, const KV* v, const int64_t* pos, const bool* vis, float* out, int64_t W,
+            int64_t Hq, int64_t Hkv, int64_t cap, int64_t D, float scale) {
   const int64_t rep = Hq / Hkv;
   at::parallel_for(0, W * Hq, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores, acc(D);
@@ -172,20 +172,24 @@ void attend(const float* q, const KV* k, const KV* v, const int64_t* pos, float*
       const float* qi = q + (row * Hq + head) * D;
       const KV* kg = k + group * cap * D;
       const KV* vg = v + group * cap * D;
+      const bool* seen = vis ? vis + row * cap : nullptr;  // a tree row: only these slots (in slot order)
       scores.resize(len);
       float top = -INFINITY;
       for (int64_t s = 0; s < len; ++s) {
+        if (seen && !seen[s]) continue;
         block<1, 1>(qi, D, kg + s * D, D, &scores[s], 1);
         scores[s] *= scale;
         top = std::max(top, scores[s]);
       }
       float total = 0.f;
       for (int64_t s = 0; s < len; ++s) {
+        if (seen && !seen[s]) continue;
         scores[s] = std::exp(scores[s] - top);
         total += scores[s];
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t s = 0; s < len; ++s) {
+        if (seen && !seen[s]) continue;
         const KV* vs = vg + s * D;
         for (int64_t d = 0; d < D; ++d) acc[d] += scores[s] * widen(vs[d]);
       }
@@ -196,7 +200,7 @@ void attend(const float* q, const KV* k, const KV* v, const int64_t* pos, float*
 }
 
 at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos,
-                         double scale) {
+                         double scale, const c10::optional<at::Tensor>& visible) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes(), "row_attention: q [W, Hq, D], k/v [Hkv, cap, D]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type(), "row_attention: fp32 q, k/v alike");
   TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "row_attention: contiguous caches");
@@ -208,13 +212,20 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
               "row_attention: position outside the cache");
   auto out = at::empty_like(qc);
   const float sc = static_cast<float>(scale);
+  at::Tensor vc;
+  const bool* vis = nullptr;
+  if (visible.has_value()) {
+    vc = visible->to(at::kBool).contiguous();
+    TORCH_CHECK(vc.dim() == 2 && vc.size(0) == W && vc.size(1) == cap, "row_attention: visible [W, cap]");
+    vis = vc.data_ptr<bool>();
+  }
   if (k.scalar_type() == at::kFloat) {
-    attend(qc.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), pc.data_ptr<int64_t>(),
+    attend(qc.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), pc.data_ptr<int64_t>(), vis,
            out.data_ptr<float>(), W, Hq, Hkv, cap, D, sc);
   } else {
     TORCH_CHECK(k.scalar_type() == at::kBFloat16, "row_attention: fp32 or bf16 caches");
     attend(qc.data_ptr<float>(), k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>(), pc.data_ptr<int64_t>(),
-           out.data_ptr<float>(), W, Hq, Hkv, cap, D, sc);
+           vis, out.data_ptr<float>(), W, Hq, Hkv, cap, D, sc);
   }
   return out;
 }
@@ -223,7 +234,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 TORCH_LIBRARY(spectoolkit, m) {
   m.def("row_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
-  m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor pos, float scale) -> Tensor");
+  m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor pos, float scale, Tensor? visible=None) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
   m.impl("row_linear", &row_linear);
@@ -270,7 +281,7 @@ def _fake_row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
     return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
 
 
-def _fake_row_attention(q, k, v, pos, scale) -> torch.Tensor:
+def _fake_row_attention(q, k, v, pos, scale, visible=None) -> torch.Tensor:
     """q [W, Hq, D] -> [W, Hq, D] fp32, for tracing."""
     return torch.empty_like(q)
 
@@ -291,24 +302,38 @@ def reference_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 
 
 def row_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scale: float
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """query [W, Hq, D] at ``positions`` [W], caches [Hkv, cap, D] -> [W, Hq, D] in query's dtype.
+    """query [W, Hq, D] whose own KV is at ``slots`` [W], caches [Hkv, cap, D] -> [W, Hq, D] in query's dtype.
 
-    Row i attends slots [0, positions[i]] (causal by position; later slots are never read).
+    Row i attends slots [0, slots[i]] (causal; later slots are never read) — only those set in
+    ``visible`` [W, cap] bool when given (a token tree: prefix, ancestors, itself), in slot order, so a
+    tree row over prefix + ancestors sums exactly as a decode step over prefix + path does.
     """
-    out = torch.ops.spectoolkit.row_attention(query.float(), keys, values, positions, scale)
+    out = torch.ops.spectoolkit.row_attention(query.float(), keys, values, slots, scale, visible)
     return out.to(query.dtype)
 
 
 def reference_row_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, scale: float
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain-torch SDPA with the same causal-by-position mask (GQA heads repeated), in query's dtype."""
+    """Plain-torch SDPA with the same mask (GQA heads repeated), in query's dtype."""
     rep = query.shape[1] // keys.shape[0]
     k = keys.float().repeat_interleave(rep, 0)  # [Hq, cap, D]
     v = values.float().repeat_interleave(rep, 0)
-    mask = torch.arange(keys.shape[1]) <= positions[:, None]  # [W, cap]
+    mask = torch.arange(keys.shape[1]) <= slots[:, None]  # [W, cap]
+    if visible is not None:
+        mask = mask & visible
     out = torch.nn.functional.scaled_dot_product_attention(
         query.float().transpose(0, 1), k, v, attn_mask=mask[None], scale=scale
     )  # [Hq, W, D]

@@ -56,28 +56,49 @@ class StaticDecoder:
         self.scale = self.layers[0].self_attn.scaling
         self.dtype = self.embed.weight.dtype
 
-    def rows(self, ids: torch.Tensor, positions: torch.Tensor, keys: list, values: list) -> torch.Tensor:
-        """ids/positions [W] -> logits [W, V]; writes KV at ``positions`` (the row-invariant path)."""
+    def rows(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        visible: torch.Tensor,
+        keys: list,
+        values: list,
+    ) -> torch.Tensor:
+        """ids/positions/slots [W], visible [W, cap] bool -> logits [W, V] (the row-invariant path).
+
+        Row i is at rotary position ``positions[i]``, writes its KV to slot ``slots[i]`` and attends the
+        slots up to its own that ``visible[i]`` sets (a chain: all of them; a tree: prefix and ancestors).
+        """  # fmt: skip
         hidden = self.embed(ids)  # [W, E]
         cos, sin = self.rotary(hidden[None], positions[None])  # [1, W, D] each
         for layer, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
             q, k, v = self._qkv(attn, x, cos, sin)  # [W, Hq|Hkv, D]
-            layer_keys[:, positions] = k.transpose(0, 1).to(layer_keys.dtype)  # slots [Hkv, W, D]
-            layer_values[:, positions] = v.transpose(0, 1).to(layer_values.dtype)
-            out = row_attention(q, layer_keys, layer_values, positions, self.scale)  # [W, Hq, D]
+            layer_keys[:, slots] = k.transpose(0, 1).to(layer_keys.dtype)  # slots [Hkv, W, D]
+            layer_values[:, slots] = v.transpose(0, 1).to(layer_values.dtype)
+            out = row_attention(q, layer_keys, layer_values, slots, self.scale, visible)  # [W, Hq, D]
             hidden = hidden + _linear(attn.o_proj, out.reshape(out.shape[0], -1))
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return _linear(self.head, self.norm(hidden))  # [W, V]
 
     def prefill(
-        self, ids: torch.Tensor, positions: torch.Tensor, keys: list, values: list, last_only: bool
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list,
+        values: list,
+        last_only: bool,
+        start: int,
+        visible: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """ids [n] at consecutive ``positions`` [n] -> logits [n, V] ([1, V] when ``last_only``); BLAS + SDPA
-        (:func:`~spectoolkit.models.attention.packed_gqa_attention`)."""
-        start, n = int(positions[0]), ids.shape[0]
+        """ids [n] written to slots [start, start+n) at rotary ``positions`` [n] -> logits [n, V] ([1, V] when
+        ``last_only``); BLAS + SDPA (:func:`~spectoolkit.models.attention.packed_gqa_attention`), causal or
+        through ``visible`` [n, start+n] bool (a wide token tree)."""  # fmt: skip
+        n = ids.shape[0]
         end = start + n
+        mask = None if visible is None else visible[None, None]  # [1, 1, n, end]
         hidden = self.embed(ids)  # [n, E]
         cos, sin = self.rotary(hidden[None], positions[None])
         for layer, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
@@ -92,7 +113,7 @@ class StaticDecoder:
                 q.transpose(0, 1)[None],
                 layer_keys[None, :, :end],
                 layer_values[None, :, :end],
-                None,
+                mask,
                 scaling=self.scale,
             )  # [1, n, Hq, D]
             hidden = hidden + attn.o_proj(out[0].reshape(n, -1))

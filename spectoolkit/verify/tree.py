@@ -73,7 +73,9 @@ class TreeVerifier:
     ) -> TreeVerifyResult:
         """token_ids/parents [n]; target_logits [n+1, V] (row 0: the root); draft_probs [n, V_draft] or None."""
         if target_logits.dim() != 2 or target_logits.shape[0] != len(token_ids) + 1:
-            raise ValueError(f"target_logits must be [n+1, V] = [{len(token_ids) + 1}, V], got {list(target_logits.shape)}")
+            raise ValueError(
+                f"target_logits must be [n+1, V] = [{len(token_ids) + 1}, V], got {list(target_logits.shape)}"
+            )
         children = children_of(parents)
         if self.sampling.greedy:
             return _greedy(token_ids, children, target_logits)

@@ -172,6 +172,8 @@ def _one(
         temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
         draft_len=arm.gamma if drafting else 0,
     )  # fmt: skip
+    tree = getattr(arm.engine, "tree", None)
+    record.tree = tree.describe() if tree is not None else None
     if isinstance(ids, str):
         record.error = ids
         return record
@@ -190,7 +192,7 @@ def _one(
         drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens,
         rollback_count=result.rollback_count, proposed_rounds=result.proposed_rounds,
         accept_lengths=result.accept_lengths, draft_lengths=result.draft_lengths,
-        chosen_lengths=result.chosen_lengths, host_rss=host_rss_bytes(),
+        chosen_lengths=result.chosen_lengths, tree_depths=result.tree_depths, host_rss=host_rss_bytes(),
         gpu_mem_peak=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     )  # fmt: skip
 

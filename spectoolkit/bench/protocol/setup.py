@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from spectoolkit.compat import check_pair
-from spectoolkit.config import RunConfig, SamplingConfig
+from spectoolkit.config import RunConfig, SamplingConfig, TreeConfig
 from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, Engine, SpeculativeEngine
 from spectoolkit.errors import SpecToolkitError
@@ -140,10 +140,19 @@ class _Parts:
         return Arm(name, BaselineEngine(runner, self.verifier, self.eos_ids), target, precision)
 
     def drafting(
-        self, name: str, target: LoadedModel, runner: CachedModel, precision: str, ref: str, policy: DraftLengthPolicy
+        self,
+        name: str,
+        target: LoadedModel,
+        runner: CachedModel,
+        precision: str,
+        ref: str,
+        policy: DraftLengthPolicy,
+        tree: TreeConfig | None = None,
     ) -> Arm:
+        """A drafting arm; ``tree`` (default: ``speculate.tree``) makes it draft token trees."""
         gamma = policy.max_gamma
-        engine = SpeculativeEngine(runner, self.drafter, self.verifier, gamma, self.eos_ids, policy)
+        tree = self.cfg.speculate.tree if tree is None else tree
+        engine = SpeculativeEngine(runner, self.drafter, self.verifier, gamma, self.eos_ids, policy, tree)
         draft_precision = self.draft.precision if self.draft else None
         return Arm(name, engine, target, precision, self.drafter.name, self.draft, draft_precision, gamma, ref,
                    policy.name)  # fmt: skip
@@ -184,12 +193,25 @@ def make_drafter(
         stop_below = cfg.speculate.confidence if cfg.speculate.policy == "confidence" else None
         drafter = ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name,
                                cfg.kv.draft, stop_below, cfg.runtime.compile)  # fmt: skip
-        if cfg.runtime.compile:
-            drafter.runner.warm(2)  # a draft step, and the catch-up feed after a fully accepted round
+        if cfg.runtime.compile:  # a draft step, the catch-up feed after a fully accepted round, a tree's widest depth
+            drafter.runner.warm(max(2, _tree_level_width(cfg.speculate.tree)))
         return drafter
     if cfg.draft.kind == "ngram":
         return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not sampling.greedy)
     return None
+
+
+def _tree_level_width(tree: TreeConfig) -> int:
+    """The most nodes one draft forward of a tree feeds (0 without a tree)."""
+    if not tree.enabled:
+        return 0
+    if tree.kind == "dynamic":
+        return tree.top_k
+    widths, nodes = [], 1
+    for branching in tree.branching[:-1]:  # the last depth is never fed
+        nodes *= branching
+        widths.append(min(nodes, tree.max_nodes))
+    return max(widths, default=0)
 
 
 def _check_arm_set(cfg: RunConfig) -> None:
@@ -200,6 +222,11 @@ def _check_arm_set(cfg: RunConfig) -> None:
         raise SpecToolkitError(
             f"speculate.policy=confidence stops a draft model by its top probability, but draft.kind is "
             f"{cfg.draft.kind}: use +draft=<precision> (a draft model) or speculate.policy=adaptive"
+        )
+    if arms == "tree_chain" and not cfg.speculate.tree.enabled:
+        raise SpecToolkitError(
+            "bench.arms=tree_chain compares a token tree with a chain of the same verify width: "
+            "set speculate.tree.kind=static or dynamic"
         )
     if arms != "standard" and cfg.draft.kind == "none":
         raise SpecToolkitError(f"bench.arms={arms} compares drafting arms: set +draft=ngram or a draft model")
@@ -247,7 +274,19 @@ def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
     return arms, "quant+spec"
 
 
-_ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": _four_groups}
+def _tree_chain(parts: _Parts) -> tuple[list[Arm], str | None]:
+    """Baseline, "chain" (γ = speculate.tree.max_nodes) and "tree": the same verify width, max_nodes + 1 rows."""
+    cfg, precision = parts.cfg, parts.cfg.target.precision
+    tree = cfg.speculate.tree
+    chain_policy = make_policy(cfg.speculate, "fixed", tree.max_nodes)
+    return [
+        parts.target_alone("baseline", parts.target, parts.runner, precision),
+        parts.drafting("chain", parts.target, parts.runner, precision, "baseline", chain_policy, TreeConfig()),
+        parts.drafting("tree", parts.target, parts.runner, precision, "baseline", make_policy(cfg.speculate), tree),
+    ], "tree"
+
+
+_ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": _four_groups, "tree_chain": _tree_chain}
 
 
 def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
@@ -289,7 +328,9 @@ def _kernel_mode(cfg: RunConfig) -> str | None:
 
 
 def _max_gamma(cfg: RunConfig) -> int:
-    return max(cfg.bench.gammas if cfg.bench.arms == "gamma_sweep" else (cfg.speculate.gamma,))
+    """The most drafted tokens one verify forward scores (a tree's node budget included)."""
+    gammas = cfg.bench.gammas if cfg.bench.arms == "gamma_sweep" else (cfg.speculate.gamma,)
+    return max(*gammas, cfg.speculate.tree.max_nodes if cfg.speculate.tree.enabled else 0)
 
 
 def _target_runner(cfg: RunConfig, target: LoadedModel) -> CachedModel | CompiledModel:

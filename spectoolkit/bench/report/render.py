@@ -40,6 +40,7 @@ from spectoolkit.bench.report.quality import exactness_section, quality_section
 from spectoolkit.bench.report.serving import load_serving, render_serving_report
 from spectoolkit.bench.report.serving_plots import serving_plots
 from spectoolkit.bench.report.token_cost import token_cost_section
+from spectoolkit.bench.report.trees import tree_section
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary_schema import BASELINE, TIME_PARTS, ArmStats, GroupStats, Summary
 
@@ -336,8 +337,8 @@ def _k_section(summary: Summary, records: Records, plots: dict[str, Path]) -> li
     return k_section(summary, plots, "by_task_type", "task type")
 
 
-SECTIONS = (_conditions_section, _results_section, _task_section, _k_section, _length_section, _time_section,
-            cost_section, token_cost_section, _memory_section, exactness_section, quality_section,
+SECTIONS = (_conditions_section, _results_section, _task_section, _k_section, tree_section, _length_section,
+            _time_section, cost_section, token_cost_section, _memory_section, exactness_section, quality_section,
             _interpretation_section, _checklist_section, _stability_section)  # fmt: skip
 
 

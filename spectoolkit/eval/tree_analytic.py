@@ -1,0 +1,264 @@
+"""Analytic exactness of token-tree verification on real logits (DESIGN §1; SpecInfer, Miao et al. 2024).
+
+At a tree node with processed target distribution p and children x_1…x_c tried in order, the tree
+verifier (:mod:`spectoolkit.verify.tree`) emits x with probability
+
+    out(x) = Σ_j (Π_{i<j} ρ_i) · m_j(x) + (Π_j ρ_j) · p_{c+1}(x),   m_j = r_j · a_j,   ρ_j = 1 − Σ m_j
+
+where r_j is what x_j is really drawn from (the parent's q for i.i.d. model siblings, one-hot for n-gram
+continuations), a_j = min(1, p_j/q_j) (0 where p_j = 0), p_1 = p and p_{j+1} = the verifier's own
+:func:`~spectoolkit.verify.tree.residual_after` (p_j, q_j). For i.i.d. siblings r_j does not depend on
+the earlier draws, so the sum is exact. For an exact verifier out == p at every node.
+
+Here the rows are the real code's at real positions: the target runs alone over each prompt (seeded
+sampling); at each position the real tree drafter proposes a real tree and the target runs the real
+tree verify forward (:func:`~spectoolkit.models.tree_mask.verify_rows` + ``forward_masked`` on a
+``CachedModel`` holding the prefix, as :func:`~spectoolkit.engine.tree_round.tree_round` does); p at a
+node is ``processed_probs`` of its row. The reference is *not* that row: it is a plain causal forward
+of the target alone over prefix + the node's path. Every node is checked: the root, every expanded
+node, and the leaves (out = p: the bonus token). ``accept_mask`` and ``residual_after`` are this
+module's names (the seams tests patch); the acceptance probability is cross-checked against
+``accept_mask`` by probing it just inside and outside the threshold.
+
+fp32 limit: each try tests p_j/q_j on rows whose sums are off 1 by up to ~1e-5, which moves the output
+by at most Σ_j |Σp_j/Σq_j − 1| in TV (:func:`~spectoolkit.eval.stochastic_analytic.normalization_gap`
+per try). ``passed`` asks the TV beyond that (``max_excess_tv``) to stay under 1e-6 at every node,
+with no disagreement of ``accept_mask``. ``max_forward_tv`` (tree row vs causal reference) is reported.
+
+Negative controls, each with a known bug, must give a clearly non-zero TV: ``rank_siblings``
+(:func:`~spectoolkit.eval.tree_empirical.rank_siblings`: the top-c tokens reported as i.i.d. from q),
+``no_residual_update`` (p not updated between siblings) and ``sibling_visible_mask`` (the verify
+forward lets every node also see its earlier siblings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
+from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.eval.stochastic_analytic import (
+    _accept_probability,
+    _summary,
+    _target_positions,
+    _vocab_size,
+    normalization_gap,
+    total_variation,
+)
+from spectoolkit.eval.tree_empirical import rank_siblings
+from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.tree_mask import verify_rows
+from spectoolkit.sampling import RandomChooser, processed_probs
+from spectoolkit.verify.rules import accept_mask, pad_vocab  # module-level names: the seams tests patch
+from spectoolkit.verify.tree import children_of, residual_after
+
+THRESHOLD = 1e-6
+CONTROLS = ("rank_siblings", "no_residual_update", "sibling_visible_mask")
+_PROBE = 1e-3  # relative distance of the probing uniforms from the acceptance threshold
+
+
+def tree_output_probs(
+    proposals: list[torch.Tensor],
+    draft_rows: list[torch.Tensor],
+    target_probs: torch.Tensor,
+    residual_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, float, int]:
+    """(distribution [V] float64 the verifier emits at a node, Σ normalization gaps, accept-rule mismatches).
+
+    proposals[j] [V]: what child j is really drawn from (r_j); draft_rows[j] [V_draft]: the q_j handed to
+    the verifier; target_probs [V]: p at the node, fp32 as the verifier sees it. ``residual_step``
+    (default: the verifier's ``residual_after``) updates p after a rejected child.
+    """
+    step = residual_step or residual_after  # looked up per call: patching the module name reaches it
+    vocab = target_probs.shape[-1]
+    probs = target_probs.float()  # [V] p_j
+    out = torch.zeros(vocab, dtype=torch.float64)
+    reach, gap, mismatches = 1.0, 0.0, 0  # reach: Π ρ_i, the chance that child j is tried
+    for proposal, draft_row in zip(proposals, draft_rows, strict=True):
+        draft_row = pad_vocab(draft_row.float().unsqueeze(0), vocab)[0]  # [V]
+        proposal = proposal.double() / proposal.double().sum()  # [V] sample_from normalizes
+        accept = _accept_probability(draft_row.double(), probs.double())  # [V]
+        mismatches += _probe_accept_mask(proposal > 0, accept, draft_row, probs)
+        emitted = proposal * accept  # [V] m_j
+        out += reach * emitted
+        reach *= max(0.0, 1.0 - float(emitted.sum()))
+        gap += normalization_gap(probs, draft_row)
+        probs = step(probs, draft_row)
+    return out + reach * probs.double() / probs.double().sum(), gap, mismatches
+
+
+def _probe_accept_mask(
+    proposed: torch.Tensor, accept: torch.Tensor, draft_row: torch.Tensor, target_probs: torch.Tensor
+) -> int:
+    """How often ``accept_mask`` disagrees with ``accept`` [V] at u = 0 and just below / above it.
+
+    Only proposable tokens with normal fp32 probabilities (or p == 0) are probed: the rounding of u·q
+    near denormals says nothing about the rule.
+    """
+    normal = ((target_probs > 1e-30) | (target_probs == 0)) & (draft_row > 1e-30)
+    token_ids = torch.nonzero(proposed & normal).flatten()  # [n]
+    if token_ids.numel() == 0:
+        return 0
+    rows = token_ids.numel()
+    draft_rows, target_rows = draft_row.expand(rows, -1), target_probs.expand(rows, -1)  # [n, V] views
+    threshold = accept[token_ids].float()  # [n]
+    rejectable = threshold * (1 + _PROBE) < 1 - 1e-6  # room above the threshold for a rejecting probe
+    everywhere = torch.ones_like(rejectable)
+    probes = (
+        (torch.zeros_like(threshold), threshold > 0, everywhere),  # the p > 0 guard
+        (threshold * (1 - _PROBE), threshold > 0, everywhere),
+        (threshold * (1 + _PROBE), torch.zeros_like(rejectable), rejectable),
+    )
+    mismatches = 0
+    for uniforms, expected, probed in probes:
+        got = accept_mask(token_ids, draft_rows, target_rows, uniforms)  # [n] bool
+        mismatches += int(((got != expected) & probed).sum())
+    return mismatches
+
+
+def with_earlier_siblings(visible: torch.Tensor, parents: list[int], start: int) -> torch.Tensor:
+    """BUG on purpose: ``visible`` [n+1, L] of a verify forward, each node also seeing its earlier siblings."""
+    wrong = visible.clone()
+    for kids in children_of(parents).values():
+        for later, node in enumerate(kids):
+            wrong[node + 1, [start + 1 + sibling for sibling in kids[:later]]] = True
+    return wrong
+
+
+def _verify_logits(runner: CachedModel, tokens: list[int], tree: TokenTree, see_siblings: bool) -> torch.Tensor:
+    """Logits [n+1, V] of the verify forward over [pending, nodes…] on ``runner`` holding a prefix of tokens[:-1]."""
+    start = len(tokens) - 1  # the pending token's slot
+    if runner.num_computed < start:
+        runner.forward(tokens[runner.num_computed : start])
+    rows = [tokens[-1], *tree.token_ids]
+    if tree.is_chain() and not see_siblings:  # tree_round's branch: a chain takes the plain causal forward
+        logits = runner.forward(rows)
+    else:
+        positions, visible = verify_rows(tree.parents, start)
+        if see_siblings:
+            visible = with_earlier_siblings(visible, tree.parents, start)
+        logits = runner.forward_masked(rows, positions, visible)
+    runner.truncate(start)
+    return logits.float()
+
+
+def _chain_logits(runner: CachedModel, tokens: list[int], tree: TokenTree, root_logits: torch.Tensor) -> list:
+    """Reference logits [V] after tokens + each node's path (root first): plain causal forwards of the target."""
+    references = [root_logits]
+    for node in range(len(tree)):
+        path = [tree.token_ids[i] for i in tree.path_to(node)]
+        references.append(runner.forward(path, last_only=True).float())
+        runner.truncate(len(tokens))  # ``runner`` holds ``tokens``: the target-alone continuation goes on from there
+    return references
+
+
+def _one_hot(token: int, vocab: int) -> torch.Tensor:
+    row = torch.zeros(vocab)
+    row[token] = 1.0
+    return row
+
+
+def _check_nodes(tree, references, real, wrong, sampling, record) -> None:
+    """Feed ``record(name, tv, gap, mismatches, forward_tv)`` for the real rule and each control at every node."""
+    children, ranked = children_of(tree.parents), rank_siblings(tree)
+    vocab = real.shape[-1]
+    for node in range(-1, len(tree)):
+        kids = children.get(node, [])
+        reference = processed_probs(references[node + 1], sampling)  # [V] causal target alone
+        target_probs = processed_probs(real[node + 1], sampling)  # [V] from the tree verify forward
+        rows = [tree.draft_probs[kid] for kid in kids]
+        out, gap, bad = tree_output_probs(rows, rows, target_probs)
+        record("real", total_variation(out, reference), gap, bad, total_variation(target_probs, reference))
+        ranked_rows = [ranked.draft_probs[kid] for kid in kids]
+        one_hots = [_one_hot(ranked.token_ids[kid], vocab) for kid in kids]
+        wrong_probs = processed_probs(wrong[node + 1], sampling)
+        controls = {
+            "rank_siblings": tree_output_probs(one_hots, ranked_rows, target_probs)[0],
+            "no_residual_update": tree_output_probs(rows, rows, target_probs, lambda probs, _: probs)[0],
+            "sibling_visible_mask": tree_output_probs(rows, rows, wrong_probs)[0],
+        }
+        for name, control_out in controls.items():
+            record(name, total_variation(control_out, reference), 0.0, 0, 0.0)
+
+
+def tree_analytic_exactness(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None,
+    prompts: list[list[int]],
+    sampling: SamplingConfig,
+    tree_cfg: TreeConfig,
+    positions_per_prompt: int,
+    seed: int,
+    max_depth: int = 4,
+    draft_vocab_shared: int | None = None,
+    ngram_max: int = 3,
+    ngram_min: int = 2,
+) -> dict:
+    """TV between the tree verifier's output distribution and the target alone at every node of real trees.
+
+    ``draft`` None means the n-gram trie (``ngram_max``/``ngram_min``); positions where it finds nothing
+    count in ``positions_skipped``. Trees have at most ``tree_cfg.max_nodes`` nodes and depth
+    ``max_depth`` (the run's γ). Returns max_tv, mean_tv (raw, over nodes), max_excess_tv (beyond the
+    fp32 normalization gap), positions, nodes, expanded_nodes, controls {name: {max_tv, mean_tv}},
+    passed (max_excess_tv < threshold, no rule mismatch), threshold, ….
+    """
+    if sampling.greedy:
+        raise SpecToolkitError("analytic exactness needs sampling.temperature > 0 (greedy is checked token for token)")
+    if not tree_cfg.enabled:
+        raise SpecToolkitError("the tree analytic check needs speculate.tree.kind=static|dynamic")
+    reference_runner, tree_runner = CachedModel(target), CachedModel(target)
+    vocab = _vocab_size(target)
+    if draft is not None:
+        shared = draft_vocab_shared or min(vocab, _vocab_size(draft))
+        drafter = ModelDrafter(draft, RandomChooser(sampling), vocab, shared, frozenset(), name="tree-analytic")
+    else:
+        drafter = NgramDrafter(ngram_max, ngram_min, vocab, one_hot_probs=True)
+    tvs: dict[str, list[float]] = {name: [] for name in ("real", *CONTROLS)}
+    excess, gaps, forward_tvs, mismatches, positions, skipped, expanded = [], [], [], [0], 0, 0, 0
+
+    def record(name: str, tv: float, gap: float, bad: int, forward_tv: float) -> None:
+        tvs[name].append(tv)
+        if name == "real":
+            excess.append(max(0.0, tv - gap))
+            gaps.append(gap)
+            forward_tvs.append(forward_tv)
+            mismatches[0] += bad
+
+    target_gen, draft_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+    for prompt in prompts:
+        drafter.begin(prompt)
+        tree_runner.reset()
+        for tokens, root_logits in _target_positions(reference_runner, prompt, sampling, positions_per_prompt, target_gen):
+            tree = drafter.propose_tree(tokens, tree_cfg, tree_cfg.max_nodes, max_depth, draft_gen)
+            drafter.rollback(len(tokens))  # the tree is never kept: the next position feeds the target's token
+            if len(tree) == 0:
+                skipped += 1
+                continue
+            references = _chain_logits(reference_runner, tokens, tree, root_logits)
+            real = _verify_logits(tree_runner, tokens, tree, see_siblings=False)  # [n+1, V]
+            wrong = _verify_logits(tree_runner, tokens, tree, see_siblings=True)  # [n+1, V]
+            _check_nodes(tree, references, real, wrong, sampling, record)
+            positions += 1
+            expanded += len(children_of(tree.parents))
+    max_excess = max(excess, default=0.0)
+    return {
+        **_summary(tvs["real"]),
+        "positions": positions,
+        "positions_skipped": skipped,
+        "nodes": len(tvs["real"]),
+        "expanded_nodes": expanded,
+        "max_excess_tv": max_excess,
+        "max_normalization_gap": max(gaps, default=0.0),
+        "max_forward_tv": max(forward_tvs, default=0.0),
+        "accept_rule_mismatches": mismatches[0],
+        "sampling": dataclasses.asdict(sampling),
+        "tree": dataclasses.asdict(tree_cfg),
+        "controls": {name: _summary(tvs[name]) for name in CONTROLS},
+        "passed": positions > 0 and max_excess < THRESHOLD and mismatches[0] == 0,
+        "threshold": THRESHOLD,
+    }
