@@ -194,8 +194,10 @@ class TreeConfig:
         _require(self.top_k >= 1, f"speculate.tree.top_k={self.top_k} must be >= 1")
         _require(self.max_depth is None or self.max_depth >= 1, "speculate.tree.max_depth must be >= 1 or null")
 
-    def describe(self) -> str:
-        """E.g. ``static[3,2,1,1]/8`` or ``dynamic(top_k=4)/8``: kind, shape, node budget."""
+    def describe(self, drafter_tree: str | None = None) -> str:
+        """E.g. ``static[3,2,1,1]/8``, ``dynamic(top_k=4)/8`` or (``drafter_tree="trie"``, n-gram) ``trie/8``."""
+        if drafter_tree:
+            return f"{drafter_tree}/{self.max_nodes}"
         if self.kind == "static":
             return f"static[{','.join(map(str, self.branching))}]/{self.max_nodes}"
         return f"dynamic(top_k={self.top_k})/{self.max_nodes}" if self.kind == "dynamic" else "none"

@@ -24,6 +24,7 @@ class NgramDrafter:
         self.target_vocab_size = target_vocab_size
         self.one_hot_probs = one_hot_probs
         self.name = "ngram"
+        self.tree_kind = "trie"  # its trees are tries of continuations, whatever speculate.tree.kind says
 
     def begin(self, prompt_ids: list[int]) -> None:
         pass

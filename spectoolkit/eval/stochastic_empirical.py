@@ -14,6 +14,11 @@ drafter that proposes one token but reports another distribution (:func:`negativ
 drafter proposing the argmax while reporting the softmax; an n-gram drafter reporting a uniform q
 for its deterministic proposal). It must be rejected.
 
+With ``tree=`` (``speculate.tree`` enabled) the speculative arm drafts token trees
+(:mod:`spectoolkit.engine.tree_round`); its negative control is then
+:func:`~spectoolkit.eval.tree_empirical.tree_negative_control` (siblings taken by rank, reported as
+i.i.d. draws), since the chain controls above lie only in ``propose``.
+
 Every generation starts from the same prompt, so its KV (target and draft model) is computed once and
 kept (:class:`PromptKept`): a new generation truncates back to the prompt instead of prefilling it
 again. Truncation is exact for every KV format (DESIGN §2), so the samples are those of fresh runs.
@@ -28,7 +33,7 @@ from collections.abc import Callable
 import torch
 from scipy import stats
 
-from spectoolkit.config import SamplingConfig
+from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter, Proposal
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models.cached import CachedModel
@@ -215,6 +220,7 @@ def empirical_exactness(
     seed: int = 0,
     significance: float = 1e-3,
     policy_for: Callable[[], DraftLengthPolicy] | None = None,
+    tree: TreeConfig | None = None,
 ) -> dict:
     """Chi-square tests of baseline vs speculative tokens at each of ``length`` output positions.
 
@@ -223,6 +229,7 @@ def empirical_exactness(
     ``samples`` generations of ``length`` tokens; ``passed`` means no position is rejected at
     ``significance`` (Bonferroni over positions); ``power_shown`` that the control is rejected.
     ``policy_for()`` makes each speculative arm's draft-length policy (default: always ``gamma``).
+    ``tree`` (enabled): both speculative arms draft token trees of depth <= ``gamma``.
     """
     if sampling.greedy:
         raise ValueError("empirical exactness compares distributions: it needs sampling.temperature > 0")
@@ -234,7 +241,7 @@ def empirical_exactness(
     for arm, control in (("spec", False), ("control", True)):
         policy = policy_for() if policy_for else None
         engine = SpeculativeEngine(
-            target_runner, _keep_prompt(make_drafter(control), prompt_ids), verifier, gamma, eos_ids, policy
+            target_runner, _keep_prompt(make_drafter(control), prompt_ids), verifier, gamma, eos_ids, policy, tree
         )
         arm_seed = seed + _ARM_SEED_STRIDE * (2 if control else 1)
         counts, acceptance_rate = _position_counts(engine, prompt_ids, samples, length, arm_seed)
@@ -252,4 +259,5 @@ def empirical_exactness(
         "length": length,
         "control": control,
         "power_shown": control["rejected"],
+        "tree": dataclasses.asdict(tree) if tree is not None and tree.enabled else None,
     }

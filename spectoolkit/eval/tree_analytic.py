@@ -41,11 +41,11 @@ import torch
 from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.engine.tree_round import tree_depth
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import (
     _accept_probability,
     _summary,
-    _target_positions,
     _vocab_size,
     normalization_gap,
     total_variation,
@@ -130,8 +130,32 @@ def with_earlier_siblings(visible: torch.Tensor, parents: list[int], start: int)
     return wrong
 
 
+def _decode_positions(runner: CachedModel, prompt: list[int], sampling: SamplingConfig, count: int, generator):
+    """Yield (tokens so far, target logits [V]) at ``count`` positions of a target-alone continuation.
+
+    All but the last prompt token are one prefill, every later token a decode step: the tree runner
+    builds its prefix with the same calls, so both hold bit-identical prefix KV and what differs
+    between the reference and the tree rows is the tree forward alone.
+    """
+    runner.reset()
+    tokens = list(prompt)
+    if len(prompt) > 1:
+        runner.forward(prompt[:-1])
+    logits = runner.forward(prompt[-1:], last_only=True)  # [V]
+    chooser = RandomChooser(sampling)
+    for index in range(count):
+        yield tokens, logits.float()
+        token, _ = chooser.choose(logits, generator)
+        tokens = tokens + [token]
+        if index + 1 < count:
+            logits = runner.forward([token], last_only=True)
+
+
 def _verify_logits(runner: CachedModel, tokens: list[int], tree: TokenTree, see_siblings: bool) -> torch.Tensor:
-    """Logits [n+1, V] of the verify forward over [pending, nodes…] on ``runner`` holding a prefix of tokens[:-1]."""
+    """Logits [n+1, V] of the verify forward over [pending, nodes…], ``runner`` holding a prefix of tokens[:-1].
+
+    The missing prefix is fed as :func:`_decode_positions` feeds it (one prefill, then decode steps).
+    """
     start = len(tokens) - 1  # the pending token's slot
     if runner.num_computed < start:
         runner.forward(tokens[runner.num_computed : start])
@@ -163,8 +187,26 @@ def _one_hot(token: int, vocab: int) -> torch.Tensor:
     return row
 
 
-def _check_nodes(tree, references, real, wrong, sampling, record) -> None:
-    """Feed ``record(name, tv, gap, mismatches, forward_tv)`` for the real rule and each control at every node."""
+@dataclasses.dataclass
+class _Tally:
+    """TVs per check (``real`` and each control) over nodes; the real rule's gaps, forward TVs and mismatches."""
+
+    tvs: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {n: [] for n in ("real", *CONTROLS)})
+    excess: list[float] = dataclasses.field(default_factory=list)
+    gaps: list[float] = dataclasses.field(default_factory=list)
+    forward_tvs: list[float] = dataclasses.field(default_factory=list)
+    mismatches: int = 0
+
+    def real(self, tv: float, gap: float, mismatches: int, forward_tv: float) -> None:
+        self.tvs["real"].append(tv)
+        self.excess.append(max(0.0, tv - gap))
+        self.gaps.append(gap)
+        self.forward_tvs.append(forward_tv)
+        self.mismatches += mismatches
+
+
+def _check_nodes(tally: _Tally, tree, references, real, wrong, sampling: SamplingConfig) -> None:
+    """The real rule and each control at every node of ``tree``; rows [n+1, V] real / sibling-visible logits."""
     children, ranked = children_of(tree.parents), rank_siblings(tree)
     vocab = real.shape[-1]
     for node in range(-1, len(tree)):
@@ -172,18 +214,16 @@ def _check_nodes(tree, references, real, wrong, sampling, record) -> None:
         reference = processed_probs(references[node + 1], sampling)  # [V] causal target alone
         target_probs = processed_probs(real[node + 1], sampling)  # [V] from the tree verify forward
         rows = [tree.draft_probs[kid] for kid in kids]
-        out, gap, bad = tree_output_probs(rows, rows, target_probs)
-        record("real", total_variation(out, reference), gap, bad, total_variation(target_probs, reference))
-        ranked_rows = [ranked.draft_probs[kid] for kid in kids]
+        out, gap, mismatches = tree_output_probs(rows, rows, target_probs)
+        tally.real(total_variation(out, reference), gap, mismatches, total_variation(target_probs, reference))
         one_hots = [_one_hot(ranked.token_ids[kid], vocab) for kid in kids]
-        wrong_probs = processed_probs(wrong[node + 1], sampling)
         controls = {
-            "rank_siblings": tree_output_probs(one_hots, ranked_rows, target_probs)[0],
-            "no_residual_update": tree_output_probs(rows, rows, target_probs, lambda probs, _: probs)[0],
-            "sibling_visible_mask": tree_output_probs(rows, rows, wrong_probs)[0],
+            "rank_siblings": tree_output_probs(one_hots, [ranked.draft_probs[kid] for kid in kids], target_probs),
+            "no_residual_update": tree_output_probs(rows, rows, target_probs, lambda probs, _: probs),
+            "sibling_visible_mask": tree_output_probs(rows, rows, processed_probs(wrong[node + 1], sampling)),
         }
-        for name, control_out in controls.items():
-            record(name, total_variation(control_out, reference), 0.0, 0, 0.0)
+        for name, (control_out, _, _) in controls.items():
+            tally.tvs[name].append(total_variation(control_out, reference))
 
 
 def tree_analytic_exactness(
@@ -194,7 +234,7 @@ def tree_analytic_exactness(
     tree_cfg: TreeConfig,
     positions_per_prompt: int,
     seed: int,
-    max_depth: int = 4,
+    gamma: int = 4,
     draft_vocab_shared: int | None = None,
     ngram_max: int = 3,
     ngram_min: int = 2,
@@ -202,8 +242,8 @@ def tree_analytic_exactness(
     """TV between the tree verifier's output distribution and the target alone at every node of real trees.
 
     ``draft`` None means the n-gram trie (``ngram_max``/``ngram_min``); positions where it finds nothing
-    count in ``positions_skipped``. Trees have at most ``tree_cfg.max_nodes`` nodes and depth
-    ``max_depth`` (the run's γ). Returns max_tv, mean_tv (raw, over nodes), max_excess_tv (beyond the
+    count in ``positions_skipped``. Trees have at most ``tree_cfg.max_nodes`` nodes and the depth a
+    round with γ = ``gamma`` grows (:func:`~spectoolkit.engine.tree_round.tree_depth`). Returns max_tv, mean_tv (raw, over nodes), max_excess_tv (beyond the
     fp32 normalization gap), positions, nodes, expanded_nodes, controls {name: {max_tv, mean_tv}},
     passed (max_excess_tv < threshold, no rule mismatch), threshold, ….
     """
@@ -218,23 +258,13 @@ def tree_analytic_exactness(
         drafter = ModelDrafter(draft, RandomChooser(sampling), vocab, shared, frozenset(), name="tree-analytic")
     else:
         drafter = NgramDrafter(ngram_max, ngram_min, vocab, one_hot_probs=True)
-    tvs: dict[str, list[float]] = {name: [] for name in ("real", *CONTROLS)}
-    excess, gaps, forward_tvs, mismatches, positions, skipped, expanded = [], [], [], [0], 0, 0, 0
-
-    def record(name: str, tv: float, gap: float, bad: int, forward_tv: float) -> None:
-        tvs[name].append(tv)
-        if name == "real":
-            excess.append(max(0.0, tv - gap))
-            gaps.append(gap)
-            forward_tvs.append(forward_tv)
-            mismatches[0] += bad
-
+    depth, tally, positions, skipped, expanded = tree_depth(tree_cfg, gamma), _Tally(), 0, 0, 0
     target_gen, draft_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     for prompt in prompts:
         drafter.begin(prompt)
         tree_runner.reset()
-        for tokens, root_logits in _target_positions(reference_runner, prompt, sampling, positions_per_prompt, target_gen):
-            tree = drafter.propose_tree(tokens, tree_cfg, tree_cfg.max_nodes, max_depth, draft_gen)
+        for tokens, root_logits in _decode_positions(reference_runner, prompt, sampling, positions_per_prompt, target_gen):
+            tree = drafter.propose_tree(tokens, tree_cfg, tree_cfg.max_nodes, depth, draft_gen)
             drafter.rollback(len(tokens))  # the tree is never kept: the next position feeds the target's token
             if len(tree) == 0:
                 skipped += 1
@@ -242,23 +272,23 @@ def tree_analytic_exactness(
             references = _chain_logits(reference_runner, tokens, tree, root_logits)
             real = _verify_logits(tree_runner, tokens, tree, see_siblings=False)  # [n+1, V]
             wrong = _verify_logits(tree_runner, tokens, tree, see_siblings=True)  # [n+1, V]
-            _check_nodes(tree, references, real, wrong, sampling, record)
+            _check_nodes(tally, tree, references, real, wrong, sampling)
             positions += 1
             expanded += len(children_of(tree.parents))
-    max_excess = max(excess, default=0.0)
+    max_excess = max(tally.excess, default=0.0)
     return {
-        **_summary(tvs["real"]),
+        **_summary(tally.tvs["real"]),
         "positions": positions,
         "positions_skipped": skipped,
-        "nodes": len(tvs["real"]),
+        "nodes": len(tally.tvs["real"]),
         "expanded_nodes": expanded,
         "max_excess_tv": max_excess,
-        "max_normalization_gap": max(gaps, default=0.0),
-        "max_forward_tv": max(forward_tvs, default=0.0),
-        "accept_rule_mismatches": mismatches[0],
+        "max_normalization_gap": max(tally.gaps, default=0.0),
+        "max_forward_tv": max(tally.forward_tvs, default=0.0),
+        "accept_rule_mismatches": tally.mismatches,
         "sampling": dataclasses.asdict(sampling),
         "tree": dataclasses.asdict(tree_cfg),
-        "controls": {name: _summary(tvs[name]) for name in CONTROLS},
-        "passed": positions > 0 and max_excess < THRESHOLD and mismatches[0] == 0,
+        "controls": {name: _summary(tally.tvs[name]) for name in CONTROLS},
+        "passed": positions > 0 and max_excess < THRESHOLD and tally.mismatches == 0,
         "threshold": THRESHOLD,
     }

@@ -142,6 +142,11 @@ class BlockTable:
         size = self.allocator.block_size
         return [self.blocks[p // size] * size + p % size for p in range(start, end)]
 
+    def slots_at(self, positions: list[int]) -> list[int]:
+        """Pool slots of any ``positions`` (each below the covered length)."""
+        size = self.allocator.block_size
+        return [self.blocks[p // size] * size + p % size for p in positions]
+
     def contiguous(self, num_positions: int) -> int | None:
         """The first slot if positions [0, num_positions) lie in consecutive pool slots, else None."""
         count = self.blocks_for(num_positions)

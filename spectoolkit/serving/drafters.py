@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting.base import Proposal
 from spectoolkit.drafting.model_drafter import align_logits, unsure
 from spectoolkit.drafting.ngram import NgramDrafter
+from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.drafting.tree_model import grow_tree
 from spectoolkit.serving.blocks import BlockAllocator, BlockTable
 from spectoolkit.serving.paged_kv import PagedKVPool
 from spectoolkit.serving.ragged import Segment, ragged_forward, use_ragged_attention
@@ -34,7 +37,15 @@ class BatchNgramDrafter:
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[Proposal]:
         return [self.single.propose(seq.tokens, budget, None) for seq, budget in zip(seqs, budgets, strict=True)]
 
+    def propose_tree(self, seqs: list[Sequence], budgets: list[int], tree: TreeConfig, depths: list[int]):
+        """A trie of continuations per sequence (:meth:`NgramDrafter.propose_tree`)."""
+        return [self.single.propose_tree(seq.tokens, tree, budget, depth, None)
+                for seq, budget, depth in zip(seqs, budgets, depths, strict=True)]  # fmt: skip
+
     def rollback(self, seq: Sequence, num_kept: int) -> None:
+        pass
+
+    def commit_path(self, seq: Sequence, num_prefix: int, path: list[int]) -> None:
         pass
 
     def release(self, seq: Sequence) -> None:
@@ -51,6 +62,41 @@ class _DraftState:
     def __init__(self, allocator: BlockAllocator) -> None:
         self.table = BlockTable(allocator)
         self.num_computed = 0
+        self.tree_slots: list[int | None] = []  # position of each node of the last tree in the draft's table
+
+
+class _PagedRunner:
+    """One sequence's draft KV as the runner :func:`grow_tree` expects (ragged forwards of one segment)."""
+
+    def __init__(self, drafter: BatchModelDrafter, state: _DraftState) -> None:
+        self.drafter, self.state = drafter, state
+
+    @property
+    def num_computed(self) -> int:
+        return self.state.num_computed
+
+    def forward(self, token_ids: list[int]) -> torch.Tensor:
+        """Feed a chain; the logits [V_draft] after its last token."""
+        return self._run(Segment(self.state.table, token_ids, self.num_computed, [len(token_ids) - 1]))[0]
+
+    def forward_masked(self, token_ids: list[int], positions: list[int], visible: torch.Tensor) -> torch.Tensor:
+        """Feed tree nodes (:func:`~spectoolkit.models.tree_mask.tree_rows`' ``visible``); logits [n, V_draft]."""
+        rows = list(range(len(token_ids)))
+        return self._run(Segment(self.state.table, token_ids, self.num_computed, rows, (positions, visible)))
+
+    def _run(self, segment: Segment) -> torch.Tensor:
+        end = segment.start + len(segment.token_ids)
+        table = self.state.table
+        if table.missing(end) > self.drafter.allocator.num_free:
+            raise _DraftFull
+        table.ensure(end)
+        logits = ragged_forward(self.drafter.model, self.drafter.pool, [segment], invariant=False)
+        self.state.num_computed = end
+        return logits
+
+
+class _DraftFull(Exception):
+    """The draft pool cannot hold a tree's next depth."""
 
 
 class BatchModelDrafter:
@@ -105,6 +151,46 @@ class BatchModelDrafter:
                     still.append(i)
             active = still
         return [Proposal(ids, torch.stack(p) if p else None) for ids, p in zip(drafts, probs, strict=True)]
+
+    def propose_tree(
+        self, seqs: list[Sequence], budgets: list[int], tree: TreeConfig, depths: list[int]
+    ) -> list[TokenTree]:
+        """A token tree per sequence (:func:`~spectoolkit.drafting.tree_model.grow_tree`), grown one sequence at
+        a time over its paged draft KV: the tree's depths are not batched across sequences (not built yet)."""
+        out = []
+        sampling = getattr(self.chooser, "sampling", None) or SamplingConfig(temperature=0.0)
+        for seq, budget, depth in zip(seqs, budgets, depths, strict=True):
+            if budget <= 0 or depth <= 0 or not self._fits(seq, budget + 1):
+                out.append(TokenTree([], []))
+                continue
+            state = self._state(seq)
+            runner = _PagedRunner(self, state)
+            try:
+                root = self._aligned(runner.forward(seq.tokens[state.num_computed :]))
+                grown, state.tree_slots = grow_tree(
+                    runner, root, self._aligned, tree, sampling, depth, budget, self.eos_ids, seq.generator
+                )
+            except _DraftFull:  # the draft pool is full: no drafts this step (as for a chain)
+                self.rollback(seq, len(seq.tokens) - 1)
+                grown, state.tree_slots = TokenTree([], []), []
+            out.append(grown)
+        return out
+
+    def commit_path(self, seq: Sequence, num_prefix: int, path: list[int]) -> None:
+        """Keep the sequence's first ``num_prefix`` tokens and the accepted ``path``'s fed nodes, moved after them."""
+        state = self._states.get(id(seq))
+        if state is None:
+            return
+        if state.num_computed < num_prefix:  # the tree was not grown (no room): only the chain rule applies
+            self.rollback(seq, num_prefix)
+            return
+        fed = [state.tree_slots[node] for node in path if state.tree_slots[node] is not None]  # positions
+        self.pool.move(state.table.slots_at(fed), state.table.slots(num_prefix, num_prefix + len(fed)))
+        state.num_computed = num_prefix + len(fed)
+        state.table.truncate(state.num_computed)
+
+    def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
+        return align_logits(logits, self.shared_vocab_size, self.target_vocab_size)
 
     def _fits(self, seq: Sequence, budget: int) -> bool:
         """Reserve draft blocks for the sequence's tokens and its drafts; False (no drafts) when full."""

@@ -18,7 +18,9 @@ from collections.abc import Callable
 
 import torch
 
+from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting.base import Proposal
+from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.engine.output import cut
 from spectoolkit.models.cached import synchronize
 from spectoolkit.policy.base import DraftLengthPolicy
@@ -26,10 +28,11 @@ from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
 from spectoolkit.serving.blocks import BlockAllocator, BlockTable
 from spectoolkit.serving.counters import EngineCounters
 from spectoolkit.serving.paged_kv import PagedKVPool
-from spectoolkit.serving.ragged import Segment, ragged_forward, use_ragged_attention
+from spectoolkit.serving.ragged import Segment, ragged_forward, tree_layout, use_ragged_attention
 from spectoolkit.serving.scheduler import Plan, Scheduler, SchedulerLimits, Work
 from spectoolkit.serving.sequence import Sequence, new_sequence
 from spectoolkit.verify.base import Verifier
+from spectoolkit.verify.tree import TreeVerifier
 
 _NO_DRAFTS = Proposal([], None)
 NON_FINITE = "the target produced non-finite logits for this request (NaN/inf)"
@@ -52,7 +55,11 @@ class ContinuousEngine:
         stochastic: bool = False,
         invariant: bool = False,
         policy: DraftLengthPolicy | None = None,
+        tree: TreeConfig | None = None,
+        tree_depth: int = 0,
     ) -> None:
+        """``tree`` (enabled, with a drafter that has ``propose_tree``): decoding sequences draft token trees of
+        at most the planned drafts nodes and ``tree_depth`` depth, verified in the same ragged forward."""
         use_ragged_attention(model)
         self.name, self.model, self.pool, self.allocator = name, model, pool, allocator
         self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
@@ -65,6 +72,9 @@ class ContinuousEngine:
         self.counters = EngineCounters()
         self._failed: list[FinishedRequest] = []
         self._steps = 0
+        self.tree = tree if tree is not None and tree.enabled and drafter is not None else None
+        self.tree_depth = tree_depth
+        self.tree_verifier = TreeVerifier(getattr(verifier, "sampling", None) or SamplingConfig(temperature=0.0))
 
     # ---- the ServingEngine protocol ------------------------------------------------------------
 
@@ -161,7 +171,12 @@ class ContinuousEngine:
         proposals = [_NO_DRAFTS] * len(plan.work)
         asked = [i for i, work in enumerate(plan.work) if work.drafts > 0]
         if asked and self.drafter is not None:
-            made = self.drafter.propose([plan.work[i].seq for i in asked], [plan.work[i].drafts for i in asked])
+            seqs, budgets = [plan.work[i].seq for i in asked], [plan.work[i].drafts for i in asked]
+            if self.tree is not None:
+                depths = [min(self.tree_depth, seq.room - 1) for seq in seqs]
+                made = self.drafter.propose_tree(seqs, budgets, self.tree, depths)
+            else:
+                made = self.drafter.propose(seqs, budgets)
             for i, proposal in zip(asked, made, strict=True):
                 proposals[i] = proposal
         return proposals
@@ -171,11 +186,14 @@ class ContinuousEngine:
         for work, proposal in zip(works, proposals, strict=True):
             seq = work.seq
             feed = seq.tokens[seq.num_computed : seq.num_computed + work.feed]
-            rows = []
+            rows, tree = [], None
             if seq.num_computed + work.feed == len(seq.tokens):  # its last token is fed: logits wanted
-                feed = feed + proposal.draft_ids
+                if isinstance(proposal, TokenTree) and not proposal.is_chain():  # rows: a chain, then the tree
+                    parents = list(range(-1, work.feed - 1)) + [work.feed + p for p in proposal.parents]
+                    tree = tree_layout(parents, seq.num_computed)
+                feed = feed + _ids(proposal)
                 rows = list(range(work.feed - 1, len(feed)))
-            segments.append(Segment(seq.table, feed, seq.num_computed, rows))
+            segments.append(Segment(seq.table, feed, seq.num_computed, rows, tree))
         logits = ragged_forward(self.model, self.pool, segments, self.invariant)
         synchronize(logits.device)
         return logits
@@ -183,19 +201,32 @@ class ContinuousEngine:
     def _commit(self, seq: Sequence, work: Work, proposal: Proposal, rows: torch.Tensor, now: float):
         """Verify ``seq``'s rows [k+1, V], emit and keep its accepted prefix; its result when it is done."""
         first = len(seq.tokens) == seq.prompt_len
-        if proposal.draft_ids:
+        prefix, path = len(seq.tokens), None
+        if isinstance(proposal, TokenTree) and len(proposal):
+            result = self.tree_verifier.verify_tree(
+                proposal.token_ids, proposal.parents, rows, proposal.draft_probs, seq.generator
+            )
+            path, next_token = result.path, result.next_token
+            accepted, accepted_ids = len(path), [proposal.token_ids[node] for node in path]
+            # The path's KV moves next to the pending token (node i was written at position prefix + i).
+            sources = seq.table.slots_at([prefix + node for node in path])
+            self.pool.move(sources, seq.table.slots(prefix, prefix + accepted))
+        elif not isinstance(proposal, TokenTree) and proposal.draft_ids:
             draft_ids = torch.tensor(proposal.draft_ids, dtype=torch.long, device=rows.device)
             result = self.verifier.verify(draft_ids, rows, proposal.draft_probs, seq.generator)
             accepted, next_token = result.num_accepted, result.next_token
+            accepted_ids = proposal.draft_ids[:accepted]
         else:
-            accepted, next_token = 0, self.verifier.select(rows[0], seq.generator)
-        kept = len(seq.tokens) + accepted  # prefix + pending + accepted drafts have KV
-        emitted = cut(proposal.draft_ids[:accepted] + [next_token], seq.room, self.eos_ids)
+            accepted, next_token, accepted_ids = 0, self.verifier.select(rows[0], seq.generator), []
+        kept = prefix + accepted  # prefix + pending + accepted drafts have KV
+        emitted = cut(accepted_ids + [next_token], seq.room, self.eos_ids)
         seq.tokens.extend(emitted)
         seq.num_computed = kept
         seq.table.truncate(kept)
         seq.table.publish_committed(seq.tokens, min(kept, len(seq.tokens)))
-        if self.drafter is not None:
+        if self.drafter is not None and path is not None:
+            self.drafter.commit_path(seq, prefix, path)
+        elif self.drafter is not None:
             self.drafter.rollback(seq, kept)
         self._count(seq, first, work, proposal, accepted, emitted, now)
         if seq.room <= 0 or emitted[-1] in self.eos_ids:
@@ -279,3 +310,7 @@ class ContinuousEngine:
         used = (self.allocator.num_blocks - self.allocator.num_free) * self.allocator.block_size
         draft = self.drafter.kv_bytes() if self.drafter is not None else 0
         return {"target_kv_bytes": used * self.pool.slot_bytes(), "draft_kv_bytes": draft}
+
+
+def _ids(proposal: Proposal | TokenTree) -> list[int]:
+    return proposal.token_ids if isinstance(proposal, TokenTree) else proposal.draft_ids

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from spectoolkit.config import RunConfig, ServeConfig
+from spectoolkit.engine.tree_round import tree_depth
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.layer_skip import draft_model_name
 from spectoolkit.policy import FixedPolicy, make_policy
@@ -65,7 +66,7 @@ def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:
     if cfg.draft.kind == "none":
         return arms
     drafter = _drafter(cfg, setup.models, slots)
-    arms.append(_arm(cfg, setup, "spec", drafter, slots, make_policy(cfg.speculate, "fixed")))
+    arms.append(_arm(cfg, setup, "spec", drafter, slots, _fixed(cfg)))
     policy = make_policy(cfg.speculate)
     if policy.name != "fixed":
         sibling = _sibling(drafter, policy.stop_below)
@@ -79,12 +80,18 @@ def served_arm(cfg: RunConfig, setup) -> ServingArm:
     slots = _prepare(cfg, setup)
     if cfg.draft.kind == "none":
         return _arm(cfg, setup, "baseline", None, slots, FixedPolicy(0))
-    policy = make_policy(cfg.speculate)
+    policy = make_policy(cfg.speculate) if cfg.speculate.policy != "fixed" else _fixed(cfg)
     name = "spec" if policy.name == "fixed" else f"spec-{policy.name}"
     drafter = _drafter(cfg, setup.models, slots)
     if policy.stop_below is not None:  # confidence: the draft model stops below the threshold
         drafter = _sibling(drafter, policy.stop_below)
     return _arm(cfg, setup, name, drafter, slots, policy)
+
+
+def _fixed(cfg: RunConfig):
+    """The fixed policy: γ drafts per round, or with ``speculate.tree`` up to ``max_nodes`` tree nodes."""
+    tree = cfg.speculate.tree
+    return make_policy(cfg.speculate, "fixed", tree.max_nodes if tree.enabled else cfg.speculate.gamma)
 
 
 def _prepare(cfg: RunConfig, setup) -> int:
@@ -108,6 +115,7 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
     engine = ContinuousEngine(
         name, target, pool, allocator, make_verifier(cfg.sampling, models.device), limits,
         models.eos_ids, models.max_positions, drafter, not cfg.sampling.greedy, serve.batch_invariant, policy,
+        cfg.speculate.tree, tree_depth(cfg.speculate.tree, cfg.speculate.gamma),
     )  # fmt: skip
     # The loaded draft's precision (a layer-skip draft: the target's, or draft.skip_precision); None for n-gram.
     draft_precision = models.draft.precision if drafter is not None and models.draft is not None else None

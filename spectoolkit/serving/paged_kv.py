@@ -69,6 +69,20 @@ class PagedKVPool:
             for name, stored in self._encode(states).items():  # [H_kv, n, width]
                 _bits(self.layers[layer][kind][name]).index_copy_(1, slots, _bits(stored))
 
+    def move(self, sources: list[int], targets: list[int]) -> None:
+        """Copy the stored bytes of slots ``sources`` to ``targets`` in every layer (a token tree's accepted
+        path moved next to its prefix): nothing is re-encoded, so a moved slot reads back bit for bit."""
+        if sources == targets or not sources:
+            return
+        device = self.layers[0]["key"][self.fields[0]].device
+        src = torch.tensor(sources, dtype=torch.long, device=device)
+        dst = torch.tensor(targets, dtype=torch.long, device=device)
+        for layer in self.layers:
+            for kind in layer.values():
+                for buf in kind.values():  # [H_kv, num_slots, width]
+                    bits = _bits(buf)
+                    bits.index_copy_(1, dst, bits.index_select(1, src))
+
     def gather(self, layer: int, kind: str, slots: torch.Tensor) -> torch.Tensor:
         """States [H_kv, n, D] in the compute dtype of ``slots`` [n] (long): a copy."""
         return self._decode(self.stored(layer, kind, slots))

@@ -45,6 +45,30 @@ class Segment:
     token_ids: list[int]  # [q] tokens at positions [start, start + q)
     start: int  # positions below this have KV
     logit_rows: list[int]  # indices into token_ids whose next-token logits are wanted
+    tree: tuple[list[int], torch.Tensor] | None = None  # a token tree's (positions [q], visible [q, start+q])
+
+    def positions(self) -> list[int]:
+        """Rotary position of each row: start + index (a chain) or as the tree gives them (start + depth)."""
+        return list(range(self.start, self.start + len(self.token_ids))) if self.tree is None else self.tree[0]
+
+    def visible(self) -> torch.Tensor | None:
+        """[q, start+q] bool for a tree (the prefix, the row's ancestors and itself), None for a chain."""
+        return None if self.tree is None else self.tree[1]
+
+
+def tree_layout(row_parents: list[int], start: int) -> tuple[list[int], torch.Tensor]:
+    """(positions, visible) of rows fed at positions [start, start+q) that form a tree: ``row_parents[r]`` is the
+    row row r hangs from (-1: directly after the prefix [0, start))."""
+    q = len(row_parents)
+    visible = torch.zeros(q, start + q, dtype=torch.bool)
+    visible[:, :start] = True
+    depths: list[int] = []
+    for row, parent in enumerate(row_parents):
+        if parent >= 0:
+            visible[row] |= visible[parent]
+        visible[row, start + row] = True
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    return [start + depth for depth in depths], visible
 
 
 @dataclass
@@ -60,6 +84,7 @@ class _Layout:
     context: list[int]  # [B] keys after the write: start + q
     key_slots: list[torch.Tensor]  # [B] of [context_b] long: the slots of positions [0, context_b)
     spans: list[int | None]  # [B] first slot of a lone sequence whose keys are consecutive slots, else None
+    visible: list[torch.Tensor | None]  # [B] a tree segment's [q_b, context_b] mask, None for a chain
     padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None  # see _pad
 
 
@@ -84,7 +109,9 @@ def build_layout(pool: PagedKVPool, segments: list[Segment], invariant: bool, de
         key_slots.append(torch.tensor(slots, dtype=torch.long, device=device))
         offset += q
     write_slots = torch.tensor(write, dtype=torch.long, device=device)
-    layout = _Layout(pool, invariant, write_slots, starts, lengths, offsets, context, key_slots, spans, None)
+    visible = [segment.visible() for segment in segments]
+    visible = [None if mask is None else mask.to(device) for mask in visible]
+    layout = _Layout(pool, invariant, write_slots, starts, lengths, offsets, context, key_slots, spans, visible, None)
     if not invariant and len(segments) > 1:
         layout.padded = _pad(layout, device)
     return layout
@@ -103,7 +130,8 @@ def _pad(layout: _Layout, device: torch.device) -> tuple[torch.Tensor, torch.Ten
         query_rows[b, :q] = torch.arange(offset, offset + q)
         key_slots[b, :ctx] = layout.key_slots[b].cpu()
         positions = torch.arange(start, start + q)[:, None]  # [q, 1]
-        mask[b, 0, :q, :ctx] = torch.arange(ctx)[None, :] <= positions
+        tree = layout.visible[b]
+        mask[b, 0, :q, :ctx] = torch.arange(ctx)[None, :] <= positions if tree is None else tree.cpu()
         mask[b, 0, q:, 0] = True  # padded query rows see one key (their output is dropped): no NaN
         out_rows.extend(range(b * q_max, b * q_max + q))
     out = torch.tensor(out_rows, dtype=torch.long)
@@ -117,7 +145,7 @@ def ragged_forward(model: torch.nn.Module, pool: PagedKVPool, segments: list[Seg
     device = pool.layers[0]["key"][pool.fields[0]].device
     layout = build_layout(pool, segments, invariant, device)
     ids = [token for segment in segments for token in segment.token_ids]
-    positions = [segment.start + i for segment in segments for i in range(len(segment.token_ids))]
+    positions = [position for segment in segments for position in segment.positions()]
     rows = [offset + r for segment, offset in zip(segments, layout.offsets, strict=True) for r in segment.logit_rows]
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
     position_ids = torch.tensor([positions], dtype=torch.long, device=device)  # [1, T]
@@ -162,11 +190,16 @@ def _sequence_attention(layout: _Layout, layer: int, b: int, query: torch.Tensor
     keys, values = _keys_values(layout, layer, b)  # [Hkv, C, D]
     offset, q, start = layout.offsets[b], layout.lengths[b], layout.starts[b]
     rows = query[:, offset : offset + q]  # [Hq, q, D]
+    tree = layout.visible[b]  # [q, C] or None
+    if layout.invariant and tree is not None:  # each tree row as a decode step over prefix + its path computes it
+        picks = [torch.nonzero(tree[r]).flatten() for r in range(q)]
+        return torch.cat([_packed(rows[:, r : r + 1], keys.index_select(1, picks[r]), values.index_select(1, picks[r]),
+                                  None, scaling) for r in range(q)])  # fmt: skip
     if layout.invariant:  # each row exactly as a decode step computes it
         return torch.cat([_packed(rows[:, r : r + 1], keys[:, : start + r + 1], values[:, : start + r + 1], None,
                                   scaling) for r in range(q)])  # fmt: skip
-    mask = None
-    if q > 1:
+    mask = tree
+    if q > 1 and mask is None:
         mask = torch.ones(q, start + q, dtype=torch.bool, device=query.device).tril(start)  # [q, C]
     return _packed(rows, keys, values, mask, scaling)
 

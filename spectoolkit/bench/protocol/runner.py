@@ -173,7 +173,7 @@ def _one(
         draft_len=arm.gamma if drafting else 0,
     )  # fmt: skip
     tree = getattr(arm.engine, "tree", None)
-    record.tree = tree.describe() if tree is not None else None
+    record.tree = tree.describe(getattr(arm.engine.drafter, "tree_kind", None)) if tree is not None else None
     if isinstance(ids, str):
         record.error = ids
         return record
