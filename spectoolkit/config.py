@@ -262,7 +262,9 @@ class BenchConfig:
     - ``standard``: the target alone ("baseline") and target + drafter ("spec");
     - ``four_groups``: "baseline" (the target at ``reference_precision`` alone), "quant" (the
       quantized ``target.precision`` alone), "spec" (reference + drafter), "quant+spec";
-    - ``gamma_sweep``: "baseline" and one drafting arm "spec-gN" per N in ``gammas``.
+    - ``gamma_sweep``: "baseline" and one drafting arm "spec-gN" per N in ``gammas``;
+    - ``tree_chain``: "baseline", then per N in ``gammas`` "chain-gN" (γ = N) and "tree-nN" (``speculate.tree``
+      with max_nodes = N): a token tree and a chain at the same verify width, N + 1 rows.
     ``calibrate`` times target forwards of every verify width for the cost model;
     ``baseline_check`` times stock transformers ``generate`` beside the baseline (is our baseline slow?).
     ``cost_per_hour``: the price of one hour of this machine (any currency); the report turns each arm's

@@ -7,10 +7,11 @@ On the configured target, drafter and workload it runs, in order:
    the pairs are appended to ``exactness_records.jsonl`` as they are produced;
 2. analytic stochastic exactness: the total variation between the distribution the verifier
    produces and the target's processed distribution at real positions (``max_tv``), with negative
-   controls (:mod:`spectoolkit.eval.stochastic_analytic`);
+   controls (:mod:`spectoolkit.eval.stochastic_analytic`; with ``speculate.tree``, at every node of
+   real token trees: :mod:`spectoolkit.eval.tree_analytic`);
 3. empirical stochastic exactness: seeded samples of the real sampler against the target-alone
    sampler, chi-square per position, and a negative control the test must reject
-   (:mod:`spectoolkit.eval.stochastic_empirical`);
+   (:mod:`spectoolkit.eval.stochastic_empirical`; trees: the control of :mod:`spectoolkit.eval.tree_empirical`);
 4. what quantization cost (``quant_quality``) when the target is quantized.
 
 ``exactness.json`` (atomic) holds them all and a one-line statement. The stochastic parts use the
@@ -31,6 +32,8 @@ from spectoolkit.config import RunConfig, SamplingConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
 from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
+from spectoolkit.eval.tree_analytic import tree_analytic_exactness
+from spectoolkit.eval.tree_empirical import tree_negative_control
 from spectoolkit.metrics.records import RequestRecord, write_json_atomic
 from spectoolkit.models.compiled import make_runner
 from spectoolkit.policy import make_policy
@@ -110,6 +113,13 @@ def _greedy(cfg: RunConfig, arm_set: ArmSet, prompts: dict[str, list[int]], pair
 
 def _analytic(cfg: RunConfig, models: LoadedModels, prompts: dict[str, list[int]], sampling: SamplingConfig) -> dict:
     target, draft = models.target, models.draft
+    if cfg.speculate.tree.enabled:  # the rounds verify token trees: check the tree rule at every node
+        return tree_analytic_exactness(
+            target.model, draft.model if draft else None, list(prompts.values()), sampling, cfg.speculate.tree,
+            cfg.eval.analytic_positions * (NGRAM_SCAN if draft is None else 1), cfg.sampling.seed,
+            gamma=cfg.speculate.gamma, draft_vocab_shared=shared_vocab_size(target, draft) if draft else None,
+            ngram_max=cfg.draft.ngram_max, ngram_min=cfg.draft.ngram_min,
+        )  # fmt: skip
     return analytic_exactness(
         target.model, draft.model if draft else None, list(prompts.values()), sampling,
         cfg.eval.analytic_positions * (NGRAM_SCAN if draft is None else 1), cfg.sampling.seed,
@@ -120,12 +130,13 @@ def _analytic(cfg: RunConfig, models: LoadedModels, prompts: dict[str, list[int]
 
 def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling: SamplingConfig) -> dict:
     real = make_drafter(cfg, sampling, models.target, models.draft, models.eos_ids)
-    drafter_for = lambda control: negative_control(real, sampling) if control else real  # noqa: E731
+    control_of = tree_negative_control if cfg.speculate.tree.enabled else negative_control
+    drafter_for = lambda control: control_of(real, sampling) if control else real  # noqa: E731
     return empirical_exactness(
         make_runner(models.target.model, cfg.kv.target, cfg.runtime.compile),
         drafter_for, sampling, cfg.speculate.gamma, models.eos_ids,
         prompt, samples=cfg.eval.samples, length=cfg.eval.length, seed=cfg.sampling.seed,
-        significance=cfg.eval.significance, policy_for=lambda: make_policy(cfg.speculate),
+        significance=cfg.eval.significance, policy_for=lambda: make_policy(cfg.speculate), tree=cfg.speculate.tree,
     )  # fmt: skip
 
 

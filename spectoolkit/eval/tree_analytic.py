@@ -263,7 +263,9 @@ def tree_analytic_exactness(
     for prompt in prompts:
         drafter.begin(prompt)
         tree_runner.reset()
-        for tokens, root_logits in _decode_positions(reference_runner, prompt, sampling, positions_per_prompt, target_gen):
+        for tokens, root_logits in _decode_positions(
+            reference_runner, prompt, sampling, positions_per_prompt, target_gen
+        ):
             tree = drafter.propose_tree(tokens, tree_cfg, tree_cfg.max_nodes, depth, draft_gen)
             drafter.rollback(len(tokens))  # the tree is never kept: the next position feeds the target's token
             if len(tree) == 0:

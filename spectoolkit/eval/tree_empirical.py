@@ -99,5 +99,7 @@ def tree_negative_control(drafter: Drafter, sampling: SamplingConfig) -> Drafter
     """A drafter like ``drafter`` (same model / lookup) whose trees carry the rank-siblings bug."""
     control = next((TREE_NEGATIVE_CONTROLS[k] for k in type(drafter).__mro__ if k in TREE_NEGATIVE_CONTROLS), None)
     if control is None:
-        raise TypeError(f"no tree negative control for drafter {type(drafter).__name__}: add one to TREE_NEGATIVE_CONTROLS")
+        raise TypeError(
+            f"no tree negative control for drafter {type(drafter).__name__}: add one to TREE_NEGATIVE_CONTROLS"
+        )
     return control(drafter, sampling)

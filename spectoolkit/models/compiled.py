@@ -189,9 +189,12 @@ class CompiledModel:
                     layer[:, start : start + len(slots)] = layer.index_select(1, index)
         self.truncate(start + len(slots))
 
-    def warm(self, max_tokens: int) -> None:
-        """Compile now (outside measured time) every width a call of 1..``max_tokens`` tokens takes; resets the KV."""
-        self.widths = widths_for(max_tokens)
+    def warm(self, max_tokens: int, sizes: tuple[int, ...] = ()) -> None:
+        """Compile now (outside measured time) every width a call of 1..``max_tokens`` tokens takes; resets the KV.
+
+        ``sizes``: calls of these sizes get a bucket of their own too (a run comparing several verify widths
+        measures each at its own bucket, not padded to the widest)."""
+        self.widths = tuple(sorted({*widths_for(max_tokens), *(widths_for(size)[-1] for size in sizes)}))
         for width in self.widths:
             self.reset()
             self.forward([0] * width)

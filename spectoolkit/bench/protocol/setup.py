@@ -6,6 +6,7 @@ Data flows one way (DESIGN §4): config → loaded models → compat check → e
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,7 +195,7 @@ def make_drafter(
         drafter = ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name,
                                cfg.kv.draft, stop_below, cfg.runtime.compile)  # fmt: skip
         if cfg.runtime.compile:  # a draft step, the catch-up feed after a fully accepted round, a tree's widest depth
-            drafter.runner.warm(max(2, _tree_level_width(cfg.speculate.tree)))
+            drafter.runner.warm(2, (_tree_level_width(cfg.speculate.tree),))
         return drafter
     if cfg.draft.kind == "ngram":
         return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not sampling.greedy)
@@ -275,15 +276,19 @@ def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
 
 
 def _tree_chain(parts: _Parts) -> tuple[list[Arm], str | None]:
-    """Baseline, "chain" (γ = speculate.tree.max_nodes) and "tree": the same verify width, max_nodes + 1 rows."""
+    """Baseline, then per N in ``bench.gammas`` "chain-gN" (γ = N) and "tree-nN" (``speculate.tree`` with
+    max_nodes = N): pairs at the same verify width, N + 1 rows."""
     cfg, precision = parts.cfg, parts.cfg.target.precision
-    tree = cfg.speculate.tree
-    chain_policy = make_policy(cfg.speculate, "fixed", tree.max_nodes)
-    return [
-        parts.target_alone("baseline", parts.target, parts.runner, precision),
-        parts.drafting("chain", parts.target, parts.runner, precision, "baseline", chain_policy, TreeConfig()),
-        parts.drafting("tree", parts.target, parts.runner, precision, "baseline", make_policy(cfg.speculate), tree),
-    ], "tree"
+    arms = [parts.target_alone("baseline", parts.target, parts.runner, precision)]
+    for nodes in cfg.bench.gammas:
+        chain = make_policy(cfg.speculate, "fixed", nodes)
+        tree = dataclasses.replace(cfg.speculate.tree, max_nodes=nodes)
+        arms.append(parts.drafting(f"chain-g{nodes}", parts.target, parts.runner, precision, "baseline", chain,
+                                   TreeConfig()))  # fmt: skip
+        arms.append(parts.drafting(f"tree-n{nodes}", parts.target, parts.runner, precision, "baseline",
+                                   make_policy(cfg.speculate), tree))  # fmt: skip
+    primary = f"tree-n{cfg.speculate.tree.max_nodes}"
+    return arms, primary if any(arm.name == primary for arm in arms) else arms[-1].name
 
 
 _ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": _four_groups, "tree_chain": _tree_chain}
@@ -329,13 +334,19 @@ def _kernel_mode(cfg: RunConfig) -> str | None:
 
 def _max_gamma(cfg: RunConfig) -> int:
     """The most drafted tokens one verify forward scores (a tree's node budget included)."""
-    gammas = cfg.bench.gammas if cfg.bench.arms == "gamma_sweep" else (cfg.speculate.gamma,)
-    return max(*gammas, cfg.speculate.tree.max_nodes if cfg.speculate.tree.enabled else 0)
+    return max(_verify_sizes(cfg)) - 1
+
+
+def _verify_sizes(cfg: RunConfig) -> tuple[int, ...]:
+    """Rows of the verify forwards the run's arms make: γ + 1 per drafting arm, max_nodes + 1 for a tree."""
+    gammas = cfg.bench.gammas if cfg.bench.arms in ("gamma_sweep", "tree_chain") else (cfg.speculate.gamma,)
+    tree = cfg.speculate.tree.max_nodes if cfg.speculate.tree.enabled else 0
+    return tuple(sorted({g + 1 for g in gammas} | ({tree + 1} if tree else set())))
 
 
 def _target_runner(cfg: RunConfig, target: LoadedModel) -> CachedModel | CompiledModel:
     """The target's runner; compiled steps are compiled here for every verify width the run can use."""
     runner = make_runner(target.model, cfg.kv.target, cfg.runtime.compile)
-    if cfg.runtime.compile:
-        runner.warm(_max_gamma(cfg) + 1)
+    if cfg.runtime.compile:  # a tree-vs-chain run measures each verify width at its own bucket
+        runner.warm(_max_gamma(cfg) + 1, _verify_sizes(cfg) if cfg.bench.arms == "tree_chain" else ())
     return runner
