@@ -23,9 +23,10 @@ from spectoolkit.models.tree_mask import verify_rows
 _EMPTY = TokenTree([], [])
 
 
-def tree_depth(tree, gamma: int) -> int:
-    """How deep a round's tree may grow: ``len(branching)`` (static), ``max_depth`` or γ (dynamic, n-gram)."""
-    if tree.kind == "static":
+def tree_depth(tree, gamma: int, drafter_tree: str | None = None) -> int:
+    """How deep a round's tree may grow: ``len(branching)`` (a static model tree), ``max_depth`` or γ (a dynamic
+    tree, or a drafter with its own kind of tree, ``drafter_tree``: the n-gram trie)."""
+    if tree.kind == "static" and not drafter_tree:
         return len(tree.branching)
     return tree.max_depth or gamma
 
@@ -35,7 +36,7 @@ def tree_round(
 ) -> list[int]:
     """One round of ``engine`` (a :class:`~spectoolkit.engine.speculative.SpeculativeEngine` with a tree)."""
     t0 = time.perf_counter()
-    depth = min(tree_depth(engine.tree, engine.gamma), room - 1)  # the round always emits one target token on top
+    depth = min(tree_depth(engine.tree, engine.gamma, getattr(engine.drafter, "tree_kind", None)), room - 1)  # the round always emits one target token on top
     budget = engine.tree.max_nodes if depth > 0 else 0
     tree = engine.drafter.propose_tree(tokens, engine.tree, budget, depth, generator) if budget else _EMPTY
     synchronize(engine.target.device)

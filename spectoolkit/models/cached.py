@@ -56,7 +56,7 @@ class CachedModel:
         """Append ``token_ids`` (n tokens) at slots [num_computed, num_computed+n), at rotary ``positions``.
 
         ``visible`` [n, num_computed+n] bool: the slots each new token attends (a token tree's mask,
-        :func:`~spectoolkit.models.tree_mask.tree_visibility`). Returns logits [n, V].
+        :func:`~spectoolkit.models.tree_mask.verify_rows`). Returns logits [n, V].
         """
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         position_ids = torch.tensor([positions], dtype=torch.long, device=self.device)  # [1, n]

@@ -33,6 +33,7 @@ class BatchNgramDrafter:
     def __init__(self, max_n: int, min_n: int, target_vocab_size: int, one_hot_probs: bool) -> None:
         self.single = NgramDrafter(max_n, min_n, target_vocab_size, one_hot_probs)
         self.name = self.single.name
+        self.tree_kind = self.single.tree_kind
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[Proposal]:
         return [self.single.propose(seq.tokens, budget, None) for seq, budget in zip(seqs, budgets, strict=True)]

@@ -115,7 +115,7 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
     engine = ContinuousEngine(
         name, target, pool, allocator, make_verifier(cfg.sampling, models.device), limits,
         models.eos_ids, models.max_positions, drafter, not cfg.sampling.greedy, serve.batch_invariant, policy,
-        cfg.speculate.tree, tree_depth(cfg.speculate.tree, cfg.speculate.gamma),
+        cfg.speculate.tree, tree_depth(cfg.speculate.tree, cfg.speculate.gamma, getattr(drafter, "tree_kind", None)),
     )  # fmt: skip
     # The loaded draft's precision (a layer-skip draft: the target's, or draft.skip_precision); None for n-gram.
     draft_precision = models.draft.precision if drafter is not None and models.draft is not None else None
