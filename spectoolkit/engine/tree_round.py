@@ -36,7 +36,9 @@ def tree_round(
 ) -> list[int]:
     """One round of ``engine`` (a :class:`~spectoolkit.engine.speculative.SpeculativeEngine` with a tree)."""
     t0 = time.perf_counter()
-    depth = min(tree_depth(engine.tree, engine.gamma, getattr(engine.drafter, "tree_kind", None)), room - 1)  # the round always emits one target token on top
+    depth = min(
+        tree_depth(engine.tree, engine.gamma, getattr(engine.drafter, "tree_kind", None)), room - 1
+    )  # the round always emits one target token on top
     budget = engine.tree.max_nodes if depth > 0 else 0
     tree = engine.drafter.propose_tree(tokens, engine.tree, budget, depth, generator) if budget else _EMPTY
     synchronize(engine.target.device)

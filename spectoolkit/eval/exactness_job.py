@@ -29,6 +29,7 @@ from spectoolkit.bench.protocol.exactness import greedy_exactness
 from spectoolkit.bench.protocol.quality import quant_quality
 from spectoolkit.bench.protocol.setup import ArmSet, LoadedModels, build, make_drafter, shared_vocab_size
 from spectoolkit.config import RunConfig, SamplingConfig
+from spectoolkit.engine.tree_round import tree_depth
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
 from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
@@ -132,10 +133,13 @@ def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling
     real = make_drafter(cfg, sampling, models.target, models.draft, models.eos_ids)
     control_of = tree_negative_control if cfg.speculate.tree.enabled else negative_control
     drafter_for = lambda control: control_of(real, sampling) if control else real  # noqa: E731
+    length = cfg.eval.length
+    if cfg.speculate.tree.enabled:  # room for a whole tree after the first token, or only shallow trees are tested
+        length = max(length, tree_depth(cfg.speculate.tree, cfg.speculate.gamma, getattr(real, "tree_kind", None)) + 2)
     return empirical_exactness(
         make_runner(models.target.model, cfg.kv.target, cfg.runtime.compile),
         drafter_for, sampling, cfg.speculate.gamma, models.eos_ids,
-        prompt, samples=cfg.eval.samples, length=cfg.eval.length, seed=cfg.sampling.seed,
+        prompt, samples=cfg.eval.samples, length=length, seed=cfg.sampling.seed,
         significance=cfg.eval.significance, policy_for=lambda: make_policy(cfg.speculate), tree=cfg.speculate.tree,
     )  # fmt: skip
 

@@ -1,42 +1,43 @@
 """Analytic exactness of token-tree verification on real logits (DESIGN §1; SpecInfer, Miao et al. 2024).
 
-At a tree node with processed target distribution p and children x_1…x_c tried in order, the tree
-verifier (:mod:`spectoolkit.verify.tree`) emits x with probability
+At a node with processed target distribution p and children x_1…x_c tried in order, the tree verifier
+(:mod:`spectoolkit.verify.tree`) emits x with probability
 
     out(x) = Σ_j (Π_{i<j} ρ_i) · m_j(x) + (Π_j ρ_j) · p_{c+1}(x),   m_j = r_j · a_j,   ρ_j = 1 − Σ m_j
 
 where r_j is what x_j is really drawn from (the parent's q for i.i.d. model siblings, one-hot for n-gram
-continuations), a_j = min(1, p_j/q_j) (0 where p_j = 0), p_1 = p and p_{j+1} = the verifier's own
-:func:`~spectoolkit.verify.tree.residual_after` (p_j, q_j). For i.i.d. siblings r_j does not depend on
-the earlier draws, so the sum is exact. For an exact verifier out == p at every node.
+continuations), a_j = min(1, p_j/q_j) (0 where p_j = 0), p_1 = p, p_{j+1} = the verifier's own
+``residual_after(p_j, q_j)``. For i.i.d. siblings r_j does not depend on earlier draws, so the sum is
+exact; for an exact verifier out == p at every node.
 
-Here the rows are the real code's at real positions: the target runs alone over each prompt (seeded
-sampling); at each position the real tree drafter proposes a real tree and the target runs the real
-tree verify forward (:func:`~spectoolkit.models.tree_mask.verify_rows` + ``forward_masked`` on a
-``CachedModel`` holding the prefix, as :func:`~spectoolkit.engine.tree_round.tree_round` does); p at a
-node is ``processed_probs`` of its row. The reference is *not* that row: it is a plain causal forward
-of the target alone over prefix + the node's path. Every node is checked: the root, every expanded
-node, and the leaves (out = p: the bonus token). ``accept_mask`` and ``residual_after`` are this
-module's names (the seams tests patch); the acceptance probability is cross-checked against
-``accept_mask`` by probing it just inside and outside the threshold.
+The rows are the real code's at real positions of a seeded target-alone continuation: the real tree
+drafter proposes, the target runs the real verify forward (``verify_rows`` + ``forward_masked`` on a
+``CachedModel`` holding the prefix, as ``tree_round`` does) and p is ``processed_probs`` of a row. The
+reference is a plain causal forward of the target alone over prefix + the node's path. Every node is
+checked: the root, each expanded node and the leaves (out = p: the bonus token). ``accept_mask`` and
+``residual_after`` are this module's names (the seams tests patch); ``accept_mask`` is probed just
+inside and outside the acceptance threshold.
 
 fp32 limit: each try tests p_j/q_j on rows whose sums are off 1 by up to ~1e-5, which moves the output
-by at most Σ_j |Σp_j/Σq_j − 1| in TV (:func:`~spectoolkit.eval.stochastic_analytic.normalization_gap`
-per try). ``passed`` asks the TV beyond that (``max_excess_tv``) to stay under 1e-6 at every node,
-with no disagreement of ``accept_mask``. ``max_forward_tv`` (tree row vs causal reference) is reported.
+by at most Σ_j |Σp_j/Σq_j − 1| in TV (``normalization_gap`` per try). ``passed`` asks the TV beyond it
+(``max_excess_tv``) to stay under 1e-6 at every node, with no ``accept_mask`` disagreement. Both runners
+build the prefix with the same calls, so the tree rows differ from the reference only by the tree
+forward (``max_forward_tv``: 0 with batch-invariant attention, ~1e-7 with packed SDPA at vocab 512).
 
-Negative controls, each with a known bug, must give a clearly non-zero TV: ``rank_siblings``
-(:func:`~spectoolkit.eval.tree_empirical.rank_siblings`: the top-c tokens reported as i.i.d. from q),
-``no_residual_update`` (p not updated between siblings) and ``sibling_visible_mask`` (the verify
-forward lets every node also see its earlier siblings).
+Negative controls, each a known bug, must give a clearly non-zero TV: ``rank_siblings`` (top-c tokens
+reported as i.i.d. from q: :func:`~spectoolkit.eval.tree_empirical.rank_siblings`), ``no_residual_update``
+(p kept between siblings) and ``sibling_visible_mask`` (the verify forward lets each node see its
+earlier siblings).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
@@ -95,11 +96,8 @@ def tree_output_probs(
 def _probe_accept_mask(
     proposed: torch.Tensor, accept: torch.Tensor, draft_row: torch.Tensor, target_probs: torch.Tensor
 ) -> int:
-    """How often ``accept_mask`` disagrees with ``accept`` [V] at u = 0 and just below / above it.
-
-    Only proposable tokens with normal fp32 probabilities (or p == 0) are probed: the rounding of u·q
-    near denormals says nothing about the rule.
-    """
+    """How often ``accept_mask`` disagrees with ``accept`` [V] at u = 0 and just below / above it (proposable
+    tokens with normal fp32 probabilities or p == 0: rounding of u·q near denormals says nothing)."""
     normal = ((target_probs > 1e-30) | (target_probs == 0)) & (draft_row > 1e-30)
     token_ids = torch.nonzero(proposed & normal).flatten()  # [n]
     if token_ids.numel() == 0:
@@ -134,8 +132,7 @@ def _decode_positions(runner: CachedModel, prompt: list[int], sampling: Sampling
     """Yield (tokens so far, target logits [V]) at ``count`` positions of a target-alone continuation.
 
     All but the last prompt token are one prefill, every later token a decode step: the tree runner
-    builds its prefix with the same calls, so both hold bit-identical prefix KV and what differs
-    between the reference and the tree rows is the tree forward alone.
+    builds its prefix with the same calls, so both hold bit-identical prefix KV.
     """
     runner.reset()
     tokens = list(prompt)
@@ -181,31 +178,7 @@ def _chain_logits(runner: CachedModel, tokens: list[int], tree: TokenTree, root_
     return references
 
 
-def _one_hot(token: int, vocab: int) -> torch.Tensor:
-    row = torch.zeros(vocab)
-    row[token] = 1.0
-    return row
-
-
-@dataclasses.dataclass
-class _Tally:
-    """TVs per check (``real`` and each control) over nodes; the real rule's gaps, forward TVs and mismatches."""
-
-    tvs: dict[str, list[float]] = dataclasses.field(default_factory=lambda: {n: [] for n in ("real", *CONTROLS)})
-    excess: list[float] = dataclasses.field(default_factory=list)
-    gaps: list[float] = dataclasses.field(default_factory=list)
-    forward_tvs: list[float] = dataclasses.field(default_factory=list)
-    mismatches: int = 0
-
-    def real(self, tv: float, gap: float, mismatches: int, forward_tv: float) -> None:
-        self.tvs["real"].append(tv)
-        self.excess.append(max(0.0, tv - gap))
-        self.gaps.append(gap)
-        self.forward_tvs.append(forward_tv)
-        self.mismatches += mismatches
-
-
-def _check_nodes(tally: _Tally, tree, references, real, wrong, sampling: SamplingConfig) -> None:
+def _check_nodes(stats: dict[str, list], tree, references, real, wrong, sampling: SamplingConfig) -> None:
     """The real rule and each control at every node of ``tree``; rows [n+1, V] real / sibling-visible logits."""
     children, ranked = children_of(tree.parents), rank_siblings(tree)
     vocab = real.shape[-1]
@@ -215,15 +188,20 @@ def _check_nodes(tally: _Tally, tree, references, real, wrong, sampling: Samplin
         target_probs = processed_probs(real[node + 1], sampling)  # [V] from the tree verify forward
         rows = [tree.draft_probs[kid] for kid in kids]
         out, gap, mismatches = tree_output_probs(rows, rows, target_probs)
-        tally.real(total_variation(out, reference), gap, mismatches, total_variation(target_probs, reference))
-        one_hots = [_one_hot(ranked.token_ids[kid], vocab) for kid in kids]
+        tv = total_variation(out, reference)
+        stats["real"].append(tv)
+        stats["excess"].append(max(0.0, tv - gap))
+        stats["gap"].append(gap)
+        stats["forward"].append(total_variation(target_probs, reference))
+        stats["mismatches"].append(mismatches)
+        one_hots = [F.one_hot(torch.tensor(ranked.token_ids[kid]), vocab).float() for kid in kids]
         controls = {
             "rank_siblings": tree_output_probs(one_hots, [ranked.draft_probs[kid] for kid in kids], target_probs),
             "no_residual_update": tree_output_probs(rows, rows, target_probs, lambda probs, _: probs),
             "sibling_visible_mask": tree_output_probs(rows, rows, processed_probs(wrong[node + 1], sampling)),
         }
         for name, (control_out, _, _) in controls.items():
-            tally.tvs[name].append(total_variation(control_out, reference))
+            stats[name].append(total_variation(control_out, reference))
 
 
 def tree_analytic_exactness(
@@ -242,10 +220,11 @@ def tree_analytic_exactness(
     """TV between the tree verifier's output distribution and the target alone at every node of real trees.
 
     ``draft`` None means the n-gram trie (``ngram_max``/``ngram_min``); positions where it finds nothing
-    count in ``positions_skipped``. Trees have at most ``tree_cfg.max_nodes`` nodes and the depth a
-    round with γ = ``gamma`` grows (:func:`~spectoolkit.engine.tree_round.tree_depth`). Returns max_tv, mean_tv (raw, over nodes), max_excess_tv (beyond the
-    fp32 normalization gap), positions, nodes, expanded_nodes, controls {name: {max_tv, mean_tv}},
-    passed (max_excess_tv < threshold, no rule mismatch), threshold, ….
+    count in ``positions_skipped``. Trees have at most ``tree_cfg.max_nodes`` nodes and the depth a round
+    with γ = ``gamma`` grows (:func:`~spectoolkit.engine.tree_round.tree_depth`). Returns max_tv, mean_tv
+    (raw, over nodes), max_excess_tv (beyond the fp32 normalization gap), max_forward_tv, positions,
+    nodes, expanded_nodes, controls {name: {max_tv, mean_tv}}, passed (max_excess_tv < threshold, no
+    rule mismatch), threshold, ….
     """
     if sampling.greedy:
         raise SpecToolkitError("analytic exactness needs sampling.temperature > 0 (greedy is checked token for token)")
@@ -258,7 +237,8 @@ def tree_analytic_exactness(
         drafter = ModelDrafter(draft, RandomChooser(sampling), vocab, shared, frozenset(), name="tree-analytic")
     else:
         drafter = NgramDrafter(ngram_max, ngram_min, vocab, one_hot_probs=True)
-    depth, tally, positions, skipped, expanded = tree_depth(tree_cfg, gamma), _Tally(), 0, 0, 0
+    depth = tree_depth(tree_cfg, gamma, getattr(drafter, "tree_kind", None))  # as tree_round: a trie is γ deep
+    stats, positions, skipped, expanded = defaultdict(list), 0, 0, 0
     target_gen, draft_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     for prompt in prompts:
         drafter.begin(prompt)
@@ -274,23 +254,23 @@ def tree_analytic_exactness(
             references = _chain_logits(reference_runner, tokens, tree, root_logits)
             real = _verify_logits(tree_runner, tokens, tree, see_siblings=False)  # [n+1, V]
             wrong = _verify_logits(tree_runner, tokens, tree, see_siblings=True)  # [n+1, V]
-            _check_nodes(tally, tree, references, real, wrong, sampling)
+            _check_nodes(stats, tree, references, real, wrong, sampling)
             positions += 1
             expanded += len(children_of(tree.parents))
-    max_excess = max(tally.excess, default=0.0)
+    max_excess, mismatches = max(stats["excess"], default=0.0), sum(stats["mismatches"])
     return {
-        **_summary(tally.tvs["real"]),
+        **_summary(stats["real"]),
         "positions": positions,
         "positions_skipped": skipped,
-        "nodes": len(tally.tvs["real"]),
+        "nodes": len(stats["real"]),
         "expanded_nodes": expanded,
         "max_excess_tv": max_excess,
-        "max_normalization_gap": max(tally.gaps, default=0.0),
-        "max_forward_tv": max(tally.forward_tvs, default=0.0),
-        "accept_rule_mismatches": tally.mismatches,
+        "max_normalization_gap": max(stats["gap"], default=0.0),
+        "max_forward_tv": max(stats["forward"], default=0.0),
+        "accept_rule_mismatches": mismatches,
         "sampling": dataclasses.asdict(sampling),
         "tree": dataclasses.asdict(tree_cfg),
-        "controls": {name: _summary(tally.tvs[name]) for name in CONTROLS},
-        "passed": positions > 0 and max_excess < THRESHOLD and tally.mismatches == 0,
+        "controls": {name: _summary(stats[name]) for name in CONTROLS},
+        "passed": positions > 0 and max_excess < THRESHOLD and mismatches == 0,
         "threshold": THRESHOLD,
     }

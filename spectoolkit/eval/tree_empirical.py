@@ -59,7 +59,8 @@ class RankSiblingsModelDrafter(ModelDrafter):
         return rank_siblings(super().propose_tree(tokens, tree, budget, max_depth, generator))
 
     def commit_path(self, num_prefix: int, path: list[int]) -> None:
-        # The tree's cache slots hold the drawn tokens, not the ranked ones: keep the prefix, the next round feeds the path.
+        # The tree's cache slots hold the drawn tokens, not the ranked ones: keep the prefix, the next round
+        # feeds the path.
         self.rollback(num_prefix)
 
 
