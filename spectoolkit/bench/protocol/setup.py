@@ -154,6 +154,8 @@ class _Parts:
         gamma = policy.max_gamma
         tree = self.cfg.speculate.tree if tree is None else tree
         engine = SpeculativeEngine(runner, self.drafter, self.verifier, gamma, self.eos_ids, policy, tree)
+        if tree.enabled:  # records' draft_len: the most a round drafts, a tree's nodes (K <= depth <= nodes)
+            gamma = max(gamma, tree.max_nodes)
         draft_precision = self.draft.precision if self.draft else None
         return Arm(name, engine, target, precision, self.drafter.name, self.draft, draft_precision, gamma, ref,
                    policy.name)  # fmt: skip
