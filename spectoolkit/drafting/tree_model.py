@@ -13,7 +13,9 @@ siblings stop being i.i.d. draws from q and verification is no longer exact:
   in breadth-first order (which depends on depths and draw indices only).
 - ``dynamic``: at each depth the ``top_k`` frontier nodes with the highest cumulative draft
   log-probability are expanded with ``top_k`` children each, up to depth γ; then the ``max_nodes``
-  nodes with the highest *key* are kept. Greedy, a node's key is its cumulative log-probability
+  nodes with the highest *key* are kept. A frontier node outside the best ``max_nodes`` keys so far is
+  not expanded (keys only fall along a path, so none of its descendants could be kept): a confident
+  draft feeds one node per depth, as a chain does. Greedy, a node's key is its cumulative log-probability
   (EAGLE-2's re-ranking). Sampling, the key of the j-th draw of node v is
   min(key(v), score(v) + j·log(SIBLING_DECAY)) — its parent's score and its draw index, never its
   own value — which still keeps every ancestor before its descendants and every earlier sibling
@@ -88,8 +90,11 @@ def grow_tree(
         expand = [i for i in level if nodes[i].token not in eos_ids]
         if depth + 1 == depth_limit or not expand:
             break
-        if not static:
-            expand = sorted(expand, key=lambda i: -nodes[i].score)[: tree.top_k]
+        if not static:  # a node outside the best ``budget`` so far has no descendant in the final cut: skip it
+            best = set(_cut(nodes, budget, by_key=True))
+            expand = sorted((i for i in expand if i in best), key=lambda i: -nodes[i].score)[: tree.top_k]
+            if not expand:
+                break
         _feed(runner, nodes, expand, base, align)
         frontier = [(i, nodes[i].logits, nodes[i].score, nodes[i].key) for i in expand]
     kept = _cut(nodes, budget, by_key=not static)
