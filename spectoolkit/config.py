@@ -166,9 +166,10 @@ class TreeConfig:
 
     ``kind``: ``none`` (a chain of γ), ``static`` (``branching[d]`` children per node at depth d, e.g.
     [3, 2, 1, 1]) or ``dynamic`` (EAGLE-2 style: at each depth the ``top_k`` most probable frontier nodes
-    get ``top_k`` children each, up to depth γ; then the ``max_nodes`` best nodes are kept). Either way at
-    most ``max_nodes`` nodes are verified (verify width max_nodes + 1). n-gram drafts build a tree of the
-    distinct continuations of the matched suffix (depth γ, ``max_nodes`` nodes).
+    get ``top_k`` children each, up to depth ``max_depth`` (default γ); then the ``max_nodes`` best nodes are
+    kept). Either way at most ``max_nodes`` nodes are verified (verify width max_nodes + 1). n-gram drafts
+    build a tree of the distinct continuations of the matched suffix (depth ``max_depth`` or γ, ``max_nodes``
+    nodes).
     """
 
     kind: str = "none"

@@ -84,13 +84,15 @@ def _accept_probability(draft_probs: torch.Tensor, target_probs: torch.Tensor) -
 
 
 def _probe_accept_mask(
-    proposed: torch.Tensor, accept: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor
+    proposed: torch.Tensor, accept: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor, rule=None
 ) -> int:
-    """How often ``_accept_mask`` disagrees with ``accept`` [V] at uniforms 0, just below and above it.
+    """How often ``rule`` (default ``_accept_mask``) disagrees with ``accept`` [V] at uniforms 0, just below
+    and above it.
 
     Only tokens that can be proposed and whose probabilities are normal fp32 numbers (or p == 0) are
     probed: the rounding of u·q near denormals says nothing about the rule.
     """
+    rule = rule or _accept_mask
     normal = ((target_probs > 1e-30) | (target_probs == 0)) & (draft_probs > 1e-30)
     token_ids = torch.nonzero(proposed & normal).flatten()  # [n]
     if token_ids.numel() == 0:
@@ -106,7 +108,7 @@ def _probe_accept_mask(
     )
     mismatches = 0
     for uniform, expected, probed in probes:
-        got = _accept_mask(token_ids, draft_rows, target_rows, uniform)  # [n] bool
+        got = rule(token_ids, draft_rows, target_rows, uniform)  # [n] bool
         mismatches += int(((got != expected) & probed).sum())
     return mismatches
 

@@ -46,6 +46,7 @@ from spectoolkit.engine.tree_round import tree_depth
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import (
     _accept_probability,
+    _probe_accept_mask,
     _summary,
     _vocab_size,
     normalization_gap,
@@ -60,7 +61,6 @@ from spectoolkit.verify.tree import children_of, residual_after
 
 THRESHOLD = 1e-6
 CONTROLS = ("rank_siblings", "no_residual_update", "sibling_visible_mask")
-_PROBE = 1e-3  # relative distance of the probing uniforms from the acceptance threshold
 
 
 def tree_output_probs(
@@ -84,39 +84,13 @@ def tree_output_probs(
         draft_row = pad_vocab(draft_row.float().unsqueeze(0), vocab)[0]  # [V]
         proposal = proposal.double() / proposal.double().sum()  # [V] sample_from normalizes
         accept = _accept_probability(draft_row.double(), probs.double())  # [V]
-        mismatches += _probe_accept_mask(proposal > 0, accept, draft_row, probs)
+        mismatches += _probe_accept_mask(proposal > 0, accept, draft_row, probs, accept_mask)  # this module's seam
         emitted = proposal * accept  # [V] m_j
         out += reach * emitted
         reach *= max(0.0, 1.0 - float(emitted.sum()))
         gap += normalization_gap(probs, draft_row)
         probs = step(probs, draft_row)
     return out + reach * probs.double() / probs.double().sum(), gap, mismatches
-
-
-def _probe_accept_mask(
-    proposed: torch.Tensor, accept: torch.Tensor, draft_row: torch.Tensor, target_probs: torch.Tensor
-) -> int:
-    """How often ``accept_mask`` disagrees with ``accept`` [V] at u = 0 and just below / above it (proposable
-    tokens with normal fp32 probabilities or p == 0: rounding of u·q near denormals says nothing)."""
-    normal = ((target_probs > 1e-30) | (target_probs == 0)) & (draft_row > 1e-30)
-    token_ids = torch.nonzero(proposed & normal).flatten()  # [n]
-    if token_ids.numel() == 0:
-        return 0
-    rows = token_ids.numel()
-    draft_rows, target_rows = draft_row.expand(rows, -1), target_probs.expand(rows, -1)  # [n, V] views
-    threshold = accept[token_ids].float()  # [n]
-    rejectable = threshold * (1 + _PROBE) < 1 - 1e-6  # room above the threshold for a rejecting probe
-    everywhere = torch.ones_like(rejectable)
-    probes = (
-        (torch.zeros_like(threshold), threshold > 0, everywhere),  # the p > 0 guard
-        (threshold * (1 - _PROBE), threshold > 0, everywhere),
-        (threshold * (1 + _PROBE), torch.zeros_like(rejectable), rejectable),
-    )
-    mismatches = 0
-    for uniforms, expected, probed in probes:
-        got = accept_mask(token_ids, draft_rows, target_rows, uniforms)  # [n] bool
-        mismatches += int(((got != expected) & probed).sum())
-    return mismatches
 
 
 def with_earlier_siblings(visible: torch.Tensor, parents: list[int], start: int) -> torch.Tensor:
