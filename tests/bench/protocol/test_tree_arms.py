@@ -40,7 +40,7 @@ def _config(checkpoint: Path, out: Path, tree: TreeConfig, arms: str = "tree_cha
 @pytest.fixture(scope="module")
 def tree_run(one_thread, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("trees")
-    tree = TreeConfig(kind="dynamic", max_nodes=5, top_k=2, max_depth=4)  # deeper than γ = 2
+    tree = TreeConfig(kind="static", branching=(2, 1, 1, 1), max_nodes=5)  # 4 deep: deeper than γ = 2
     summary = run(_config(tiny_checkpoint, out, tree), progress=False)
     records = [json.loads(line) for line in (out / RECORDS_FILE).read_text(encoding="utf-8").splitlines()]
     return summary, records, out
@@ -53,7 +53,7 @@ def test_tree_chain_arms_are_exact_and_paired_by_width(tree_run) -> None:
     assert summary["exact_match"] == {arm: 1.0 for arm in ("chain-g2", "tree-n2", "chain-g5", "tree-n5")}
     for nodes in NODES:
         chain, tree = summary["trees"][f"chain-g{nodes}"], summary["trees"][f"tree-n{nodes}"]
-        assert chain["tree"] is None and tree["tree"] == f"dynamic(top_k=2)/{nodes}"
+        assert chain["tree"] is None and tree["tree"] == f"static[2,1,1,1]/{nodes}"
         assert chain["verify_width"] <= nodes + 1 and tree["verify_width"] <= nodes + 1
         assert tree["mean_accept_length"] == pytest.approx(1 + tree["mean_accepted"])
         assert sum(tree["accepted_counts"]) == tree["rounds"]
@@ -65,11 +65,11 @@ def test_tree_records_carry_shape_and_depths(tree_run) -> None:
     assert trees and all(r["schema_version"] == 5 for r in records)
     for record in trees:
         nodes = int(record["arm"].split("-n")[1])
-        assert record["tree"] == f"dynamic(top_k=2)/{nodes}" and record["draft_len"] == nodes
+        assert record["tree"] == f"static[2,1,1,1]/{nodes}" and record["draft_len"] == nodes
         assert len(record["tree_depths"]) == len(record["draft_lengths"]) == len(record["accept_lengths"])
         rounds = zip(record["accept_lengths"], record["tree_depths"], record["draft_lengths"], strict=True)
         assert all(k <= d <= n <= nodes for k, d, n in rounds)
-    assert max(d for r in trees for d in r["tree_depths"]) > 2  # max_depth 4 lets trees grow past γ
+    assert max(d for r in trees for d in r["tree_depths"]) > 2  # a static tree is len(branching) deep, not γ
     assert all(r["tree"] is None and not r["tree_depths"] for r in records if r["arm"].startswith("chain-"))
 
 
@@ -77,7 +77,7 @@ def test_report_compares_trees_with_chains(tree_run) -> None:
     _, _, out = tree_run
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "## Token trees vs chains" in report
-    assert "| tree-n5 | dynamic(top_k=2)/5 |" in report and "| chain-g5 | chain |" in report
+    assert "| tree-n5 | static[2,1,1,1]/5 |" in report and "| chain-g5 | chain |" in report
 
 
 def test_tree_config_mistakes_are_one_clear_error(tiny_checkpoint: Path, tmp_path: Path) -> None:
