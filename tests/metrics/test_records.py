@@ -57,9 +57,9 @@ def test_a_line_without_schema_version_is_version_1_with_every_field() -> None:
     raw = json.loads(PRE_SCHEMA_LINE)
     record = RequestRecord.from_dict(raw)
     assert record.schema_version == 1 and RECORD_SCHEMA_VERSION > 1
-    added = ("schema_version", "chosen_lengths", *SERVING_FIELDS)  # versions 3 and 4 add these, unset in an old line
+    added = ("schema_version", "chosen_lengths", "tree", "tree_depths", *SERVING_FIELDS)  # versions 3-5 add these
     assert {k: v for k, v in dataclasses.asdict(record).items() if k not in added} == raw
-    assert record.chosen_lengths == []
+    assert record.chosen_lengths == [] and record.tree is None and record.tree_depths == []
     assert all(getattr(record, name) is None for name in SERVING_FIELDS if name != "token_offsets")
     assert record.output_ids == [3736, 33163, 1005, 48732, 30358, 1867, 24068, 43147]
     assert record.rounds() == [(4, 4), (1, 1)] and rounds_of([record, record]) == record.rounds() * 2

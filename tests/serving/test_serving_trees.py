@@ -294,7 +294,7 @@ def _chain_reference(target, precision: str, tokens: list[int]):
 @pytest.mark.parametrize("precision", KV_PRECISIONS)
 def test_committed_kv_after_tree_rounds_equals_a_chain_of_the_committed_tokens(target, precision):
     verifier = RandomPaths(seed=2)
-    tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=2)
+    tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=4)
     eng = tree_engine(target, tree, RandomTreeDrafter(seed=1), invariant=True, kv=precision, num_blocks=48,
                       max_num_tokens=24, verifier=verifier)  # fmt: skip
     eng.tree_verifier = verifier
@@ -369,7 +369,7 @@ def test_shared_prompt_blocks_are_never_written_by_tree_rounds(target, draft):
 def test_draft_commit_path_moves_the_fed_path_nodes_next_to_the_prefix(target, draft, batch):
     """BatchModelDrafter: the accepted path's fed nodes are copied byte for byte to the positions after the
     prefix, the rest of the tree's draft blocks are freed, and the next tree is the one a fresh draft grows."""
-    tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=2)
+    tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=4)
     drafter = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40)
     prompt = batch[2]
     seq = new_sequence(ServeRequest("0", prompt, MAX_NEW), BlockTable(BlockAllocator(1, BLOCK)), 0, False)
@@ -436,8 +436,8 @@ def test_tree_batch_equals_batch1_target_alone(target, draft, batch, references,
 
 
 def test_trees_stay_exact_when_the_draft_pool_or_the_target_pool_is_nearly_full(target, draft, batch, references):
-    """Some sequences get no tree (empty: plain decode) — some before drafting, some when a deeper level no
-    longer fits the draft pool — and the target preempts; outputs unchanged."""
+    """Some sequences get no tree (empty: plain decode: the draft pool cannot hold their budget) and the target
+    preempts; outputs unchanged."""
     tree, _ = TREES["dynamic-8-3"]
     drafter = _drafter("model", draft, num_blocks=10)
     eng = tree_engine(target, tree, drafter, invariant=False, num_blocks=16)
@@ -445,9 +445,36 @@ def test_trees_stay_exact_when_the_draft_pool_or_the_target_pool_is_nearly_full(
     done = helpers.run(eng, [ServeRequest(str(i), p, n) for i, (p, n) in enumerate(zip(batch, lengths, strict=True))])
     assert helpers.outputs(done) == {rid: ids[: lengths[int(rid)]] for rid, ids in references.items()}
     assert any(budget > 0 and not len(t) for budget, t in drafter.trees), "every sequence got a tree"
-    assert drafter.abandoned > 0, "no tree was abandoned half-grown"
     assert drafter.branched() > 0
     assert sum(r.preemptions for r in done.values()) > 0, "the target pool never ran out"
+    assert helpers.all_free(eng) and drafter.kv_bytes() == 0
+
+
+def test_a_tree_that_outgrows_the_draft_pool_is_dropped_whole(target, draft, batch, references, monkeypatch):
+    """A deeper level that no longer fits the draft pool abandons the whole tree (plain decode, the draft rolled
+    back): forced by reserving nothing beyond the verified tokens, so the first tree level finds no block."""
+    tree, _ = TREES["static-222"]
+    drafter = _drafter("model", draft, num_blocks=12)
+    inner = drafter.inner
+
+    def fits_tokens_only(seq, budget):
+        table = inner._state(seq).table
+        if table.missing(len(seq.tokens)) > inner.allocator.num_free:
+            return False
+        table.ensure(len(seq.tokens))
+        hogged.extend(inner.allocator.allocate() for _ in range(inner.allocator.num_free))  # the rest goes elsewhere
+        return True
+
+    hogged: list[int] = []
+
+    monkeypatch.setattr(inner, "_fits", fits_tokens_only)
+    eng = tree_engine(target, tree, drafter, invariant=False)
+    done = helpers.run(eng, [ServeRequest("0", batch[0], MAX_NEW)])
+    assert helpers.outputs(done) == {"0": references["0"][:MAX_NEW]}
+    assert drafter.abandoned > 0, "no tree outgrew the pool"
+    assert sum(not len(t) for _, t in drafter.trees) >= drafter.abandoned, "an abandoned tree was still proposed"
+    for block in hogged:
+        inner.allocator.free(block)
     assert helpers.all_free(eng) and drafter.kv_bytes() == 0
 
 
