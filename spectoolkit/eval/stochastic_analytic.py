@@ -125,11 +125,17 @@ def _control_sampling(sampling: SamplingConfig) -> SamplingConfig:
     return dataclasses.replace(sampling, top_k=CONTROL_TOP_K, top_p=CONTROL_TOP_P)
 
 
-def _target_positions(runner: CachedModel, prompt: list[int], sampling: SamplingConfig, count: int, generator):
-    """Yield (tokens so far, target logits [V]) at ``count`` positions of a target-alone continuation."""
+def _target_positions(
+    runner: CachedModel, prompt: list[int], sampling: SamplingConfig, count: int, generator, split_last: bool = False
+):
+    """Yield (tokens so far, target logits [V]) at ``count`` positions of a target-alone continuation.
+
+    ``split_last``: the prompt's last token is fed as a decode step after a prefill of the rest."""
     runner.reset()
     tokens = list(prompt)
-    logits = runner.forward(tokens, last_only=True)  # [V]
+    if split_last and len(prompt) > 1:
+        runner.forward(prompt[:-1])
+    logits = runner.forward(tokens[-1:] if split_last else tokens, last_only=True)  # [V]
     chooser = RandomChooser(sampling)
     for index in range(count):
         yield tokens, logits.float()

@@ -181,9 +181,14 @@ NEGATIVE_CONTROLS: dict[type, Callable[[Drafter, SamplingConfig], Drafter]] = {
 
 def negative_control(drafter: Drafter, sampling: SamplingConfig) -> Drafter:
     """A drafter like ``drafter`` (same model / lookup) that lies about its proposal distribution."""
-    control = next((NEGATIVE_CONTROLS[kind] for kind in type(drafter).__mro__ if kind in NEGATIVE_CONTROLS), None)
+    return control_from(NEGATIVE_CONTROLS, "NEGATIVE_CONTROLS", drafter, sampling)
+
+
+def control_from(registry: dict, registry_name: str, drafter: Drafter, sampling: SamplingConfig) -> Drafter:
+    """The control ``registry`` holds for ``drafter``'s class (or its nearest base), built for ``sampling``."""
+    control = next((registry[kind] for kind in type(drafter).__mro__ if kind in registry), None)
     if control is None:
-        raise TypeError(f"no negative control for drafter {type(drafter).__name__}: add one to NEGATIVE_CONTROLS")
+        raise TypeError(f"no negative control for drafter {type(drafter).__name__}: add one to {registry_name}")
     return control(drafter, sampling)
 
 

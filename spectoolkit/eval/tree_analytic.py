@@ -48,6 +48,7 @@ from spectoolkit.eval.stochastic_analytic import (
     _accept_probability,
     _probe_accept_mask,
     _summary,
+    _target_positions,
     _vocab_size,
     normalization_gap,
     total_variation,
@@ -103,23 +104,10 @@ def with_earlier_siblings(visible: torch.Tensor, parents: list[int], start: int)
 
 
 def _decode_positions(runner: CachedModel, prompt: list[int], sampling: SamplingConfig, count: int, generator):
-    """Yield (tokens so far, target logits [V]) at ``count`` positions of a target-alone continuation.
-
-    All but the last prompt token are one prefill, every later token a decode step: the tree runner
-    builds its prefix with the same calls, so both hold bit-identical prefix KV.
-    """
-    runner.reset()
-    tokens = list(prompt)
-    if len(prompt) > 1:
-        runner.forward(prompt[:-1])
-    logits = runner.forward(prompt[-1:], last_only=True)  # [V]
-    chooser = RandomChooser(sampling)
-    for index in range(count):
-        yield tokens, logits.float()
-        token, _ = chooser.choose(logits, generator)
-        tokens = tokens + [token]
-        if index + 1 < count:
-            logits = runner.forward([token], last_only=True)
+    """The chain check's target-alone positions, with the prompt's last token fed as a decode step: the tree
+    runner builds its prefix with the same calls (one prefill, then decode steps), so both hold bit-identical
+    prefix KV."""
+    return _target_positions(runner, prompt, sampling, count, generator, split_last=True)
 
 
 def _verify_logits(runner: CachedModel, tokens: list[int], tree: TokenTree, see_siblings: bool) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter
 from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.eval.stochastic_empirical import control_from
 from spectoolkit.sampling import RandomChooser
 from spectoolkit.verify.tree import children_of
 
@@ -98,9 +99,4 @@ TREE_NEGATIVE_CONTROLS: dict[type, Callable[[Drafter, SamplingConfig], Drafter]]
 
 def tree_negative_control(drafter: Drafter, sampling: SamplingConfig) -> Drafter:
     """A drafter like ``drafter`` (same model / lookup) whose trees carry the rank-siblings bug."""
-    control = next((TREE_NEGATIVE_CONTROLS[k] for k in type(drafter).__mro__ if k in TREE_NEGATIVE_CONTROLS), None)
-    if control is None:
-        raise TypeError(
-            f"no tree negative control for drafter {type(drafter).__name__}: add one to TREE_NEGATIVE_CONTROLS"
-        )
-    return control(drafter, sampling)
+    return control_from(TREE_NEGATIVE_CONTROLS, "TREE_NEGATIVE_CONTROLS", drafter, sampling)
