@@ -60,12 +60,13 @@ $(VLLM_STAMP):
 	rm -f $(VLLM_VENV)/.installed-*
 	touch $@
 
-# llama.cpp peer (experiments/peers_llamacpp.py): llama-cpp-python builds llama.cpp from source (~10 min
-# on 2 cores) into our venv; nothing in the package imports it. GGML_NATIVE's build died with "Illegal
-# instruction" on these VMs (the CPU flags list AMX, which the guest cannot use): AVX-512 set by hand, AMX off.
+# llama.cpp peer (experiments/peers_llamacpp.py): llama-cpp-python builds llama.cpp from source (~10-15 min
+# on 2 cores) into our venv; nothing in the package imports it. Built for the CPU it runs on:
+# experiments/llama_cpp_flags.py runs a probe per x86 feature (a native build where every feature the CPU
+# lists runs; explicit flags where the guest lists one it cannot run, e.g. AMX on the Intel VMs).
+# LLAMA_CMAKE="..." overrides the probe.
 LLAMA_CPP ?= llama-cpp-python==0.3.36
-LLAMA_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
-	-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LLAMA_CMAKE ?= $(shell $(PYTHON) experiments/llama_cpp_flags.py)
 
 llama-cpp: install
 	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q --no-cache-dir "$(LLAMA_CPP)"
