@@ -5,6 +5,7 @@ The library works without Hydra: build a :class:`spectoolkit.config.RunConfig` a
 """
 
 import hashlib
+import logging
 import re
 
 from spectoolkit.errors import SpecToolkitError
@@ -39,4 +40,13 @@ def _register_resolvers() -> None:
         OmegaConf.register_new_resolver("spectoolkit_job_dir", job_dir_name)
 
 
+def _quiet_libraries() -> None:
+    # transformers imports torchao on every model load once it is installed (it is: the stock baseline
+    # check's counterpart of rtn-*); torchao then warns that its CUDA-only extensions did not load, and
+    # registers enums in a way torch calls deprecated. Neither concerns a run, and both print every time.
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+
+
 _register_resolvers()
+_quiet_libraries()

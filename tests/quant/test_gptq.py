@@ -178,6 +178,24 @@ def test_loaded_model_is_a_transformers_lm_with_gptq_linears(tiny_model: torch.n
     assert tiny_model.dtype == torch.bfloat16
 
 
+def test_stock_transformers_loads_our_checkpoint_with_the_same_weights(
+    tiny_quantized: Path, tiny_model: torch.nn.Module
+) -> None:
+    """The stock baseline check's int4 side: our cached checkpoint through transformers' own GPTQ loading
+    (optimum + GPTQModel, as a transformers user would load it) holds the very weights we load."""
+    from spectoolkit.bench.protocol.stock_models import load_stock
+
+    stock, description = load_stock(str(tiny_quantized), "int4", 32, torch.device("cpu"))
+    assert "optimum" in description and "gptqmodel" in description and "g32" in description, description
+    ours_q, stock_q = tiny_model.model.layers[0].self_attn.q_proj, stock.model.layers[0].self_attn.q_proj
+    assert stock_q.__class__.__module__.startswith("gptqmodel") and stock.dtype == torch.bfloat16
+    prompt = torch.tensor([list(range(100, 116))])
+    with torch.inference_mode():
+        ours, theirs = tiny_model(input_ids=prompt).logits.float(), stock(input_ids=prompt).logits.float()
+    torch.testing.assert_close(theirs, ours, atol=0.15, rtol=0.05)  # same weights; kernels may differ (bf16)
+    assert ours_q.bits == stock_q.bits == 4
+
+
 def _write_checkpoint(directory: Path, hidden: int, intermediate: int, settings: dict) -> Path:
     directory.mkdir()
     config = {"hidden_size": hidden, "intermediate_size": intermediate, "num_attention_heads": 4}

@@ -2,9 +2,10 @@
 
 Every speedup of a run is measured against our target-alone arm ("baseline", DESIGN §3). A slow
 baseline inflates every speedup, and no same-run comparison catches it, so during calibration a
-*fresh, stock* copy of the baseline's checkpoint (plain ``AutoModelForCausalLM.from_pretrained``,
-default attention, stock linears; none of our loader's kernel swaps) decodes a few of the run's
-prompts interleaved with our baseline engine.
+*fresh, stock* copy of the baseline's checkpoint at its precision (:mod:`.stock_models`: plain
+``AutoModelForCausalLM.from_pretrained``, default attention, stock linears — bitsandbytes, GPTQ through
+transformers' own loading, torchao weight-only for our ``rtn-*`` formats) decodes a few of the run's
+prompts interleaved with our baseline engine. Only a missing library skips it, with the reason.
 
 Throughput on both sides is output tokens / wall time of the call, prefill included, summed over
 the timed passes. Per prompt: one untimed warm-up of each, then ``PASSES`` timed passes of each,
@@ -21,20 +22,14 @@ from typing import Any
 import torch
 
 from spectoolkit.bench.protocol.setup import Arm, RunSetup
+from spectoolkit.bench.protocol.stock_models import StockUnavailable, load_stock
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import first_line
 from spectoolkit.models.cached import synchronize
-from spectoolkit.models.float_model import DTYPES
 
 MAX_PROMPTS = 3  # runnable prompts of the run that are timed
 MAX_NEW_TOKENS = 32  # at most this many tokens per generation (the run's max_new_tokens if smaller)
 PASSES = 2  # timed passes of each side per prompt, after one untimed warm-up of each
-_BNB = ("int8", "nf4")  # stock transformers loads these through BitsAndBytesConfig
-_SKIPPED = {
-    "int4": "GPTQ int4: stock transformers has no GPTQ kernel of its own to compare with",
-    "rtn-int8": "rtn-int8 is our own format: stock transformers has no comparable path",
-    "rtn-int4": "rtn-int4 is our own format: stock transformers has no comparable path",
-}
 
 
 def stock_baseline_check(cfg: RunConfig, setup: RunSetup, prompts: list[list[int] | str]) -> dict[str, Any] | None:
@@ -48,48 +43,25 @@ def stock_baseline_check(cfg: RunConfig, setup: RunSetup, prompts: list[list[int
     runnable = [ids for ids in prompts if isinstance(ids, list)][:MAX_PROMPTS]
     if not runnable:
         return None
-    if arm.target_precision in _SKIPPED:
-        return {"skipped": _SKIPPED[arm.target_precision]}
     max_new_tokens = min(cfg.workload.max_new_tokens, MAX_NEW_TOKENS)
-    stock = None
+    stock, device = None, setup.models.device
     try:
-        stock, description = _load_stock(arm, setup.models.device)
+        stock, description = load_stock(arm.target.path, arm.target_precision, cfg.target.group_size, device)
         with torch.inference_mode():
-            stock_rate, ours_rate = _time_interleaved(stock, arm, runnable, max_new_tokens, setup.models.device)
+            stock_rate, ours_rate = _time_interleaved(stock, arm, runnable, max_new_tokens, device)
+    except StockUnavailable as exc:
+        return {"skipped": str(exc)}
     except Exception as exc:  # noqa: BLE001  a failing stock path (OOM, missing backend) must not lose the run
         return {"error": first_line(exc, with_type=True)}
     finally:
         del stock
         gc.collect()
-        if setup.models.device.type == "cuda":
+        if device.type == "cuda":
             torch.cuda.empty_cache()
     return {
         "stock_tokens_per_s": stock_rate, "baseline_tokens_per_s": ours_rate, "ratio": ours_rate / stock_rate,
         "prompts": len(runnable), "max_new_tokens": max_new_tokens, "stock": description,
     }  # fmt: skip
-
-
-def _load_stock(arm: Arm, device: torch.device) -> tuple[torch.nn.Module, str]:
-    """A fresh stock copy of ``arm``'s target at its precision on ``device`` (eval), and how it was loaded."""
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    precision = arm.target_precision
-    if precision in DTYPES:
-        model = AutoModelForCausalLM.from_pretrained(arm.target.path, dtype=DTYPES[precision]).to(device)
-    elif precision in _BNB:
-        from spectoolkit.quant.bnb import BnbConfig
-
-        bnb = BnbConfig(kind=precision)  # the scheme our backend loads, as a plain BitsAndBytesConfig
-        model = AutoModelForCausalLM.from_pretrained(
-            arm.target.path, dtype=bnb.dtype, quantization_config=bnb.to_transformers(), device_map={"": device}
-        )
-        precision = f"bitsandbytes {precision}, {bnb.compute_dtype} compute"
-    else:
-        raise ValueError(f"no stock counterpart for precision '{precision}'")
-    model.eval()
-    attention = getattr(model.config, "_attn_implementation", None) or "default"
-    return model, f"transformers {transformers.__version__} generate, {attention} attention, {precision}"
 
 
 def _time_interleaved(

@@ -9,6 +9,7 @@ its ratio; elsewhere only presence and positivity.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -66,14 +67,30 @@ def test_a_slowed_baseline_fails_the_checklist_item(tiny_checkpoint: Path, tmp_p
     assert item.status == FAIL and "limit 0.95" in item.evidence, item
 
 
-def test_our_own_formats_are_skipped_and_a_stock_failure_is_recorded(
+@pytest.mark.parametrize(("precision", "kind"), [("rtn-int8", "int8"), ("rtn-int4", "int4")])
+def test_rtn_targets_are_timed_against_torchao_at_the_same_bits(
+    tiny_checkpoint: Path, tmp_path: Path, precision: str, kind: str
+) -> None:
+    pytest.importorskip("torchao")
+    cfg = _config(tiny_checkpoint, tmp_path, target=TargetConfig(precision=precision, group_size=32))
+    setup = build(cfg)
+    check = stock_baseline_check(cfg, setup, _prompts(cfg, setup))
+    assert "skipped" not in check and "error" not in check, check
+    assert all(check[key] > 0 for key in RATES), check
+    assert f"{kind} weight-only g32" in check["stock"] and "torchao" in check["stock"], check["stock"]
+    assert check_baseline_vs_stock(Summary.from_dict({"baseline_check": check})).status != NA
+
+
+def test_a_missing_stock_library_is_skipped_with_the_reason_and_a_stock_failure_is_recorded(
     tiny_checkpoint: Path, tmp_path: Path, monkeypatch
 ) -> None:
     cfg = _config(tiny_checkpoint, tmp_path, target=TargetConfig(precision="rtn-int8"))
     setup = build(cfg)
+    monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao raises ImportError
     check = stock_baseline_check(cfg, setup, _prompts(cfg, setup))
-    assert set(check) == {"skipped"} and "rtn-int8" in check["skipped"]
-    assert check_baseline_vs_stock(Summary.from_dict({"baseline_check": check})).status == NA
+    assert set(check) == {"skipped"} and "rtn-int8" in check["skipped"] and "torchao" in check["skipped"]
+    item = check_baseline_vs_stock(Summary.from_dict({"baseline_check": check}))
+    assert item.status == NA and "torchao" in item.evidence
 
     def broken(*args, **kwargs):
         raise OSError("no such checkpoint\nsecond line")
