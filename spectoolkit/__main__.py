@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from spectoolkit.bench.sweep.jobs import COMPLETE, config_hash, end_job, finished_before, start_job
-from spectoolkit.config import run_config_from_dict
+from spectoolkit.config import RunConfig, run_config_from_dict
+from spectoolkit.config_checks import Entry, check_config, override_keys
 from spectoolkit.errors import SpecToolkitError
 
 
@@ -31,12 +32,23 @@ def _resolved(cfg: DictConfig) -> dict:
         raise SpecToolkitError(f"{exc.full_key} must be set (e.g. {exc.full_key}=VALUE on the command line)") from None
 
 
+def checked(config: RunConfig, entry: Entry) -> RunConfig:
+    """Refuse settings of ``config`` that would do nothing or less than asked (:mod:`spectoolkit.config_checks`),
+    judged by the keys on this command line; print its warnings. Returns ``config``."""
+    from hydra.core.hydra_config import HydraConfig
+
+    given = override_keys(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+    for warning in check_config(config, given, entry):
+        print(f"warning: {warning}", file=sys.stderr)
+    return config
+
+
 @hydra.main(version_base=None, config_path="pkg://spectoolkit.conf", config_name="config")
 def _app(cfg: DictConfig) -> None:
     _quiet_transformers()
     try:
         values = _resolved(cfg)
-        config = run_config_from_dict(values)
+        config = checked(run_config_from_dict(values), "run")
     except SpecToolkitError as exc:
         _fail(str(exc))
         return

@@ -173,7 +173,7 @@ class TreeConfig:
     """
 
     kind: str = "none"
-    branching: tuple[int, ...] = (3, 2, 1, 1)
+    branching: tuple[int, ...] = (2, 1, 1, 1)  # 8 nodes: fits the default max_nodes, depth 4 = the default γ
     max_nodes: int = 8
     top_k: int = 4
     max_depth: int | None = None  # dynamic: depth cap (null: speculate.gamma); static: len(branching)

@@ -21,11 +21,11 @@ from spectoolkit.errors import SpecToolkitError
 
 @hydra.main(version_base=None, config_path="pkg://spectoolkit.conf", config_name="config")
 def _app(cfg: DictConfig) -> None:
-    from spectoolkit.__main__ import _quiet_transformers, config_from_hydra
+    from spectoolkit.__main__ import _quiet_transformers, checked, config_from_hydra
 
     _quiet_transformers()
     try:
-        config = config_from_hydra(cfg)
+        config = checked(config_from_hydra(cfg), "serve")
         serve(config)
     except SpecToolkitError as exc:
         print(f"error: {exc}", file=sys.stderr)

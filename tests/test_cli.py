@@ -86,6 +86,11 @@ def test_run_prints_table_and_writes_results(tiny_checkpoint: Path, tmp_path: Pa
         (["workload=jsonl", "workload.path=/nonexistent.jsonl"], ["error: ", "/nonexistent.jsonl", "not found"]),
         (["workload=jsonl"], ["error: ", "workload.path"]),
         (["workload.max_new_tokens=0"], ["error: ", "workload.max_new_tokens=0 must be >= 1"]),
+        (["serve.max_num_seqs=4"], ["error: serve.max_num_seqs has no effect outside a serving run"]),
+        (
+            ["+draft=bf16", "speculate.tree.kind=static", "speculate.tree.branching=[3,2,1,1]"],
+            ["error: speculate.tree.branching=[3,2,1,1]", "set speculate.tree.max_nodes=21, or shrink"],
+        ),
     ],
     ids=[
         "unknown-option",
@@ -95,6 +100,8 @@ def test_run_prints_table_and_writes_results(tiny_checkpoint: Path, tmp_path: Pa
         "missing-workload",
         "jsonl-without-path",
         "zero-max-new-tokens",
+        "dead-serve-key",
+        "tree-cut-by-max-nodes",
     ],  # fmt: skip
 )
 def test_bad_input_is_one_clear_error(tmp_path: Path, overrides: list[str], expected: list[str]) -> None:
@@ -102,6 +109,32 @@ def test_bad_input_is_one_clear_error(tmp_path: Path, overrides: list[str], expe
     _assert_one_clear_error(result, *expected)
     if expected[0].startswith("error: "):  # ours: exactly one message, first thing on stderr
         assert result.stderr.startswith("error: ") and result.stderr.count("error:") == 1, result.stderr
+
+
+def test_a_key_with_no_effect_is_one_line_naming_its_switch(tmp_path: Path) -> None:
+    result = _spectoolkit(tmp_path, "speculate.tree.branching=[3,2,1,1]")
+    _assert_one_clear_error(result)
+    assert result.stderr.strip().splitlines() == [
+        "error: speculate.tree.branching has no effect without speculate.tree.kind=static: "
+        "set speculate.tree.kind=static, or drop the override"
+    ]
+    assert not (tmp_path / "run" / "job.json").exists()  # refused before the job started
+
+
+def test_a_tree_chain_run_warns_and_records_the_cut_tree(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    result = _spectoolkit(
+        tmp_path, f"model.target_path={tiny_checkpoint}", "+draft=fp32", "draft.quantize_head=false",
+        "speculate.tree.kind=static", "speculate.tree.branching=[2,2]", "bench.arms=tree_chain", "bench.gammas=[2]",
+        "workload.max_new_tokens=4", "workload.num_prompts=1", "bench.warmup=0", "bench.repeat=1",
+        "bench.calibrate=false", "bench.baseline_check=false", "runtime.kernels=reference",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    warning = ("bench.arms=tree_chain cuts the static tree speculate.tree.branching=[2,2] (6 nodes) to each arm's "
+               "node budget, breadth first: tree-n2 (depth 1)")  # fmt: skip
+    assert f"warning: {warning}" in result.stderr.splitlines()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["complete"] is True and summary["conditions"]["warnings"] == [warning]
+    assert f"| config warnings | {warning} |" in (tmp_path / "run" / "report.md").read_text(encoding="utf-8")
 
 
 def test_incompatible_pair_lists_the_mismatch(tiny_checkpoint: Path, incompatible_draft: Path, tmp_path: Path) -> None:

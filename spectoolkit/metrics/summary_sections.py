@@ -262,5 +262,6 @@ class Conditions:
     serve: dict[str, Any] = field(default_factory=dict)  # ServeConfig (SLOs); empty before it was recorded
     memory: Memory = field(default_factory=Memory)
     compat_warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the run does less than its settings say (config_checks)
     backend: dict[str, Any] = field(default_factory=dict)  # serving on servers: kind, URLs, how they were started
     servers: dict[str, Any] = field(default_factory=dict)  # arm -> what its server reports about itself

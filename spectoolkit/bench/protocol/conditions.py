@@ -11,6 +11,7 @@ import torch
 
 from spectoolkit.bench.protocol.setup import ArmSet, RunFacts, RunSetup
 from spectoolkit.config import RunConfig
+from spectoolkit.config_checks import config_warnings
 from spectoolkit.kernels.runtime import kernels_usable
 from spectoolkit.models.compiled import compiled_runners
 from spectoolkit.models.kernel_choice import cpu_model
@@ -129,4 +130,5 @@ def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
         "serve": dataclasses.asdict(cfg.serve),  # serve.slo_tpot_ms: the TPOT rule of alerts.yml
         "memory": memory(arm_set),
         "compat_warnings": facts.compat_warnings,
+        "warnings": config_warnings(cfg),  # what the run does less than its settings say, by design (tree_chain cuts)
     }

@@ -197,6 +197,8 @@ def _conditions_section(summary: Summary, records: Records, plots: dict[str, Pat
             value = ", ".join(f"{k}={v}" for k, v in value.items() if not isinstance(v, dict | list)) or None
         rows.append([key, value])
     rows.append(["compat warnings", "; ".join(cond.compat_warnings) or "none"])
+    if cond.warnings:
+        rows.append(["config warnings", "; ".join(cond.warnings)])
     rows.append(["arms measured", ", ".join(summary.arms) or None])
     return ["## Conditions", "", *md_table(["condition", "value"], rows)]
 
