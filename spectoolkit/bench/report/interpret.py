@@ -3,6 +3,11 @@
 Pure functions over the typed ``Summary`` (serving runs, DESIGN §6: over the ``ServingSummary`` of
 :mod:`spectoolkit.metrics.load_curves`, curves over the concurrency levels); nothing here formats
 Markdown or touches files.
+
+A rule's premise holds only materially: "up", "down", "better", "worse" and "below 1" mean by more than
+:data:`MATERIAL_CHANGE` of the reference value (TTFT p50 0.307 → 0.307 s is not "TTFT up"), so a rule
+never fires on equal numbers or on run-to-run noise; the other rules compare against their own named
+thresholds.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ ALPHA_GAP = 0.15  # α spread across task types that justifies per-task-type ena
 HIGH_ALPHA = 0.7
 MODEL_ERROR_LIMIT = 0.15  # |predicted - measured| / measured speedup
 LOAD_GROWTH = 1.5  # low → high load: TTFT p99 and throughput both grow by more than this
+MATERIAL_CHANGE = 0.05  # "up"/"down": beyond ±5% of the reference value (a CPU's run-to-run noise is a few %)
+MARGIN = f"margin ±{MATERIAL_CHANGE:.0%}"
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,16 @@ class Finding:
 
 
 # ---- interpretation rules ------------------------------------------------------------------------
+
+
+def _up(value: float, reference: float) -> bool:
+    """``value`` is materially above ``reference``: by more than MATERIAL_CHANGE of it."""
+    return value > reference * (1 + MATERIAL_CHANGE)
+
+
+def _down(value: float, reference: float) -> bool:
+    """``value`` is materially below ``reference``: by more than MATERIAL_CHANGE of it."""
+    return value < reference * (1 - MATERIAL_CHANGE)
 
 
 def _verdict(rule: str, applies: bool, numbers: str, advice: str) -> Finding:
@@ -54,32 +71,33 @@ def _primary_cost_model(summary: Summary) -> CostModel:
 
 
 def rule_ttft_vs_throughput(summary: Summary) -> Finding:
-    """TTFT up and throughput up ⇒ suits batch jobs, not interactive use."""
+    """TTFT up and throughput up (each beyond MATERIAL_CHANGE) ⇒ suits batch jobs, not interactive use."""
     rule = "TTFT up, throughput up"
     spec, base = _primary_vs_baseline(summary, "ttft", "p50")
     speedup = summary.speedup
     if None in (spec, base, speedup):
         return Finding(rule, False, "n/a: TTFT p50 or speedup not measured")
-    numbers = f"TTFT p50 {base:.3f} → {spec:.3f} s, throughput {speedup:.2f}×"
+    numbers = f"TTFT p50 {base:.3f} → {spec:.3f} s, throughput {speedup:.2f}× ({MARGIN})"
     return _verdict(
         rule,
-        spec > base and speedup > 1,
+        _up(spec, base) and _up(speedup, 1.0),
         numbers,
         "suits batch jobs, not interactive use where the first token matters",
     )
 
 
 def rule_keep_off(summary: Summary) -> Finding:
-    """Speedup < 1 ⇒ keep speculation off (draft=none)."""
+    """Speedup materially below 1 ⇒ keep speculation off (draft=none)."""
     rule = "speedup below 1"
     speedup = summary.speedup
     if speedup is None:
         return Finding(rule, False, "n/a: no measured speedup")
-    return _verdict(rule, speedup < 1, f"speedup {speedup:.2f}×", "keep speculation off (draft=none) for this setup")
+    numbers, advice = f"speedup {speedup:.2f}× ({MARGIN})", "keep speculation off (draft=none) for this setup"
+    return _verdict(rule, _down(speedup, 1.0), numbers, advice)
 
 
 def rule_draft_too_expensive(summary: Summary) -> Finding:
-    """α high but speedup < 1 ⇒ the draft costs too much relative to T₁ (D·γ/T₁)."""
+    """α high but speedup materially below 1 ⇒ the draft costs too much relative to T₁ (D·γ/T₁)."""
     rule = "α high, speedup below 1"
     arm, alpha = primary_alpha(summary)
     speedup = summary.speedup
@@ -93,9 +111,9 @@ def rule_draft_too_expensive(summary: Summary) -> Finding:
     cost = f"D·γ/T₁ = {fmt(ratio, '.2f')}" + (
         f" ({draft * 1e3:.1f} ms × {gamma:g} / {t1 * 1e3:.1f} ms)" if ratio else ""
     )
-    numbers = f"α {alpha:.3f} (high: ≥ {HIGH_ALPHA}), speedup {speedup:.2f}×, {cost}"
+    numbers = f"α {alpha:.3f} (high: ≥ {HIGH_ALPHA}), speedup {speedup:.2f}× ({MARGIN}), {cost}"
     advice = "the draft is too expensive relative to T₁; use a cheaper draft or a smaller γ"
-    return _verdict(rule, alpha >= HIGH_ALPHA and speedup < 1, numbers, advice)
+    return _verdict(rule, alpha >= HIGH_ALPHA and _down(speedup, 1.0), numbers, advice)
 
 
 def rule_alpha_by_task(summary: Summary) -> Finding:
@@ -116,16 +134,16 @@ def rule_alpha_by_task(summary: Summary) -> Finding:
 
 
 def rule_tail_risk(summary: Summary) -> Finding:
-    """P99 worse than baseline while P50 better ⇒ tail risk."""
+    """P99 materially worse than baseline while P50 materially better ⇒ tail risk."""
     rule = "tail risk"
     p50, base50 = _primary_vs_baseline(summary, "latency", "p50")
     p99, base99 = _primary_vs_baseline(summary, "latency", "p99")
     if None in (p50, base50, p99, base99):
         return Finding(rule, False, "n/a: latency quantiles not measured for the primary arm and baseline")
-    numbers = f"P50 {base50:.3f} → {p50:.3f} s, P99 {base99:.3f} → {p99:.3f} s"
+    numbers = f"P50 {base50:.3f} → {p50:.3f} s, P99 {base99:.3f} → {p99:.3f} s ({MARGIN})"
     return _verdict(
         rule,
-        p99 > base99 and p50 < base50,
+        _up(p99, base99) and _down(p50, base50),
         numbers,
         "the typical request is faster but the slowest are slower (tail risk)",
     )
@@ -234,7 +252,8 @@ def rule_ttft_and_throughput_up_with_load(serving: ServingSummary, arm: str) -> 
 
 
 def rule_tpot_better_throughput_worse(serving: ServingSummary, arm: str) -> Finding:
-    """At some concurrency the arm's TPOT p50 beats the baseline's while its throughput is below it."""
+    """At some concurrency the arm's TPOT p50 beats the baseline's while its throughput is below it (both beyond
+    MATERIAL_CHANGE)."""
     rule = f"TPOT better, throughput worse ({arm})"
     hits, measured = [], 0
     for level in serving.of_kind(CONCURRENCY):
@@ -243,12 +262,12 @@ def rule_tpot_better_throughput_worse(serving: ServingSummary, arm: str) -> Find
         if None in (tpot, base, speedup):
             continue
         measured += 1
-        if tpot < base and speedup < 1:
+        if _down(tpot, base) and _down(speedup, 1.0):
             hits.append(f"{level.value:g} (TPOT p50 {tpot * 1e3:.1f} vs {base * 1e3:.1f} ms, {speedup:.2f}×)")
     if not measured:
         return Finding(rule, False, "n/a: TPOT p50 and speedup not measured at any concurrency level")
     if not hits:
-        return Finding(rule, False, f"at none of {measured} concurrency levels")
+        return Finding(rule, False, f"at none of {measured} concurrency levels ({MARGIN})")
     advice = ("each request streams faster while the machine serves fewer tokens: judge by throughput at "
               "the load you serve")  # fmt: skip
     return _verdict(rule, True, "at concurrency " + ", ".join(hits), advice)
