@@ -31,7 +31,7 @@ run: install
 	$(PY) -m spectoolkit $(ARGS)
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 test-slow: install
 	$(PY) -m pytest -q -m slow
