@@ -1,14 +1,19 @@
-"""Client-side helpers for the server tests: requests, Server-Sent Events, /metrics, waiting for an idle engine."""
+"""Client-side helpers for the server tests: requests, Server-Sent Events, /metrics, waiting for an idle engine,
+and pinning the engine thread between two steps (so a test decides when a client leaves, not the CPU's speed)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "smollm2-135m"
@@ -84,11 +89,53 @@ def idle(server: Server) -> bool:
             and engine.allocator.num_free == engine.allocator.num_blocks)  # fmt: skip
 
 
+def wait_for(condition: Callable[[], Any], timeout_s: float) -> bool:
+    """Whether ``condition()`` holds within ``timeout_s`` (checked every 20 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def wait_idle(server: Server, timeout_s: float = 10.0) -> bool:
     """Whether the engine is idle with all KV free within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if idle(server):
-            return True
-        time.sleep(0.02)
-    return idle(server)
+    return wait_for(lambda: idle(server), timeout_s)
+
+
+def engine_caught_up(server: Server) -> None:
+    """Return once every command sent to the engine thread so far (an abort, say) has run. Commands run in the
+    order sent, between two steps, so this waits out the step in flight, however slow the CPU makes it."""
+    server.built.runner.call(lambda: None).result(timeout=TIMEOUT_S)
+
+
+@contextmanager
+def engine_parked(server: Server) -> Iterator[None]:
+    """The engine thread held between two steps for the block: no step runs, and commands sent meanwhile (an
+    abort) run in order, before its next step, once the block ends."""
+    held, release = threading.Event(), threading.Event()
+
+    def park() -> None:
+        held.set()
+        release.wait(TIMEOUT_S)
+
+    server.built.runner.call(park)
+    try:
+        assert held.wait(TIMEOUT_S), "the engine thread never reached the end of its step"
+        yield
+    finally:
+        release.set()
+
+
+def watch_aborts(server: Server, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set once the server has asked the engine runner to abort a request (e.g. its client left)."""
+    runner, asked = server.built.runner, threading.Event()
+    abort = runner.abort
+
+    def recorded(request_id: str) -> None:
+        abort(request_id)
+        asked.set()
+
+    monkeypatch.setattr(runner, "abort", recorded)
+    return asked
