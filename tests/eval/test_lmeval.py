@@ -191,6 +191,7 @@ def _spectoolkit(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess
     return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
+@pytest.mark.slow  # the whole Hydra job in a subprocess (16 s); test_lm_eval_cli_runs_the_spectoolkit_model stays
 def test_hydra_job_writes_both_scores(tiny_checkpoint: Path, tmp_path: Path) -> None:
     result = _spectoolkit(
         tmp_path, "+eval=lmeval", f"eval.tasks=[{TASK}]", "eval.limit=3", f"model.target_path={tiny_checkpoint}",

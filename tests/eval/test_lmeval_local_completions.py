@@ -22,7 +22,7 @@ from spectoolkit.config import run_config_from_dict
 from spectoolkit.embedded import embedded_dir
 from spectoolkit.server.build import BackgroundServer, build_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a server plus lm-eval's API model: 30 s
 TASKS_DIR = Path(__file__).resolve().parents[2] / "spectoolkit" / "eval" / "tasks"
 LIMIT = 3
 

@@ -20,7 +20,7 @@ from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
 from spectoolkit.workloads.prompts import Request, encode_prompt
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # 170 s on AMD Zen 3; test_exact_grid runs by default
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",

@@ -83,7 +83,7 @@ def _batched(eng: ContinuousEngine, prompts: list[list[int]]) -> tuple[list[list
     return [done[str(i)].output_ids for i in range(len(prompts))], done
 
 
-@pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "default"])
+@pytest.mark.parametrize("invariant", [pytest.param(True, marks=pytest.mark.slow), False], ids=["invariant", "default"])
 def test_batched_speculation_against_batch1_baseline(setup, invariant):
     target, _, prompts = setup
     references = _batch1(_engine(setup, 0, invariant), prompts)

@@ -64,6 +64,7 @@ def _greedy(runner, prompt: list[int], steps: int) -> tuple[list[int], list[torc
 # ---- against eager transformers -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # compiles the tiny model's steps (60 s on AMD Zen 3) or decodes long
 @pytest.mark.parametrize("prompt", [SHORT_PROMPT, LONG_PROMPT], ids=["rows-prompt", "prefill-prompt"])
 def test_greedy_tokens_and_logits_match_eager(target, compiled, prompt):
     eager = CachedModel(target)
@@ -77,6 +78,7 @@ def test_greedy_tokens_and_logits_match_eager(target, compiled, prompt):
     assert compiled.num_computed == eager.num_computed == len(prompt) + STEPS
 
 
+@pytest.mark.slow  # compiles the tiny model's steps (60 s on AMD Zen 3) or decodes long
 def test_all_rows_of_a_call_match_eager(target, compiled):
     """Not only the last row: every row of a padded rows call and of a prefill."""
     eager = CachedModel(target)
@@ -96,6 +98,7 @@ def test_all_rows_of_a_call_match_eager(target, compiled):
 # ---- row invariance: a verify window's rows are the decode steps' bits -------------------------------
 
 
+@pytest.mark.slow  # compiles the tiny model's steps (60 s on AMD Zen 3) or decodes long
 @pytest.mark.parametrize("prompt", [SHORT_PROMPT, LONG_PROMPT], ids=["rows-prompt", "prefill-prompt"])
 def test_a_verify_window_equals_single_decode_steps_bitwise(compiled, prompt):
     compiled.reset()
@@ -141,6 +144,7 @@ def _drafters(target: torch.nn.Module) -> dict[str, object]:
     }
 
 
+@pytest.mark.slow  # compiles the tiny model's steps (60 s on AMD Zen 3) or decodes long
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_speculative_output_equals_the_compiled_baseline(target, compiled, gamma):
     baseline = BaselineEngine(compiled, GreedyVerifier(), EOS_IDS)
@@ -224,6 +228,7 @@ def test_static_kv_grow_keeps_the_valid_slots():
     assert kv.capacity == 16
 
 
+@pytest.mark.slow  # compiles the tiny model's steps (60 s on AMD Zen 3) or decodes long
 def test_decoding_past_a_small_capacity_matches_eager(target):
     """Capacity 16: the 10-token prompt's padded step fills it; the 7th decode step doubles it to 32."""
     model = CompiledModel(target, capacity=16)
@@ -238,6 +243,7 @@ def test_decoding_past_a_small_capacity_matches_eager(target):
     assert model.compile_stats.graphs == 3  # (width 16, 16 slots), (1, 16), (1, 32)
 
 
+@pytest.mark.slow  # compiles the tiny model's steps (60 s on AMD Zen 3) or decodes long
 def test_a_verify_window_across_the_capacity_stays_exact(target, compiled):
     """A 4-token window from slot 14 of 16 slots grows the cache mid-sequence; its rows are still the
     decode steps' bits (which run in the default-capacity model, compiled separately)."""
@@ -306,6 +312,7 @@ def test_make_runner_and_compiled_runners(target):
 # ---- CachedModel's contract ---------------------------------------------------------------------
 
 
+@pytest.mark.slow  # compiles the tiny model's steps (60 s on AMD Zen 3) or decodes long
 def test_reset_and_truncate_semantics(compiled):
     compiled.reset()
     assert compiled.num_computed == 0

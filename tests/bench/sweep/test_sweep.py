@@ -74,6 +74,7 @@ def _kill_midway(tiny_checkpoint: Path, sweep_dir: Path, *overrides: str) -> Pat
     pytest.fail("the job finished (or never wrote a record) before it could be killed")
 
 
+@pytest.mark.slow  # whole Hydra sweeps in subprocesses: 20-84 s each on AMD Zen 3
 def test_multirun_writes_one_row_per_job_and_resumes(tiny_checkpoint: Path, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "sweep"
     first, first_s = _sweep(tiny_checkpoint, sweep_dir, "speculate.gamma=2,4")
@@ -103,6 +104,7 @@ def test_multirun_writes_one_row_per_job_and_resumes(tiny_checkpoint: Path, tmp_
     assert again_s < 0.6 * first_s, (again_s, first_s)
 
 
+@pytest.mark.slow  # whole Hydra sweeps in subprocesses: 20-84 s each on AMD Zen 3
 def test_changed_config_under_the_same_overrides_is_rerun_and_the_old_result_kept(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
@@ -119,6 +121,7 @@ def test_changed_config_under_the_same_overrides_is_rerun_and_the_old_result_kep
     assert len(_rows(sweep_dir)) == 1  # the superseded copy is not a job of the sweep
 
 
+@pytest.mark.slow  # whole Hydra sweeps in subprocesses: 20-84 s each on AMD Zen 3
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_parallel_launchers_run_a_two_job_sweep(launcher: str, tiny_checkpoint: Path, tmp_path: Path) -> None:
     sweep_dir = tmp_path / launcher
