@@ -29,6 +29,28 @@ CHUNKS_READ = 3
 NOTICE_S = 5.0  # for the server to notice a closed connection (app.DISCONNECT_POLL_S; the engine is parked)
 
 
+def _leave(server: Server, aborts, close) -> int:
+    """With the engine parked between two steps (the request running, holding KV): ``close()`` the client's
+    connection and wait for the server's abort. Returns the tokens generated until then."""
+    with helpers.engine_parked(server):
+        assert server.engine.scheduler.running, "the request should still be running when the client leaves"
+        assert server.engine.allocator.num_free < server.engine.allocator.num_blocks
+        generated = counters(server).generation_tokens
+        close()
+        assert aborts.wait(NOTICE_S), "the server did not abort the request of a client that left"
+    return generated
+
+
+def _assert_aborted_at_once(server: Server, before, generated: int, what: str) -> None:
+    """The abort ran before the engine's next step: idle, KV free, one abort, no success, no token after."""
+    helpers.engine_caught_up(server)
+    assert helpers.idle(server), f"the {what} request kept its sequence or KV blocks"
+    after = counters(server)
+    assert after.aborted_requests == before.aborted_requests + 1
+    assert after.finished_requests == before.finished_requests, "an aborted request is no success"
+    assert after.generation_tokens == generated, "a step ran for the request after its client left"
+
+
 def test_client_disconnect_mid_stream_frees_kv(server: Server, monkeypatch: pytest.MonkeyPatch):
     assert wait_idle(server)
     before = counters(server)
@@ -42,19 +64,9 @@ def test_client_disconnect_mid_stream_frees_kv(server: Server, monkeypatch: pyte
             line = next(lines)
             if line.startswith("data: "):
                 chunks.append(json.loads(line.removeprefix("data: ")))
-        with helpers.engine_parked(server):
-            assert server.engine.scheduler.running, "the request should still be running when the client leaves"
-            assert server.engine.allocator.num_free < server.engine.allocator.num_blocks
-            generated = counters(server).generation_tokens
-            response.close()  # the connection closes with the stream unfinished
-            assert aborts.wait(NOTICE_S), "the server did not abort the request of a client that left"
+        generated = _leave(server, aborts, response.close)  # the connection closes with the stream unfinished
     assert all(choice["finish_reason"] is None for chunk in chunks for choice in chunk["choices"])
-    helpers.engine_caught_up(server)
-    assert helpers.idle(server), "the disconnected request kept its sequence or KV blocks"
-    after = counters(server)
-    assert after.aborted_requests == before.aborted_requests + 1
-    assert after.finished_requests == before.finished_requests, "an aborted request is no success"
-    assert after.generation_tokens == generated, "a step ran for the request after its client left"
+    _assert_aborted_at_once(server, before, generated, "disconnected")
     assert generated - before.generation_tokens < LONG // 2
 
 
@@ -94,18 +106,8 @@ def test_client_disconnect_non_streaming_frees_kv(server: Server, monkeypatch: p
         body = json.dumps(completion(REPETITIVE, LONG))
         client.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         assert helpers.wait_for(lambda: server.engine.scheduler.running, TIMEOUT_S), "the request never ran"
-        with helpers.engine_parked(server):
-            assert server.engine.scheduler.running, "the request should still be running when the client leaves"
-            assert server.engine.allocator.num_free < server.engine.allocator.num_blocks
-            generated = counters(server).generation_tokens
-            client.close()  # the client leaves without reading a response
-            assert aborts.wait(NOTICE_S), "the server did not abort the request of a client that left"
-        helpers.engine_caught_up(server)
-        assert helpers.idle(server), "the abandoned request kept its sequence or KV blocks"
-        after = counters(server)
-        assert after.aborted_requests == before.aborted_requests + 1
-        assert after.finished_requests == before.finished_requests, "an aborted request is no success"
-        assert after.generation_tokens == generated, "a step ran for the request after its client left"
+        generated = _leave(server, aborts, client.close)  # the client leaves without reading a response
+        _assert_aborted_at_once(server, before, generated, "abandoned")
     finally:  # whatever happened, the next test starts from an idle engine
         client.close()
         for seq in [*server.engine.scheduler.running, *server.engine.scheduler.queue]:
