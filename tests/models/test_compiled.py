@@ -115,6 +115,7 @@ def test_a_verify_window_equals_single_decode_steps_bitwise(compiled, prompt):
         compiled.truncate(start + 1)  # keep one token, as an engine keeps the accepted prefix
 
 
+@pytest.mark.slow  # compiles the tiny model's steps (20-78 s on AMD Zen 3)
 def test_warm_narrows_the_widths_and_padding_keeps_rows_exact(target):
     assert widths_for(1) == (1,) and widths_for(2) == (1, 2) and widths_for(5) == (1, 8)
     assert widths_for(32) == (1, 32) and widths_for(33) == widths_for(1000) == (1, WIDTHS[-1])
@@ -197,6 +198,7 @@ def _workload(model: CompiledModel) -> list[torch.Tensor]:
     return outputs
 
 
+@pytest.mark.slow  # compiles the tiny model's steps (20-78 s on AMD Zen 3)
 def test_recompiles_are_bounded_by_the_widths(target):
     model = CompiledModel(target)
     first = _workload(model)
