@@ -34,6 +34,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -147,15 +148,26 @@ def load_quantized(path: str | None, precision: str, device, group_size: int) ->
         raise SpecToolkitError(f"precision '{precision}' is not a GPTQ precision ({', '.join(PRECISION_BITS)})")
     device = resolve_device(device) if isinstance(device, str) else device
     checkpoint = quantized_checkpoint(path, GptqConfig(bits=PRECISION_BITS[precision], group_size=group_size))
-    # GPTQModel's CPU int4 kernels take bf16 activations; on CUDA fp16 is every GPTQ kernel's dtype.
-    dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
+    dtype = activation_dtype(device)
     backend = _cpu_backend(checkpoint) if device.type == "cpu" else "auto"
-    with _gptqmodel_output(os.devnull):
-        gptqmodel = _import_gptqmodel()
+    with gptqmodel_quietly() as gptqmodel:
         wrapper = gptqmodel.GPTQModel.load(str(checkpoint), device=str(device), backend=backend, dtype=dtype)
     model = wrapper.model.eval()  # the transformers model; the wrapper holds nothing it needs at run time
     use_packed_attention(model)
     return model
+
+
+def activation_dtype(device: torch.device) -> torch.dtype:
+    """The dtype a GPTQ model runs in: GPTQModel's CPU int4 kernels take bf16; on CUDA fp16 is every GPTQ kernel's."""
+    return torch.bfloat16 if device.type == "cpu" else torch.float16
+
+
+@contextlib.contextmanager
+def gptqmodel_quietly(log_path: Path | str = os.devnull) -> Iterator[Any]:
+    """GPTQModel imported (:func:`_import_gptqmodel`), its console output (banner, progress bars, kernel notes)
+    sent to ``log_path`` for the block."""
+    with _gptqmodel_output(log_path):
+        yield _import_gptqmodel()
 
 
 def _cpu_backend(checkpoint: Path) -> str:
@@ -185,8 +197,7 @@ def _quantize(source: Path, cfg: GptqConfig, out_dir: Path) -> None:
         encoded = tokenizer(text, truncation=True, max_length=cfg.max_length)
         calibration.append({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
     log_path = out_dir / "quantize.log"
-    with _gptqmodel_output(log_path):
-        gptqmodel = _import_gptqmodel()
+    with gptqmodel_quietly(log_path) as gptqmodel:
         # offload_to_disk streams finished layers to a temp dir: pure overhead for the models we run.
         # The "original" (torch) packer writes the same bytes as the C++ one without JIT-compiling it.
         qcfg = gptqmodel.QuantizeConfig(

@@ -18,10 +18,6 @@ A missing library is :class:`StockUnavailable`: the check records it as skipped,
 
 from __future__ import annotations
 
-import logging
-import os
-from typing import Any
-
 import torch
 
 BNB = ("int8", "nf4")  # stock transformers loads these through BitsAndBytesConfig
@@ -53,10 +49,10 @@ def load_stock(path: str, precision: str, group_size: int, device: torch.device)
     return model, f"transformers {transformers.__version__} generate, {attention} attention, {how}"
 
 
-def _float(path: str, dtype: torch.dtype, device: torch.device, **kwargs: Any) -> torch.nn.Module:
+def _float(path: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
 
 
 def _bitsandbytes(path: str, precision: str, device: torch.device) -> tuple[torch.nn.Module, str]:
@@ -77,7 +73,7 @@ def _gptq(path: str, group_size: int, device: torch.device) -> tuple[torch.nn.Mo
 
     from transformers import AutoModelForCausalLM
 
-    from spectoolkit.quant.gptq import PRECISION_BITS, GptqConfig, _gptqmodel_output, _import_gptqmodel
+    from spectoolkit.quant.gptq import PRECISION_BITS, GptqConfig, activation_dtype, gptqmodel_quietly
     from spectoolkit.quant.gptq import quantized_checkpoint as gptq_checkpoint
 
     try:
@@ -88,19 +84,18 @@ def _gptq(path: str, group_size: int, device: torch.device) -> tuple[torch.nn.Mo
             "(`make install` installs both)"
         ) from None
     checkpoint = gptq_checkpoint(path, GptqConfig(bits=PRECISION_BITS["int4"], group_size=group_size))
-    dtype = torch.bfloat16 if device.type == "cpu" else torch.float16  # GPTQ's CPU kernels take bf16
-    with _gptqmodel_output(os.devnull):  # GPTQModel's banner and kernel notes
-        _import_gptqmodel()  # sets GPTQMODEL_CPU_WORKERS on a 2-core machine, as our loader does
+    dtype = activation_dtype(device)  # the dtype our own GPTQ loader runs in
+    with gptqmodel_quietly():  # as our loader: GPTQMODEL_CPU_WORKERS on 2 cores, its banner dropped
         model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype, device_map={"": device})
     kernels = sorted({type(m).__name__ for m in model.modules() if hasattr(m, "qweight")})
     stack = ", ".join(f"{name} {v}" for name, v in versions.items())
-    return model, f"GPTQ int4 g{group_size} ({checkpoint.name}) via {stack}, {dtype_name(dtype)}, {'/'.join(kernels)}"
+    how = f"GPTQ int4 g{group_size} ({checkpoint.name}) via {stack}, {str(dtype).removeprefix('torch.')}"
+    return model, f"{how}, {'/'.join(kernels)}"
 
 
 def _torchao(path: str, precision: str, group_size: int, device: torch.device) -> tuple[torch.nn.Module, str]:
     """The float checkpoint, its linears (not ``lm_head``) quantized by torchao weight-only at our bits and g."""
-    logging.getLogger("torchao").setLevel(logging.ERROR)  # "Failed to load" its CUDA-only extensions on a CPU
-    try:
+    try:  # (its "Failed to load" warnings for CUDA-only extensions are silenced in spectoolkit/__init__.py)
         import torchao
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
         from torchao.quantization.granularity import PerGroup
@@ -118,7 +113,3 @@ def _torchao(path: str, precision: str, group_size: int, device: torch.device) -
         config, kind = Int8WeightOnlyConfig(granularity=PerGroup(group_size)), "int8"
     quantize_(model, config, filter_fn=lambda module, name: isinstance(module, torch.nn.Linear) and name != "lm_head")
     return model, f"torchao {torchao.__version__} {kind} weight-only g{group_size} ({type(config).__name__}), fp32"
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
