@@ -32,9 +32,9 @@ from spectoolkit.engine import BaselineEngine
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.loading import load_model, load_tokenizer
+from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.blocks import BlockAllocator
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.factory import make_pool

@@ -1,6 +1,6 @@
 """Which kernel a linear runs when a batched serving step hands it many rows, chosen by measurement.
 
-In a serving step (:data:`~spectoolkit.models.kernel_choice.ROW_MODE` ``"plain"``) every linear gets the
+In a serving step (row mode ``"plain"``, :data:`~spectoolkit.runtime.step.ROW_MODES`) every linear gets the
 step's T rows in one call. For a plain fp32 ``nn.Linear`` on the CPU two kernels compute it: the
 layer's own ``F.linear`` (the reference) and ``W @ Xᵀ`` (``torch.mm`` in the other orientation), and
 which is faster depends on T and on the machine — measured on one 2-core Xeon: ``F.linear`` is faster

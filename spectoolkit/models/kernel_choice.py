@@ -33,7 +33,6 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,11 +45,6 @@ from spectoolkit.models.cached import CachedModel, synchronize
 MAX_CHUNKED_ROWS = MAX_ROWWISE_ROWS  # verify windows up to γ = 32; longer calls are prefills
 TIE_MARGIN = 0.03  # a variant must beat the reference by more than this share to be chosen
 PROBE_ROWS = (2, 5, 9)  # multi-row calls whose rows must equal the same rows alone
-# How chunked layers run rows, set for the duration of a forward by the serving engine
-# (spectoolkit.serving.ragged): "chosen" as described above; "plain" the layer's own forward for any
-# row count (a batched step: one call for all rows); "invariant" the chosen chunks for every row count,
-# prefills included (serve.batch_invariant: no row's result depends on the others).
-ROW_MODE: ContextVar[str] = ContextVar("spectoolkit_row_mode", default="chosen")
 Timer = Callable[["Variant", int, Callable[[], object]], float]  # (variant, rows, call) -> seconds of one call
 
 
@@ -85,8 +79,14 @@ class ChunkedForward:
         self.gemm_from: int | None = None  # plain mode: W @ Xᵀ from this many rows (models.batched_kernels)
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
-        """inputs [..., K] -> [..., N]."""
-        mode = ROW_MODE.get()
+        """inputs [..., K] -> [..., N] in ``"chosen"`` mode (the layer called as a module)."""
+        return self.run(inputs, "chosen")
+
+    def run(self, inputs: torch.Tensor, mode: str) -> torch.Tensor:
+        """inputs [..., K] -> [..., N], rows run as the step's row ``mode`` says
+        (:data:`~spectoolkit.runtime.step.ROW_MODES`): ``"chosen"`` as in the module docstring; ``"plain"``
+        the layer's own forward for any row count (a batched step: one call for all rows); ``"invariant"``
+        the chosen chunks for every row count, prefills included (no row's result depends on the others)."""
         if mode == "plain":
             rows = inputs.reshape(-1, inputs.shape[-1])  # [M, K]
             if self.gemm_from is not None and rows.shape[0] >= self.gemm_from:

@@ -1,6 +1,6 @@
 """Log-probabilities of given tokens under the target: OpenAI ``echo``/``logprobs`` (issue 17).
 
-One plain forward of the target over the ids (outside the ragged step, the model's own attention; run
+One stock forward of the target over the ids (the model's own attention, untouched by the runner; run
 on the engine thread between steps, so it never overlaps a step). Position i > 0 gets
 log p(ids[i] | ids[:i]) and the ``top`` most likely tokens there; position 0 has no context (None),
 as in OpenAI's completions API. This is what lm-eval's loglikelihood requests read.

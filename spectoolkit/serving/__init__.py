@@ -1,6 +1,6 @@
 """Serving under load: continuous batching with per-request draft lengths over paged KV (issue 15).
 
-Layers, imports pointing down: ``api`` (what goes in and out) → ``blocks`` and ``paged_kv`` (KV
-blocks and their storage) → ``ragged`` (one forward over many sequences) → ``sequence`` and
-``scheduler`` → ``drafters`` → ``engine`` → ``factory`` (the arms of a run).
+Layers, imports pointing down: ``api`` (what goes in and out) → ``sequence`` and ``scheduler`` →
+``drafters`` → ``engine`` → ``factory`` (the arms of a run). Blocks, the paged pool, the step
+description and the model runner live below, in :mod:`spectoolkit.runtime`.
 """

@@ -21,9 +21,11 @@ from spectoolkit.drafting.model_drafter import align_logits, unsure
 from spectoolkit.drafting.ngram import NgramDrafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.drafting.tree_model import grow_tree
-from spectoolkit.serving.blocks import BlockAllocator, BlockTable
-from spectoolkit.serving.paged_kv import PagedKVPool
-from spectoolkit.serving.ragged import Segment, ragged_forward, use_ragged_attention
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.eager import EagerRunner
+from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.runtime.runner import run_segments
+from spectoolkit.runtime.step import Segment
 from spectoolkit.serving.sequence import Sequence
 
 
@@ -91,7 +93,7 @@ class _PagedRunner:
         if table.missing(end) > self.drafter.allocator.num_free:
             raise _DraftFull
         table.ensure(end)
-        logits = ragged_forward(self.drafter.model, self.drafter.pool, [segment], invariant=False)
+        logits = run_segments(self.drafter.runner, [segment], "plain")
         self.state.num_computed = end
         return logits
 
@@ -115,7 +117,7 @@ class BatchModelDrafter:
         name: str = "model",
         stop_below: float | None = None,
     ) -> None:
-        use_ragged_attention(model)
+        self.runner = EagerRunner(model, pool)
         self.model, self.chooser, self.pool, self.allocator = model, chooser, pool, allocator
         self.target_vocab_size, self.shared_vocab_size = target_vocab_size, shared_vocab_size
         self.eos_ids = eos_ids
@@ -136,7 +138,7 @@ class BatchModelDrafter:
             for i in active:
                 state = self._state(seqs[i])
                 segments.append(Segment(state.table, feeds[i], state.num_computed, [len(feeds[i]) - 1]))
-            logits = ragged_forward(self.model, self.pool, segments, invariant=False)  # [len(active), V_draft]
+            logits = run_segments(self.runner, segments, "plain")  # [len(active), V_draft]
             still = []
             for row, i in enumerate(active):
                 state = self._state(seqs[i])

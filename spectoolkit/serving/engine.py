@@ -2,7 +2,8 @@
 
 A step: the scheduler plans who runs (:mod:`~spectoolkit.serving.scheduler`), the blocks for every
 sequence's tokens and candidates are reserved, the drafter proposes k_i <= the planned drafts for each
-decoding sequence, and one ragged target forward (:mod:`~spectoolkit.serving.ragged`) scores every
+decoding sequence, and one target forward (:class:`~spectoolkit.runtime.eager.EagerRunner` over a
+:class:`~spectoolkit.runtime.step.StepBatch`) scores every
 sequence's pending token + drafts and every prefill chunk. Then, per sequence (DESIGN §2): the verifier
 accepts K_i drafts and emits one correction/bonus token; the target keeps KV for prefix + pending +
 accepted (``num_computed = len(tokens) + K_i``) and frees the blocks past it; the drafter is told the
@@ -24,11 +25,13 @@ from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.engine.output import cut
 from spectoolkit.models.cached import synchronize
 from spectoolkit.policy.base import DraftLengthPolicy
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.eager import EagerRunner
+from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.runtime.runner import run_segments
+from spectoolkit.runtime.step import Segment, tree_layout
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
-from spectoolkit.serving.blocks import BlockAllocator, BlockTable
 from spectoolkit.serving.counters import EngineCounters
-from spectoolkit.serving.paged_kv import PagedKVPool
-from spectoolkit.serving.ragged import Segment, ragged_forward, tree_layout, use_ragged_attention
 from spectoolkit.serving.scheduler import Plan, Scheduler, SchedulerLimits, Work
 from spectoolkit.serving.sequence import Sequence, new_sequence
 from spectoolkit.verify.base import Verifier
@@ -60,7 +63,7 @@ class ContinuousEngine:
     ) -> None:
         """``tree`` (enabled, with a drafter that has ``propose_tree``): decoding sequences draft token trees of
         at most the planned drafts nodes and ``tree_depth`` depth, verified in the same ragged forward."""
-        use_ragged_attention(model)
+        self.runner = EagerRunner(model, pool)
         self.name, self.model, self.pool, self.allocator = name, model, pool, allocator
         self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
         self.max_positions, self.stochastic, self.invariant = max_positions, stochastic, invariant
@@ -194,7 +197,7 @@ class ContinuousEngine:
                 feed = feed + _ids(proposal)
                 rows = list(range(work.feed - 1, len(feed)))
             segments.append(Segment(seq.table, feed, seq.num_computed, rows, tree))
-        logits = ragged_forward(self.model, self.pool, segments, self.invariant)
+        logits = run_segments(self.runner, segments, "invariant" if self.invariant else "plain")
         synchronize(logits.device)
         return logits
 

@@ -15,11 +15,11 @@ from spectoolkit.engine.tree_round import tree_depth
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.layer_skip import draft_model_name
 from spectoolkit.policy import FixedPolicy, make_policy
+from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.sampling import make_chooser
-from spectoolkit.serving.blocks import BlockAllocator
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.paged_kv import PagedKVPool
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify.factory import make_verifier
 

@@ -4,7 +4,7 @@ Every step (vLLM v1's unified token budget):
 
 1. **Admission**, first come first served: a queued request joins while fewer than ``max_num_seqs``
    run and the free blocks hold its whole uncomputed history plus the pending token (leading blocks
-   of a live identical prompt prefix are shared instead, :mod:`~spectoolkit.serving.blocks`).
+   of a live identical prompt prefix are shared instead, :mod:`~spectoolkit.runtime.blocks`).
 2. **Load control**: speculate only while at most ``spec_max_batch`` sequences run; above that the
    step is plain decode (the fallback under load).
 3. **Tokens**, within ``max_num_tokens``: each decoding sequence its pending token first; then its

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spectoolkit.runtime.blocks import BlockTable
 from spectoolkit.serving.api import FinishedRequest, ServeRequest
-from spectoolkit.serving.blocks import BlockTable
 
 
 @dataclass(eq=False)

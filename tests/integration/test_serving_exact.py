@@ -21,8 +21,8 @@ from spectoolkit.config import WorkloadConfig
 from spectoolkit.engine import BaselineEngine
 from spectoolkit.metrics.summary import first_divergence
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.blocks import BlockAllocator
 from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.factory import make_pool

@@ -8,7 +8,7 @@ import torch
 
 from spectoolkit.models import batched_kernels
 from spectoolkit.models.batched_kernels import ROWS, batched_key, choose_batched_kernels, measure_gemm_from
-from spectoolkit.models.kernel_choice import ROW_MODE, choose_kernels
+from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 
 
@@ -53,10 +53,6 @@ def test_plain_rows_through_w_xt_match_f_linear_and_are_contiguous() -> None:
     layer = model.model.layers[0].mlp.up_proj
     layer.forward.gemm_from = 2
     rows = torch.randn(1, 5, layer.in_features)
-    token = ROW_MODE.set("plain")
-    try:
-        out = layer(rows)
-    finally:
-        ROW_MODE.reset(token)
+    out = layer.forward.run(rows, "plain")
     assert out.is_contiguous() and out.shape == (1, 5, layer.out_features)
     torch.testing.assert_close(out, torch.nn.functional.linear(rows, layer.weight), rtol=1e-5, atol=1e-5)

@@ -9,8 +9,10 @@ from spectoolkit.models.attention import use_rowwise_attention
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.eager import EagerRunner
+from spectoolkit.runtime.runner import run_segments
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
-from spectoolkit.serving.blocks import BlockAllocator
 from spectoolkit.serving.drafters import BatchModelDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.factory import make_pool
@@ -30,6 +32,11 @@ def switched(model: torch.nn.Module) -> torch.nn.Module:
     use_rowwise_attention(model)
     choose_kernels(model, "reference")
     return model
+
+
+def paged_forward(model: torch.nn.Module, pool, segments: list, invariant: bool) -> torch.Tensor:
+    """One eager-runner forward of ``segments`` over ``pool``: logits [R, V] of their ``logit_rows``."""
+    return run_segments(EagerRunner(model, pool), segments, "invariant" if invariant else "plain")
 
 
 def tiny(seed: int = 0, scale: float = 3.0) -> torch.nn.Module:

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
+from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.blocks import BlockAllocator
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.factory import make_pool

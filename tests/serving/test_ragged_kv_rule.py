@@ -22,11 +22,11 @@ import torch
 
 from spectoolkit.drafting.base import Proposal
 from spectoolkit.precisions import KV_PRECISIONS
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.paged_kv import KINDS
+from spectoolkit.runtime.step import Segment
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.blocks import BlockAllocator, BlockTable
 from spectoolkit.serving.factory import make_pool
-from spectoolkit.serving.paged_kv import KINDS
-from spectoolkit.serving.ragged import Segment, ragged_forward, use_ragged_attention
 from spectoolkit.verify.base import VerifyResult
 from tests.serving import helpers
 from tests.serving.helpers import BLOCK, EOS, VOCAB
@@ -95,7 +95,7 @@ class _Reference:
         self.table = BlockTable(BlockAllocator(blocks, BLOCK))
         self.table.ensure(len(tokens))
         segment = Segment(self.table, tokens, 0, list(range(len(tokens))))
-        self.logits = ragged_forward(model, self.pool, [segment], invariant=True)  # [L, V]
+        self.logits = helpers.paged_forward(model, self.pool, [segment], invariant=True)  # [L, V]
 
     def kv(self, length: int) -> list[dict[str, torch.Tensor]]:
         return _stored(self.pool, self.table, length)
@@ -117,7 +117,6 @@ def _check_blocks(eng) -> None:
 @pytest.fixture(scope="module")
 def target():
     model = helpers.tiny()
-    use_ragged_attention(model)
     return model
 
 
@@ -205,11 +204,11 @@ def test_rejected_candidates_leave_nothing_behind_in_a_direct_ragged_forward(tar
     for table, ids in zip(tables, (first, second), strict=True):
         table.ensure(len(ids) + 6)
     prefill = [Segment(tables[0], first, 0, [8]), Segment(tables[1], second, 0, [13])]
-    ragged_forward(target, pool, prefill, invariant=True)
+    helpers.paged_forward(target, pool, prefill, invariant=True)
     rejected = [Segment(tables[0], [7, 8, 9, 10, 11], 9, [0]), Segment(tables[1], [EOS + 1, 40], 14, [1])]
-    ragged_forward(target, pool, rejected, invariant=True)  # both rejected entirely: lengths stay 9 and 14
+    helpers.paged_forward(target, pool, rejected, invariant=True)  # both rejected entirely: lengths stay 9 and 14
     kept = [Segment(tables[0], [100, 101], 9, [0, 1]), Segment(tables[1], [200], 14, [0])]
-    logits = ragged_forward(target, pool, kept, invariant=True)  # [3, V]
+    logits = helpers.paged_forward(target, pool, kept, invariant=True)  # [3, V]
     for index, (table, ids, new) in enumerate(zip(tables, (first, second), ([100, 101], [200]), strict=True)):
         reference = _Reference(target, "int8", ids + new)
         _assert_same_bits(_stored(pool, table, len(ids) + len(new)), reference.kv(len(ids) + len(new)), f"seq {index}")

@@ -29,14 +29,14 @@ from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.precisions import KV_PRECISIONS
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.paged_kv import KINDS
+from spectoolkit.runtime.step import Segment, tree_layout
 from spectoolkit.sampling import GreedyChooser, RandomChooser
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.blocks import BlockAllocator, BlockTable
 from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.factory import make_pool
-from spectoolkit.serving.paged_kv import KINDS
-from spectoolkit.serving.ragged import Segment, ragged_forward, tree_layout, use_ragged_attention
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.serving.sequence import new_sequence
 from spectoolkit.verify import GreedyVerifier, StochasticVerifier
@@ -54,7 +54,6 @@ SMALL_VOCAB = 24
 @pytest.fixture(scope="module")
 def target():
     model = helpers.tiny()
-    use_ragged_attention(model)
     return model
 
 
@@ -77,7 +76,6 @@ def references(target, batch):
 def small():
     """(target, prompts, references) over a vocabulary of 24: tokens recur, so n-gram tries branch."""
     model = helpers.switched(tiny_llama(vocab_size=SMALL_VOCAB, seed=0, scale=3.0))
-    use_ragged_attention(model)
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, SMALL_VOCAB, (n,), generator=gen).tolist() for n in (10, 16, 22, 13, 7)]
     return model, prompts, helpers.baseline_outputs(model, prompts, MAX_NEW)
@@ -166,7 +164,7 @@ def _mixed_step(target, mode: str, sees_sibling: bool) -> tuple[torch.Tensor, li
     tables = [BlockTable(allocator) for _ in prefixes]
     for table, prefix, ids in zip(tables, prefixes, fed, strict=True):
         table.ensure(len(prefix) + len(ids))
-    ragged_forward(target, pool, [Segment(t, p, 0, [len(p) - 1]) for t, p in zip(tables, prefixes, strict=True)],
+    helpers.paged_forward(target, pool, [Segment(t, p, 0, [len(p) - 1]) for t, p in zip(tables, prefixes, strict=True)],
                    invariant=True)  # fmt: skip
     positions, visible = tree_layout(PARENTS, len(prefixes[0]))
     assert positions == [11 + depth for depth in (0, 1, 1, 2, 2, 2, 3)]
@@ -177,7 +175,7 @@ def _mixed_step(target, mode: str, sees_sibling: bool) -> tuple[torch.Tensor, li
     segments += [Segment(t, ids, len(p), list(range(len(ids)))) for t, p, ids in zip(tables[1:], prefixes[1:], fed[1:],
                                                                                      strict=True)]  # fmt: skip
     segments = segments[:1] if mode == "lone" else segments
-    logits = ragged_forward(target, pool, segments, invariant=mode == "invariant")
+    logits = helpers.paged_forward(target, pool, segments, invariant=mode == "invariant")
     paths = [prefixes[0] + _path(fed[0], PARENTS, row) for row in range(len(PARENTS))]
     paths += [p + ids[: i + 1] for p, ids in zip(prefixes[1:], fed[1:], strict=True) for i in range(len(ids))]
     expected = [CachedModel(target).forward(ids)[-1] for ids in paths[: len(logits)]]
@@ -287,7 +285,7 @@ def _chain_reference(target, precision: str, tokens: list[int]):
     blocks = -(-len(tokens) // BLOCK)
     pool, table = make_pool(target, precision, blocks * BLOCK), BlockTable(BlockAllocator(blocks, BLOCK))
     table.ensure(len(tokens))
-    logits = ragged_forward(target, pool, [Segment(table, tokens, 0, list(range(len(tokens))))], invariant=True)
+    logits = helpers.paged_forward(target, pool, [Segment(table, tokens, 0, list(range(len(tokens))))], invariant=True)
     return table, pool, logits
 
 

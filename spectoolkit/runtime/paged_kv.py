@@ -3,7 +3,7 @@
 Per layer and kind (key/value), each stored field is a tensor [H_kv, num_slots, width]: the model's
 dtype (``auto``), a cast dtype (fp32/bf16/fp16), or the per-token quantized fields of
 :mod:`spectoolkit.kvcache.formats` (fp8/int8/int4). A token is converted once, when it is written to
-its slot (DESIGN §2); slots are addressed by :class:`~spectoolkit.serving.blocks.BlockTable`. Rolling
+its slot (DESIGN §2); slots are addressed by :class:`~spectoolkit.runtime.blocks.BlockTable`. Rolling
 a sequence back writes nothing: its rejected slots are simply written over by its next tokens, so a
 sequence's KV is bit-identical to one that never saw them. Pages of the pool are touched only when
 written (``torch.empty``), so a large pool costs memory only for the slots in use.

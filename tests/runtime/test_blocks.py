@@ -1,11 +1,11 @@
-"""Block allocation, reference counts and prefix sharing (spectoolkit.serving.blocks, DESIGN §2, §6)."""
+"""Block allocation, reference counts and prefix sharing (spectoolkit.runtime.blocks, DESIGN §2, §6)."""
 
 from __future__ import annotations
 
 import pytest
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.serving.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 
 SIZE = 4
 

@@ -1,4 +1,4 @@
-"""Paged KV storage (spectoolkit.serving.paged_kv): per-token conversion on write, exact read-back (DESIGN §2)."""
+"""Paged KV storage (spectoolkit.runtime.paged_kv): per-token conversion on write, exact read-back (DESIGN §2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from spectoolkit.kvcache import formats
 from spectoolkit.precisions import KV_PRECISIONS
-from spectoolkit.serving.paged_kv import KINDS, PagedKVPool
+from spectoolkit.runtime.paged_kv import KINDS, PagedKVPool
 from tests.serving.helpers import assert_same_bits, bits
 
 LAYERS, HEADS, DIM, SLOTS = 2, 2, 16, 48

@@ -1,0 +1,93 @@
+"""The eager runner: a Llama-family HF model's modules, our attention over the paged pool.
+
+Embeddings, norms, rotary embedding and every linear are the loaded model's own modules (weights are
+shared, nothing is copied); the decoder loop is ours, so the step metadata reaches the attention as an
+argument (:class:`~spectoolkit.runtime.step.StepBatch`) and each linear is told how to run the step's
+rows (its measured row-invariant variant, :mod:`spectoolkit.models.kernel_choice`). The loop is the
+transformers Llama forward op for op — same shapes ([1, T, ·] hidden states), same order of adds — so
+a row computes what the stock forward with our attention computes, bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.models.kernel_choice import ChunkedForward
+from spectoolkit.runtime.attention import paged_attention
+from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.runtime.step import StepBatch
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def check_decoder(model: nn.Module, what: str) -> None:
+    """Refuse a model our decoder loop does not implement (``what`` names the feature that needs it)."""
+    config = model.config.get_text_config()
+    kind = getattr(config, "model_type", "?")
+    if kind not in SUPPORTED_TYPES:
+        raise SpecToolkitError(
+            f"{what} runs Llama-family decoders ({', '.join(SUPPORTED_TYPES)}), not model_type '{kind}'"
+        )
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        raise SpecToolkitError(f"{what} does not implement sliding-window attention (model_type '{kind}')")
+
+
+def run_linear(module: nn.Module, x: torch.Tensor, mode: str) -> torch.Tensor:
+    """x [..., K] -> [..., N] through ``module``, its chosen variant run in row ``mode`` when it has one."""
+    chunked = module.__dict__.get("forward")
+    if isinstance(chunked, ChunkedForward):
+        return chunked.run(x, mode)
+    return module(x)
+
+
+class EagerRunner:
+    """``forward(batch)`` of a Llama-family ``*ForCausalLM`` whose KV lives in ``pool``."""
+
+    def __init__(self, model: nn.Module, pool: PagedKVPool) -> None:
+        check_decoder(model, "the paged runner")
+        inner = model.model
+        self.model, self.pool = model, pool
+        self.device = next(model.parameters()).device
+        self.embed, self.layers, self.norm = inner.embed_tokens, list(inner.layers), inner.norm
+        self.rotary = inner.rotary_emb
+        self.head = model.get_output_embeddings()
+        config = model.config.get_text_config()
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """Write the batch's KV to the pool; logits [R, V] of ``batch.logit_rows``."""
+        mode = batch.mode
+        hidden = self.embed(batch.token_ids[None])  # [1, T, E]
+        cos, sin = self.rotary(hidden, batch.positions[None])  # [1, T, D] each
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, D]
+        for index, layer in enumerate(self.layers):
+            hidden = hidden + self._attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, index, batch)
+            x = layer.post_attention_layernorm(hidden)
+            mlp = layer.mlp  # SwiGLU: down(act(gate(x)) * up(x))
+            gated = mlp.act_fn(run_linear(mlp.gate_proj, x, mode)) * run_linear(mlp.up_proj, x, mode)
+            hidden = hidden + run_linear(mlp.down_proj, gated, mode)
+        hidden = self.norm(hidden)[:, batch.logit_rows]  # [1, R, E]
+        return run_linear(self.head, hidden, mode)[0]  # [R, V]
+
+    def _attention(self, attn: nn.Module, x: torch.Tensor, cos, sin, index: int, batch: StepBatch) -> torch.Tensor:
+        """x [1, T, E] -> the attention block's output [1, T, E]; this step's keys/values go to the pool."""
+        mode, tokens = batch.mode, x.shape[1]
+        shape = (1, tokens, -1, self.head_dim)
+        q = run_linear(attn.q_proj, x, mode).view(shape)  # [1, T, Hq, D]
+        k = run_linear(attn.k_proj, x, mode).view(shape)  # [1, T, Hkv, D]
+        v = run_linear(attn.v_proj, x, mode).view(shape).transpose(1, 2)  # [1, Hkv, T, D]
+        if hasattr(attn, "q_norm"):  # qwen3
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [1, H, T, D]
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        out = paged_attention(self.pool, index, batch, q[0], k[0], v[0], attn.scaling)  # [T, Hq, D]
+        return run_linear(attn.o_proj, out.reshape(1, tokens, -1).contiguous(), mode)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> [-x2, x1] (the rotary pairing transformers' Llama uses)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

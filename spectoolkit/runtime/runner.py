@@ -1,0 +1,30 @@
+"""The one interface every model runner implements: ``forward(batch) -> logits rows``.
+
+A runner owns a model's forward over a paged KV pool; everything a forward needs to know about the
+step (tokens, positions, slots, which rows see which keys, how linears run rows) is the
+:class:`~spectoolkit.runtime.step.StepBatch` it is given, never state set somewhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.runtime.step import Segment, StepBatch, build_step
+
+
+class Runner(Protocol):
+    """A model over its pool."""
+
+    pool: PagedKVPool
+    device: torch.device
+
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """Write the batch's KV to the pool; the logits [R, V] of ``batch.logit_rows``."""
+
+
+def run_segments(runner: Runner, segments: list[Segment], mode: str) -> torch.Tensor:
+    """``runner.forward`` of ``segments`` in row ``mode``: logits [R, V] of every segment's ``logit_rows``, in order."""
+    return runner.forward(build_step(segments, mode, runner.device))
