@@ -3,11 +3,13 @@
 Each layer writes the step's new keys/values to their slots first, then every sequence attends its
 keys [0, context) within its own rows only:
 
-- a lone sequence (``chosen``/``plain``): one SDPA call over its keys, a pool slice when its slots are
-  consecutive; causal, or the tree's visibility mask;
+- a lone sequence in ``plain`` mode, or a prefill (more than ``MAX_ROWWISE_ROWS`` rows) in ``chosen``
+  mode: one SDPA call over its keys, a pool slice when its slots are consecutive; causal, or the tree's
+  visibility mask;
 - a batched ``plain`` step: all sequences padded to one [B, H, q_max, C_max] SDPA call per layer;
-- ``invariant``: every row is one decode-step call — one query against exactly the keys it sees — so its
-  result cannot depend on which other rows share the step.
+- ``invariant``, and a verify window of a lone sequence in ``chosen`` mode: every row is one decode-step
+  call — one query against exactly the keys it sees — so its result cannot depend on which other rows
+  share the step, and a verify row equals the decode step at its position (batch-1 exactness).
 
 GQA heads are packed as rows ([Hkv, rep*q, D] queries against [Hkv, C, D] keys): no ``repeat_kv`` copy.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from spectoolkit.models.attention import MAX_ROWWISE_ROWS
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
@@ -53,11 +56,12 @@ def _sequence_attention(
     start = batch.start_of(b)
     rows = query[:, first : first + q]  # [Hq, q, D]
     tree = batch.visible[b]  # [q, C] or None
-    if batch.mode == "invariant" and tree is not None:  # each tree row as a decode step over prefix + its path
+    rowwise = batch.mode == "invariant" or (batch.mode == "chosen" and 1 < q <= MAX_ROWWISE_ROWS)
+    if rowwise and tree is not None:  # each tree row as a decode step over prefix + its path
         picks = [torch.nonzero(tree[r]).flatten() for r in range(q)]
         seen = [(keys.index_select(1, pick), values.index_select(1, pick)) for pick in picks]
         return torch.cat([packed_attention(rows[:, r : r + 1], *seen[r], None, scaling) for r in range(q)])
-    if batch.mode == "invariant":  # each row exactly as a decode step computes it
+    if rowwise:  # each row exactly as a decode step computes it
         return torch.cat([packed_attention(rows[:, r : r + 1], keys[:, : start + r + 1], values[:, : start + r + 1],
                                            None, scaling) for r in range(q)])  # fmt: skip
     mask = tree

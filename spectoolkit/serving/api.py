@@ -9,7 +9,10 @@ computed. Times are ``time.perf_counter()`` seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -21,6 +24,7 @@ class ServeRequest:
     max_new_tokens: int
     seed: int = 0  # per-request sampling generator seed (stochastic mode)
     arrival: float | None = None  # perf_counter when sent; None: stamped by submit()
+    generator: torch.Generator | None = None  # stochastic mode: this generator instead of one seeded with ``seed``
 
 
 @dataclass
@@ -41,6 +45,9 @@ class FinishedRequest:
     accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round with drafts
     draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round with drafts
     chosen_lengths: list[int] = field(default_factory=list)  # k the draft-length policy planned, per round
+    tree_depths: list[int] = field(default_factory=list)  # token trees: each round's tree depth (nodes: draft_lengths)
+    proposed_rounds: int = 0  # rounds in which the drafter proposed >= 1 token
+    rollback_count: int = 0  # rounds with >= 1 rejected candidate (a tree: the accepted path shorter than its depth)
     preemptions: int = 0  # times its KV was freed and its tokens recomputed
     prompt_len: int = 0
 
@@ -61,6 +68,7 @@ class StepStats:
     step_time: float  # seconds, drafting included
     draft_time: float
     finished: int
+    forward_time: float = 0.0  # seconds of the target forward (the rest of step_time - draft_time: verify, commit)
 
 
 class ServingEngine(Protocol):

@@ -135,8 +135,10 @@ class ContinuousEngine:
         reserved = sum(work.drafts for work in plan.work)
         prefill = sum(work.feed for work in plan.work if not work.seq.decoding)  # before anything commits
         proposals = self._draft(plan)
-        draft_time = time.perf_counter() - started
+        forward_start = time.perf_counter()
+        draft_time = forward_start - started
         logits = self._forward(plan.work, proposals)  # [R, V]
+        forward_time = time.perf_counter() - forward_start
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # [R]: one check for the whole step
         now = time.perf_counter()
         row = 0
@@ -158,7 +160,7 @@ class ContinuousEngine:
                 finished.append(done)
         if not prefill:  # a step with prefill chunks says little about the cost of drafts
             self._learn(plan.work, proposals, started, draft_time)
-        self._report(plan, reserved, prefill, started, draft_time, len(finished))
+        self._report(plan, reserved, prefill, started, draft_time, forward_time, len(finished))
         return finished
 
     def _learn(self, works: list[Work], proposals: list[Proposal], started: float, draft_time: float) -> None:
@@ -197,9 +199,16 @@ class ContinuousEngine:
                 feed = feed + _ids(proposal)
                 rows = list(range(work.feed - 1, len(feed)))
             segments.append(Segment(seq.table, feed, seq.num_computed, rows, tree))
-        logits = run_segments(self.runner, segments, "invariant" if self.invariant else "plain")
+        logits = run_segments(self.runner, segments, self._row_mode(len(segments)))
         synchronize(logits.device)
         return logits
+
+    def _row_mode(self, num_seqs: int) -> str:
+        """``invariant`` (``serve.batch_invariant``); else a lone sequence runs ``chosen`` (its verify rows compute
+        as its decode steps: batch 1 exact) and a batched step ``plain`` (one call for all rows)."""
+        if self.invariant:
+            return "invariant"
+        return "chosen" if num_seqs == 1 else "plain"
 
     def _commit(self, seq: Sequence, work: Work, proposal: Proposal, rows: torch.Tensor, now: float):
         """Verify ``seq``'s rows [k+1, V], emit and keep its accepted prefix; its result when it is done."""
@@ -248,11 +257,16 @@ class ContinuousEngine:
         result.verify_rounds += 1
         self.counters.count_round(len(proposal), accepted)
         if self.drafter is not None:
+            depth = max(proposal.depths(), default=0) if isinstance(proposal, TokenTree) else len(proposal)
             result.drafted_tokens += len(proposal)
             result.accepted_tokens += accepted
+            result.proposed_rounds += len(proposal) > 0
+            result.rollback_count += accepted < depth
             result.draft_lengths.append(len(proposal))
             result.accept_lengths.append(accepted)
             result.chosen_lengths.append(work.drafts)
+            if self.tree is not None:  # every round of a tree arm, an empty one included (depth 0)
+                result.tree_depths.append(depth)
             self.policy.observe(seq, work.drafts, len(proposal), accepted)
 
     def _finish(self, seq: Sequence, now: float) -> FinishedRequest:
@@ -275,8 +289,9 @@ class ContinuousEngine:
             self.drafter.release(seq)
 
     def _report(
-        self, plan: Plan, reserved: int, prefill: int, started: float, draft_time: float, finished: int
-    ) -> None:
+        self, plan: Plan, reserved: int, prefill: int, started: float, draft_time: float, forward_time: float,
+        finished: int,
+    ) -> None:  # fmt: skip
         self._steps += 1
         self.counters.steps += 1
         self.counters.step_seconds += time.perf_counter() - started
@@ -289,6 +304,7 @@ class ContinuousEngine:
             draft_tokens=sum(w.drafts for w in plan.work), reserved_kv_tokens=reserved, used_kv_tokens=used,
             queued=len(self.scheduler.queue), speculating=plan.speculating,
             step_time=time.perf_counter() - started, draft_time=draft_time, finished=finished,
+            forward_time=forward_time,
         ))  # fmt: skip
 
     def _reject_reason(self, request: ServeRequest) -> str | None:

@@ -49,6 +49,6 @@ class Sequence:
 
 
 def new_sequence(request: ServeRequest, table: BlockTable, order: int, stochastic: bool) -> Sequence:
-    generator = torch.Generator().manual_seed(request.seed) if stochastic else None
+    generator = (request.generator or torch.Generator().manual_seed(request.seed)) if stochastic else None
     result = FinishedRequest(request.request_id, arrival=request.arrival or 0.0, prompt_len=len(request.prompt_ids))
     return Sequence(request, table, generator, order, list(request.prompt_ids), 0, result)
