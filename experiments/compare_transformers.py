@@ -22,8 +22,8 @@ from spectoolkit.config import WorkloadConfig
 from spectoolkit.drafting import NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.verify import GreedyVerifier
+from spectoolkit.wiring.loading import load_model, load_tokenizer
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 

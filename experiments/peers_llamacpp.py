@@ -31,9 +31,9 @@ from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.embedded import gguf_path
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models.compiled import make_runner
-from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
+from spectoolkit.wiring.loading import load_model, load_tokenizer
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 

@@ -22,8 +22,8 @@ import torch
 
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.quant.rtn import load_quantized
+from spectoolkit.wiring.loading import load_model, load_tokenizer
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 CPU = torch.device("cpu")

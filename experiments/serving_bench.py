@@ -26,12 +26,10 @@ import time
 
 import torch
 
-from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.engine import BaselineEngine
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
@@ -40,6 +38,8 @@ from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.factory import make_pool
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
+from spectoolkit.wiring.loading import load_model, load_tokenizer
+from spectoolkit.wiring.setup import eos_ids_of
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 SLOTS = 32 * 1024

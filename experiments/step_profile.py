@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.compiled import CompiledModel
-from spectoolkit.models.loading import load_model
+from spectoolkit.wiring.loading import load_model
 
 LINEAR = ("aten::mm", "aten::addmm", "aten::linear", "mkl::", "_weight_int4pack", "_weight_int8pack", "row_linear")
 ATTENTION = ("attention", "aten::bmm", "row_attention")

@@ -1,7 +1,7 @@
 """Weight-only int4/int8 matmul on the RTN group-wise format, dequantized in registers (Triton).
 
 Computes ``y [M, N] = x [M, K] @ Wᵀ (+ bias)`` for the canonical weights of
-:mod:`spectoolkit.quant.rtn_format` (int4 asymmetric / int8 symmetric, group size g or per channel), for
+:mod:`spectoolkit.kernels.rtn_format` (int4 asymmetric / int8 symmetric, group size g or per channel), for
 decode (M = 1) and verify widths (M = γ + 1): fp32 accumulation, output in x's dtype.
 
 Kernel layout (:class:`PackedWeight`, from :func:`pack_for_kernel`, inverted exactly by
@@ -40,8 +40,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from spectoolkit.kernels.runtime import BenchCase, interpreting, require_launchable
-from spectoolkit.quant.rtn_format import (
+from spectoolkit.kernels.rtn_format import (
     QuantizedWeight,
     RtnConfig,
     dequantize_weight,
@@ -49,6 +48,7 @@ from spectoolkit.quant.rtn_format import (
     quantize_weight,
     unpack_int4,
 )
+from spectoolkit.kernels.runtime import BenchCase, interpreting, require_launchable
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_K_CHOICES = (256, 128, 64, 32)  # every group size the kernel takes is a multiple of 32

@@ -114,3 +114,48 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if module not in index:
             visit(module)
     return sorted(found)
+
+
+def package_of(module: str, root: str, nested: tuple[str, ...] = ()) -> str:
+    """The package ``module`` counts toward: ``root.X`` for a module under ``root`` (``root`` for its
+    ``__init__``), one level deeper, ``root.X.Y``, inside each package named in ``nested``."""
+    parts = module.split(".")
+    depth = len(root.split(".")) + 1
+    for package in nested:
+        if module.startswith(package + "."):
+            depth = len(package.split(".")) + 1
+    return ".".join(parts[:depth])
+
+
+def package_graph(graph: dict[str, set[str]], root: str, nested: tuple[str, ...] = ()) -> dict[str, set[str]]:
+    """Package -> the other packages its modules import: :func:`import_graph` collapsed by :func:`package_of`."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        package = package_of(module, root, nested)
+        imported = {package_of(target, root, nested) for target in targets}
+        packages.setdefault(package, set()).update(imported - {package})
+    return packages
+
+
+def edges_between(graph: dict[str, set[str]], importer: str, imported: str, root: str, nested=()) -> list[str]:
+    """The module edges ``a -> b`` behind the package edge ``importer -> imported`` (for error messages)."""
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if package_of(module, root, nested) == importer
+        for target in targets
+        if package_of(target, root, nested) == imported
+    )
+
+
+def layer_violations(packages: dict[str, set[str]], layers: list[tuple[str, ...]]) -> list[str]:
+    """Package edges that point up ``layers`` (lowest first; a package may import its own layer or lower),
+    and packages no layer lists, as readable lines."""
+    level = {package: index for index, layer in enumerate(layers) for package in layer}
+    unlisted = sorted(packages.keys() - level.keys())
+    problems = [f"{package} is in no layer: add it to the layer list" for package in unlisted]
+    for package, imported in sorted(packages.items()):
+        for target in sorted(imported):
+            if package in level and target in level and level[target] > level[package]:
+                problems.append(f"{package} (layer {level[package]}) imports {target} (layer {level[target]})")
+    return problems

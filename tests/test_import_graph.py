@@ -1,13 +1,59 @@
-"""No import cycle between spectoolkit modules, function-level imports and package __init__s included."""
+"""No import cycle between spectoolkit modules, nor between its packages, and packages import only downward.
+
+Modules: function-level imports and package ``__init__``s included. Packages: ``spectoolkit.X`` (a
+top-level package or module), with ``spectoolkit.bench.Y`` per bench sub-package; their imports point
+down :data:`LAYERS` (DESIGN §4, "Imports point down this list, between folders too").
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.import_graph import cycles, import_graph
+from tests.import_graph import cycles, edges_between, import_graph, layer_violations, package_graph
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = {"spectoolkit": REPO / "spectoolkit", "spectoolkit.kernels": REPO / "kernels"}
+NESTED = ("spectoolkit.bench",)  # bench's sub-packages (protocol, load, report, sweep) are layers of their own
+
+# The package layers, lowest first: a package imports only packages of its own layer or lower ones.
+# DESIGN §4's list, adapted where the code differs today:
+# - verify (the chain and tree rules) sits below kernels: the fused kernel's torch reference is
+#   those rules; the verifier that runs the kernel, and the chooser, live in kernels.verifier.
+# - kvcache is the KV formats the attention kernel reads (and the positional cache base); the
+#   quantized-KV layers that run that kernel sit in models.kv_cache, beside their user CachedModel.
+# - models sits above kernels: it still holds the eager and compiled runners (CachedModel, their
+#   KV cache, kernel choice) that runtime/ is absorbing. quant sits above models (its backends load
+#   checkpoints through models) and so above kernels; the RTN weight format the Triton matmul reads
+#   lives beside that kernel (kernels.rtn_format).
+# - engine/ and serving/ (today's engines) sit above drafting, policy and runtime, which they use.
+# - wiring (loading models with quantization, building a run's arms) sits below eval, bench and server.
+# - backends sit below bench: the load benchmark measures them; server and the entry points top it off.
+LAYERS: list[tuple[str, ...]] = [
+    ("spectoolkit", "spectoolkit.errors", "spectoolkit.precisions", "spectoolkit.embedded"),
+    ("spectoolkit.config", "spectoolkit.sampling", "spectoolkit.config_checks", "spectoolkit.compat"),
+    ("spectoolkit.workloads",),
+    ("spectoolkit.verify",),
+    ("spectoolkit.kvcache",),
+    ("spectoolkit.kernels",),
+    ("spectoolkit.models",),
+    ("spectoolkit.quant",),
+    ("spectoolkit.runtime",),
+    ("spectoolkit.drafting",),
+    ("spectoolkit.policy",),
+    ("spectoolkit.engine",),
+    ("spectoolkit.serving",),
+    ("spectoolkit.metrics",),
+    ("spectoolkit.wiring",),
+    ("spectoolkit.eval",),
+    ("spectoolkit.backends",),
+    ("spectoolkit.bench", "spectoolkit.bench.report"),
+    ("spectoolkit.bench.sweep",),
+    ("spectoolkit.bench.protocol",),
+    ("spectoolkit.bench.load",),
+    ("spectoolkit.server",),
+    ("spectoolkit.report", "spectoolkit.__main__"),
+    ("spectoolkit.serve",),
+]
 
 
 def test_spectoolkit_has_no_import_cycle():
@@ -15,6 +61,26 @@ def test_spectoolkit_has_no_import_cycle():
     assert not found, "import cycles (break each with a leaf module both sides import): " + "; ".join(
         " <-> ".join(component) for component in found
     )
+
+
+def test_spectoolkit_has_no_package_cycle():
+    graph = import_graph(ROOTS)
+    found = cycles(package_graph(graph, "spectoolkit", NESTED))
+    edges = [
+        f"  {a} -> {b}: " + ", ".join(edges_between(graph, a, b, "spectoolkit", NESTED))
+        for component in found
+        for a in component
+        for b in component
+        if a != b and edges_between(graph, a, b, "spectoolkit", NESTED)
+    ]
+    named = "; ".join(" <-> ".join(component) for component in found)
+    assert not found, f"package cycles (move code to the layer it belongs to): {named}\n" + "\n".join(edges)
+
+
+def test_packages_import_only_down_the_layers():
+    graph = import_graph(ROOTS)
+    problems = layer_violations(package_graph(graph, "spectoolkit", NESTED), LAYERS)
+    assert not problems, "\n".join(problems)
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -54,3 +120,40 @@ def test_type_checking_imports_and_relative_imports(tmp_path):
     graph = import_graph({"pkg": tmp_path})
     assert graph["pkg.b"] == {"pkg.a"} and graph["pkg.a"] == set()
     assert cycles(graph) == []
+
+
+def test_a_planted_package_cycle_is_found(tmp_path):
+    _write(tmp_path, {
+        "__init__.py": "",
+        "a/__init__.py": "",
+        "a/x.py": "from pkg.b.y import g\n",
+        "a/w.py": "",
+        "b/__init__.py": "",
+        "b/y.py": "def g():\n    pass\n",
+        "b/z.py": "def h():\n    from pkg.a import w  # a function-level import still counts\n",
+    })  # fmt: skip
+    graph = import_graph({"pkg": tmp_path})
+    assert cycles(graph) == []  # no module imports itself back: only the packages form a cycle
+    assert cycles(package_graph(graph, "pkg")) == [["pkg.a", "pkg.b"]]
+    assert layer_violations(package_graph(graph, "pkg"), [("pkg",), ("pkg.a",), ("pkg.b",)]) == [
+        "pkg.a (layer 1) imports pkg.b (layer 2)"
+    ]
+
+
+def test_nested_packages_and_unlisted_packages(tmp_path):
+    _write(tmp_path, {
+        "__init__.py": "",
+        "top.py": "import pkg.group.low\n",
+        "group/__init__.py": "",
+        "group/low/__init__.py": "",
+        "group/high/mod.py": "from pkg.group.low import x\n",
+    })  # fmt: skip
+    packages = package_graph(import_graph({"pkg": tmp_path}), "pkg", ("pkg.group",))
+    assert packages == {"pkg": set(), "pkg.top": {"pkg.group", "pkg.group.low"}, "pkg.group": set(),
+                        "pkg.group.low": set(), "pkg.group.high": {"pkg.group.low"}}  # fmt: skip
+    layers = [("pkg", "pkg.group"), ("pkg.group.low",), ("pkg.group.high", "pkg.top")]
+    assert layer_violations(packages, layers) == []
+    assert layer_violations(packages, layers[:2]) == [
+        "pkg.group.high is in no layer: add it to the layer list",
+        "pkg.top is in no layer: add it to the layer list",
+    ]

@@ -16,7 +16,7 @@ from typing import Any
 from spectoolkit.backends.arms import Declared, EndpointArm, endpoint_arms, max_model_len
 from spectoolkit.backends.endpoint import LoopThread
 from spectoolkit.config import RunConfig
-from spectoolkit.models.loading import load_tokenizer
+from spectoolkit.wiring.loading import load_tokenizer
 
 UNKNOWN_CONTEXT = 1 << 30  # no server said: the servers refuse what does not fit, one request at a time
 

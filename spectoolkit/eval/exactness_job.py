@@ -25,12 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench.protocol.exactness import greedy_exactness
-from spectoolkit.bench.protocol.quality import quant_quality
-from spectoolkit.bench.protocol.setup import ArmSet, LoadedModels, build, make_drafter, shared_vocab_size
 from spectoolkit.config import RunConfig, SamplingConfig
 from spectoolkit.engine.tree_round import tree_depth
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.eval.exactness_section import greedy_exactness
+from spectoolkit.eval.quality_section import quant_quality
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
 from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
 from spectoolkit.eval.tree_analytic import tree_analytic_exactness
@@ -38,6 +37,7 @@ from spectoolkit.eval.tree_empirical import tree_negative_control
 from spectoolkit.metrics.records import RequestRecord, write_json_atomic
 from spectoolkit.models.compiled import make_runner
 from spectoolkit.policy import make_policy
+from spectoolkit.wiring.setup import ArmSet, LoadedModels, build, make_drafter, shared_vocab_size
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 RESULT_FILE = "exactness.json"

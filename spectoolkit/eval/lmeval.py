@@ -1,6 +1,6 @@
 """The lm-evaluation-harness model ``spectoolkit``: generation by our engines, scoring by the target.
 
-- ``generate_until`` decodes with one arm of :func:`spectoolkit.bench.protocol.setup.build`: the
+- ``generate_until`` decodes with one arm of :func:`spectoolkit.wiring.setup.build`: the
   speculative arm (target + drafter, exact verification, DESIGN §1) or, with ``draft=none``, the
   target alone. Stop strings end the generation at the first token whose text contains one, and
   the text is cut before it, so a greedy speculative run returns exactly the target-alone text.
@@ -23,9 +23,9 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from spectoolkit.bench.protocol.setup import RunSetup, build
 from spectoolkit.config import RunConfig
 from spectoolkit.eval.lmeval_args import run_config_from_model_args
+from spectoolkit.wiring.setup import RunSetup, build
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # the shipped task YAMLs (spectoolkit_*)
 MODEL_NAME = "spectoolkit"

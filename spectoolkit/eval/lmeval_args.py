@@ -16,7 +16,7 @@ temperature        0 is greedy; top_p / top_k / seed apply when sampling       0
 max_new_tokens     cap on the tokens generated per request                     the task's
 =================  ==========================================================  ============
 
-Building a :class:`RunConfig` and handing it to :func:`spectoolkit.bench.protocol.setup.build` keeps
+Building a :class:`RunConfig` and handing it to :func:`spectoolkit.wiring.setup.build` keeps
 precisions, quantization and KV identical to the bench (DESIGN §4: one way to load a run).
 """
 

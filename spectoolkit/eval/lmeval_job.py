@@ -3,7 +3,7 @@ on the same tasks, scores side by side.
 
 The reference is the target alone at its own precision (DESIGN §1: the exact reference of a
 quantized target is the quantized target); the speculative configuration adds the run's drafter,
-γ, KV and sampling. Both are arms of one :func:`spectoolkit.bench.protocol.setup.build`, so they share the
+γ, KV and sampling. Both are arms of one :func:`spectoolkit.wiring.setup.build`, so they share the
 loaded target. In greedy mode every score (and every generated text) must be identical; a
 difference is flagged in the table and in ``lmeval.json`` as a bug to explain.
 """
@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench.protocol.setup import build
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.lmeval import TASKS_DIR, SpecToolkitLM
 from spectoolkit.eval.lmeval_args import model_args_of
 from spectoolkit.metrics.records import write_json_atomic
+from spectoolkit.wiring.setup import build
 
 RESULT_FILE = "lmeval.json"
 

@@ -36,10 +36,10 @@ from scipy import stats
 from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter, Proposal
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.sampling import processed_probs
-from spectoolkit.verify.factory import make_verifier
 
 MIN_EXPECTED = 5.0  # the usual validity condition of the chi-square approximation
 ENDED = -1  # the output stopped (EOS) before this position

@@ -1,15 +1,16 @@
-"""KV storage written by position, with a committed length that rollback simply lowers (DESIGN §2).
+"""KV storage: the per-token formats (fp8/int8/int4, and the float casts) and the positional cache base.
 
-Only the leaves are re-exported: the positional cache and the storage formats. The precision chooser
-:func:`~spectoolkit.kvcache.quantized.make_kv_cache` and its layers stay in
-:mod:`spectoolkit.kvcache.quantized`: they run the Triton attention kernel, which imports the formats
-(hence this package), so the package must not import them.
+Rollback simply lowers a committed length (DESIGN §2). The formats are what the attention kernel
+(:mod:`spectoolkit.kernels.kv_attention`) reads, so this package sits below the kernels; the layers
+that store those formats and run that kernel, with the precision chooser
+:func:`~spectoolkit.models.kv_cache.make_kv_cache`, live in :mod:`spectoolkit.models.kv_cache`.
 """
 
 from spectoolkit.kvcache.cache import PositionalKVCache, PositionalKVLayer
-from spectoolkit.kvcache.formats import KV_FORMATS, KVFormat
+from spectoolkit.kvcache.formats import CAST_DTYPES, KV_FORMATS, KVFormat
 
 __all__ = [
+    "CAST_DTYPES",
     "KV_FORMATS",
     "KVFormat",
     "PositionalKVCache",

@@ -170,3 +170,5 @@ class Int4Format(KVFormat):
 
 
 KV_FORMATS: dict[str, KVFormat] = {fmt.name: fmt for fmt in (Fp8Format(), Int8Format(), Int4Format())}
+# The float KV precisions: stored as a plain cast of the compute dtype's states, no scales.
+CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -152,7 +152,7 @@ class Exactness:
 
 @dataclass
 class QuantQuality:
-    """The quantized target against its float reference (``bench.protocol.quality``), or the error."""
+    """The quantized target against its float reference (``eval.quality_section``), or the error."""
 
     reference: str | None = None
     quantized: str | None = None

@@ -1,9 +1,8 @@
-"""Load target and draft models (HF transformers) by hub id or local directory.
+"""Causal LMs (HF transformers): checkpoint and device resolution, float loading, attention, runners.
 
 Only the leaves are re-exported: float dtypes and checkpoint/device resolution. The loader that
-chooses between float and quantized checkpoints is :mod:`spectoolkit.models.loading`
-(``load_model``, ``load_tokenizer``, ``LoadedModel``): the quantization backends it chooses import
-the model modules (attention, linears, paths), hence this package, so the package must not import it.
+chooses between float and quantized checkpoints is :func:`spectoolkit.wiring.loading.load_model`: it
+sits above the quantization backends, which import the model modules (attention, paths).
 """
 
 from spectoolkit.models.float_model import DTYPES

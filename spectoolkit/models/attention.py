@@ -15,7 +15,7 @@ output as k decode steps, bit for bit. fp32 SDPA for 1 and k queries differ by ~
 harmless in float models but becomes whole quantization steps once a quantized linear rounds the
 activations (see :mod:`spectoolkit.quant.bnb`); it costs k small SDPA calls instead of one.
 
-Keys/values that are :class:`~spectoolkit.kvcache.stored.StoredKV` stand-ins (a quantized KV layer on
+Keys/values that are :class:`~spectoolkit.models.stored_kv.StoredKV` stand-ins (a quantized KV layer on
 CUDA) are attended by the layer's Triton kernel on the stored codes for decode steps and verify
 windows; prefills, training and masks the kernel does not take dequantize them and run SDPA.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spectoolkit.kvcache.stored import StoredKV
+from spectoolkit.models.stored_kv import StoredKV
 
 ATTN_NAME = "spectoolkit_sdpa"
 # Calls with at most this many query rows (verify windows up to γ = 32) run row by row; longer

@@ -10,14 +10,14 @@ import inspect
 
 import torch
 
-from spectoolkit.kvcache.quantized import make_kv_cache
+from spectoolkit.models.kv_cache import make_kv_cache
 
 
 class CachedModel:
     """Incremental forward passes of an HF causal LM over one sequence (batch size 1)."""
 
     def __init__(self, model: torch.nn.Module, kv_precision: str = "auto") -> None:
-        """``kv_precision``: KV storage (``auto`` = the model's dtype; see :mod:`spectoolkit.kvcache.quantized`)."""
+        """``kv_precision``: KV storage (``auto`` = the model's dtype; see :mod:`spectoolkit.models.kv_cache`)."""
         self.model = model
         self.device = next(model.parameters()).device
         self.num_layers = model.config.get_text_config().num_hidden_layers

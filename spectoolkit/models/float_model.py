@@ -1,6 +1,6 @@
 """Load an HF causal LM at a float precision (fp32/bf16/fp16), the base every loader starts from.
 
-:func:`spectoolkit.models.loading.load_model` uses it for the float precisions and the RTN backend
+:func:`spectoolkit.wiring.loading.load_model` uses it for the float precisions and the RTN backend
 (:mod:`spectoolkit.quant.rtn`) for the checkpoint it quantizes; a leaf, so that backend does not
 import the loader that chooses it.
 """

@@ -3,7 +3,7 @@
 ``path=None`` means the embedded SmolLM2-135M-Instruct (see :mod:`spectoolkit.embedded`). A hub id
 is looked up in the local HF cache first; without network, a missing model is a clear
 :class:`SpecToolkitError`, never a traceback. A leaf: the quantization backends import it without
-importing the loader that chooses them (:mod:`spectoolkit.models.loading`).
+importing the loader that chooses them (:mod:`spectoolkit.wiring.loading`).
 """
 
 from __future__ import annotations

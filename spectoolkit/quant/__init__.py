@@ -11,7 +11,7 @@
 Every backend exposes ``load_quantized(path, precision, device, group_size) -> nn.Module`` (a causal
 LM in eval mode whose forward runs the quantized weights); :func:`spectoolkit.quant.registry.load_quantized`
 picks it by precision (not imported here: see :mod:`spectoolkit.quant.registry`). The float precisions
-(fp32/bf16/fp16) are loaded by :mod:`spectoolkit.models.loading` directly.
+(fp32/bf16/fp16) are loaded by :mod:`spectoolkit.wiring.loading` directly.
 """
 
 from spectoolkit.precisions import QUANT_PRECISIONS

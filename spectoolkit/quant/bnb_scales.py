@@ -1,7 +1,7 @@
 """Bytes of the bitsandbytes scales, which live outside a model's parameters and buffers.
 
 Byte accounting apart from :mod:`spectoolkit.quant.bnb`, so the model loader
-(:meth:`spectoolkit.models.loading.LoadedModel.weight_bytes`) counts them without importing the
+(:meth:`spectoolkit.wiring.loading.LoadedModel.weight_bytes`) counts them without importing the
 backend it chooses. bitsandbytes itself is imported only when counting.
 """
 

@@ -1,8 +1,8 @@
 """The quantization backend chooser: precision name -> the backend module that loads it.
 
 Backends are imported only when used (bitsandbytes and GPTQModel are heavy, optional dependencies),
-and only from here, never from the package ``__init__``: the backends and the Triton kernel import
-leaves of this package (:mod:`spectoolkit.quant.rtn_format`, ...), which runs that ``__init__``.
+and only from here, never from the package ``__init__``: the backends import leaves of this package
+(:mod:`spectoolkit.quant.rtn_kernels`, ...), which runs that ``__init__``.
 """
 
 from __future__ import annotations

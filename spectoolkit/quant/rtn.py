@@ -1,8 +1,8 @@
 """Native round-to-nearest (RTN) weight-only quantization: group-wise int8 and int4 linears.
 
 Every ``nn.Linear`` (weight W [N, K] = [out_features, in_features]) becomes an :class:`RtnLinear`
-holding its weight in the canonical format of :mod:`spectoolkit.quant.rtn_format`
-(:class:`~spectoolkit.quant.rtn_format.QuantizedWeight`: int4 asymmetric or int8 symmetric, groups of
+holding its weight in the canonical format of :mod:`spectoolkit.kernels.rtn_format`
+(:class:`~spectoolkit.kernels.rtn_format.QuantizedWeight`: int4 asymmetric or int8 symmetric, groups of
 g columns along K or one per output channel) — the contract the Triton kernels share, in a leaf module
 both import. Scales are bf16 because the fast CPU kernels (and the usual GPU activation dtype) take
 bf16; the products ``code × scale`` are exact in fp32, so every kernel sees bit-identical weights.
@@ -32,9 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.kernels.runtime import interpreting, kernels_usable
-from spectoolkit.quant import rtn_kernels as kernels
-from spectoolkit.quant.rtn_format import (
+from spectoolkit.kernels.rtn_format import (
     QuantizedWeight,
     RtnConfig,
     dequantize_weight,
@@ -42,6 +40,8 @@ from spectoolkit.quant.rtn_format import (
     quantize_weight,
     unpack_int4,
 )
+from spectoolkit.kernels.runtime import interpreting, kernels_usable
+from spectoolkit.quant import rtn_kernels as kernels
 
 PRECISION_BITS = {"rtn-int8": 8, "rtn-int4": 4}
 BASE_PRECISION = "fp32"  # float checkpoint the linears are quantized from; see load_quantized

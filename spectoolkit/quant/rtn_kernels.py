@@ -6,7 +6,7 @@ Two ATen kernels do the work; both are vectorized (AVX2/AVX-512) **only for bf16
 - ``aten._weight_int4pack_mm_for_cpu(x [M, K] bf16, packed [N, K/2] uint8, group_size,
   scales_and_zeros [K/g, N, 2] bf16) -> [M, N] bf16`` ("tinygemm"): per element it computes
   ``w = (u - 8) * scale + zero`` in fp32 (u = the stored 4-bit code in [0, 15]) — exactly the
-  canonical int4 formula of :mod:`~spectoolkit.quant.rtn_format`. Constraints: ``N % 16 == 0``,
+  canonical int4 formula of :mod:`~spectoolkit.kernels.rtn_format`. Constraints: ``N % 16 == 0``,
   ``group_size in {32, 64, 128, 256}``. ``packed`` comes from
   ``aten._convert_weight_to_int4pack_for_cpu(codes [N, K] int32, 1)`` in an ISA-dependent blocked
   layout (:func:`unpack_cpu_int4` inverts it; it is checked against the codes on every pack).

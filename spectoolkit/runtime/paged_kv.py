@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.kvcache.formats import KV_FORMATS
-from spectoolkit.kvcache.quantized import CAST_DTYPES
+from spectoolkit.kvcache.formats import CAST_DTYPES, KV_FORMATS
 from spectoolkit.precisions import KV_PRECISIONS
 
 KINDS = ("key", "value")

@@ -40,8 +40,8 @@ class BuiltServer:
 def build_server(cfg: RunConfig) -> BuiltServer:
     """Load ``cfg``'s models and serve its arm (drafter and policy as configured; the target alone for
     draft=none). User mistakes raise SpecToolkitError."""
-    from spectoolkit.bench.protocol.setup import build
     from spectoolkit.serving.factory import served_arm
+    from spectoolkit.wiring.setup import build
 
     if cfg.runtime.compile:
         raise SpecToolkitError(

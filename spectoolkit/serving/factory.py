@@ -12,6 +12,7 @@ import torch
 
 from spectoolkit.config import RunConfig, ServeConfig
 from spectoolkit.engine.tree_round import tree_depth
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.layer_skip import draft_model_name
 from spectoolkit.policy import FixedPolicy, make_policy
@@ -21,7 +22,6 @@ from spectoolkit.sampling import make_chooser
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
-from spectoolkit.verify.factory import make_verifier
 
 DEFAULT_SEQ_SLOTS = 2048  # KV slots per sequence assumed when serve.max_kv_tokens is null
 

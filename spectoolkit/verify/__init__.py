@@ -1,7 +1,8 @@
 """Verification of drafted tokens against the target: greedy and exact stochastic (DESIGN §1).
 
-Choose once with :func:`spectoolkit.verify.factory.make_verifier` (not re-exported here: it imports
-the fused verifier, whose kernel module imports :mod:`spectoolkit.verify.rules` and so this package).
+The torch rules only: the fused kernel's reference is these rules, so this package sits below the
+kernels, and the verifier that runs the kernel, with the chooser (choose once with
+:func:`spectoolkit.kernels.verifier.make_verifier`), lives beside that kernel.
 The baseline loop uses ``Verifier.select`` so baseline and speculative decoding pick tokens the same way.
 """
 

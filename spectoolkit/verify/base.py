@@ -4,7 +4,7 @@ A verification round (DESIGN §1) checks γ drafted tokens against the target's 
 logits and emits N = K + 1 tokens: the K accepted drafts plus one correction (at the first
 rejection) or bonus (all γ accepted) token. Following vLLM v1, verification knows nothing about how
 the drafts were produced: it sees token ids and, in stochastic mode, the draft distributions. A verifier
-is chosen once, by :func:`spectoolkit.verify.factory.make_verifier`.
+is chosen once, by :func:`spectoolkit.kernels.verifier.make_verifier`.
 """
 
 from __future__ import annotations

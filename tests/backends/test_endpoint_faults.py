@@ -52,7 +52,7 @@ def fake() -> Iterator[FakeOpenAIServer]:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from spectoolkit.models.loading import load_tokenizer
+    from spectoolkit.wiring.loading import load_tokenizer
 
     return load_tokenizer(None)
 

@@ -20,10 +20,10 @@ from spectoolkit.config import SamplingConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.eval.stochastic_empirical import ArgmaxReportingSoftmax
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import make_chooser
-from spectoolkit.verify.factory import make_verifier
 
 VOCAB = 12
 EOS_IDS = frozenset({2})

@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from spectoolkit.bench.protocol.exactness import greedy_exactness
-from spectoolkit.bench.protocol.setup import build
 from spectoolkit.config import DraftConfig, ModelConfig, RunConfig
 from spectoolkit.engine.speculative import SpeculativeEngine
 from spectoolkit.eval.exactness import (
@@ -28,7 +26,9 @@ from spectoolkit.eval.exactness import (
     rounds_cover,
     verdict,
 )
+from spectoolkit.eval.exactness_section import greedy_exactness
 from spectoolkit.metrics.records import RequestRecord
+from spectoolkit.wiring.setup import build
 
 
 class _FixedLogits:

@@ -18,7 +18,7 @@ from spectoolkit.eval.stochastic_analytic import (
     total_variation,
     verifier_output_probs,
 )
-from spectoolkit.models.loading import load_model
+from spectoolkit.wiring.loading import load_model
 
 PROMPTS = [[1, 17, 305, 4096, 77, 9000], [1, 640, 12, 640, 12, 33]]
 POSITIONS = 6

@@ -28,10 +28,10 @@ from spectoolkit.eval.stochastic_empirical import (
     pooled_table,
     two_sample_test,
 )
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import make_chooser
-from spectoolkit.verify.factory import make_verifier
 
 VOCAB = 12
 EOS_IDS = frozenset({2})

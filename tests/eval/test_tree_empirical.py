@@ -23,10 +23,10 @@ from spectoolkit.eval.tree_empirical import (
     rank_siblings,
     tree_negative_control,
 )
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import make_chooser
-from spectoolkit.verify.factory import make_verifier
 
 VOCAB = 12
 EOS_IDS = frozenset({2})

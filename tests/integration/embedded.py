@@ -6,13 +6,13 @@ from functools import cache
 
 import torch
 
-from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.loading import LoadedModel, load_model, load_tokenizer
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
+from spectoolkit.wiring.loading import LoadedModel, load_model, load_tokenizer
+from spectoolkit.wiring.setup import eos_ids_of
 from spectoolkit.workloads.prompts import Request, encode_prompt
 
 

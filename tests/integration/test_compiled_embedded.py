@@ -14,14 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.compiled import LOGIT_TOLERANCE, CompiledModel
-from spectoolkit.models.loading import load_model
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
+from spectoolkit.wiring.loading import load_model
+from spectoolkit.wiring.setup import eos_ids_of
 from tests.integration.embedded import encoded, tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -10,14 +10,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.eval.exactness import divergence, near_tie_threshold
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.loading import load_model, load_tokenizer
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.verify import GreedyVerifier
+from spectoolkit.wiring.loading import load_model, load_tokenizer
+from spectoolkit.wiring.setup import eos_ids_of
 from spectoolkit.workloads.prompts import Request, encode_prompt
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # 170 s on AMD Zen 3; test_exact_grid runs by default

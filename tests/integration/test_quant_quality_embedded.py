@@ -8,7 +8,7 @@ import torch
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.eval.held_text import held_texts
 from spectoolkit.eval.quant_quality import measure
-from spectoolkit.models.loading import load_model, load_tokenizer
+from spectoolkit.wiring.loading import load_model, load_tokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a quality claim, not a regression gate (36 s)
 CPU = torch.device("cpu")

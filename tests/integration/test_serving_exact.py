@@ -16,7 +16,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectoolkit.bench.protocol.setup import eos_ids_of
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.engine import BaselineEngine
 from spectoolkit.metrics.summary import first_divergence
@@ -28,6 +27,7 @@ from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.factory import make_pool
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
+from spectoolkit.wiring.setup import eos_ids_of
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 from tests.integration import embedded
 

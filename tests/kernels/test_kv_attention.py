@@ -149,7 +149,7 @@ def test_kernel_supports(kva):
 
 
 def _layer(fmt: str, attend_from_codes: bool):
-    from spectoolkit.kvcache.quantized import QuantizedKVLayer
+    from spectoolkit.models.kv_cache import QuantizedKVLayer
 
     return QuantizedKVLayer(KV_FORMATS[fmt], attend_from_codes=attend_from_codes)
 
@@ -157,8 +157,8 @@ def _layer(fmt: str, attend_from_codes: bool):
 @pytest.mark.parametrize("fmt", ["fp8", "int8", "int4"])
 def test_layer_attends_from_codes_after_prefill_rejection_and_commit(device, fmt):
     """After a prefill, a verify window rolled back to 2 accepted, and a new window: attend == dequantize + SDPA."""
-    from spectoolkit.kvcache.stored import StoredKV
     from spectoolkit.models.attention import packed_gqa_attention
+    from spectoolkit.models.stored_kv import StoredKV
 
     gen = torch.Generator().manual_seed(1)
     layer = _layer(fmt, attend_from_codes=True)
@@ -182,8 +182,8 @@ def _runner(model, fmt: str, attend_from_codes: bool):
     from functools import partial
 
     from spectoolkit.kvcache import PositionalKVCache
-    from spectoolkit.kvcache.quantized import QuantizedKVLayer
     from spectoolkit.models.cached import CachedModel
+    from spectoolkit.models.kv_cache import QuantizedKVLayer
 
     runner = CachedModel(model, kv_precision=fmt)
     make_layer = partial(QuantizedKVLayer, KV_FORMATS[fmt], attend_from_codes=attend_from_codes)
@@ -198,8 +198,8 @@ def test_model_logits_with_kernel_path_match_torch_path(use, monkeypatch):
     Our packed / row-wise attention run the kernel; transformers' own sdpa is unaware of the stand-ins
     and gets them dequantized, so it must match bit for bit. CPU only: the interpreter runs the kernel.
     """
-    from spectoolkit.kvcache.quantized import QuantizedKVLayer
     from spectoolkit.models.attention import use_packed_attention, use_rowwise_attention
+    from spectoolkit.models.kv_cache import QuantizedKVLayer
     from spectoolkit.models.tiny import tiny_llama
 
     calls = []
@@ -235,3 +235,16 @@ def test_bench_cases_run_and_agree(kva, device):
         torch.testing.assert_close(case.run_triton().float(), case.run_torch().float(), atol=3e-2, rtol=3e-2)
     int8_decode = next(case for case in small if case.kernel.endswith("int8") and case.shape.endswith("Q=1"))
     assert int8_decode.bytes_moved == 2 * 8 * 1024 * (128 + 4) + 2 * 32 * 128 * 2
+
+
+def test_bench_torch_path_is_the_models_packed_attention(kva):
+    """The benchmark's restated torch path is ``spectoolkit.models.attention.packed_gqa_attention``, bit for bit."""
+    from spectoolkit.models.attention import packed_gqa_attention
+
+    gen = torch.Generator().manual_seed(0)
+    module = torch.nn.Module().eval()
+    for q_len in (1, 5):  # a decode step, a verify window (causal within it)
+        query = torch.randn(2, 8, q_len, 16, generator=gen)  # [B, H, Q, D]
+        keys, values = (torch.randn(2, 2, 12, 16, generator=gen) for _ in range(2))  # [B, H_kv, L, D]
+        expected = packed_gqa_attention(module, query, keys, values, None)[0].transpose(1, 2)  # [B, H, Q, D]
+        torch.testing.assert_close(kva._packed_gqa_sdpa(query, keys, values), expected, atol=0, rtol=0)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig
+from spectoolkit.kernels.verifier import FusedVerifier, make_verifier
 from spectoolkit.kernels.verify import (
     BatchVerifyResult,
     bench_cases,
@@ -22,8 +23,6 @@ from spectoolkit.kernels.verify import (
 )
 from spectoolkit.sampling import processed_probs
 from spectoolkit.verify import GreedyVerifier, StochasticVerifier
-from spectoolkit.verify.factory import make_verifier
-from spectoolkit.verify.fused import FusedVerifier
 
 KINDS = ("random", "top_k", "equal", "equal_excluded")
 GAMMAS = (3, 0, 5, 1, 4, 0, 2, 6)

@@ -16,10 +16,10 @@ import torch
 from spectoolkit.config import TreeConfig
 from spectoolkit.drafting import ModelDrafter
 from spectoolkit.kvcache.cache import _INITIAL_CAPACITY
-from spectoolkit.kvcache.quantized import make_kv_cache
 from spectoolkit.models.attention import use_rowwise_attention
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.kernel_choice import choose_kernels
+from spectoolkit.models.kv_cache import make_kv_cache
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.models.tree_mask import verify_rows
 from spectoolkit.precisions import KV_PRECISIONS

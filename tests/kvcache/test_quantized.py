@@ -16,9 +16,10 @@ from spectoolkit.kvcache.formats import (
     quantize_int4,
     quantize_int8,
 )
-from spectoolkit.kvcache.quantized import KV_PRECISIONS, make_kv_cache
 from spectoolkit.models.cached import CachedModel
+from spectoolkit.models.kv_cache import make_kv_cache
 from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.precisions import KV_PRECISIONS
 
 BATCH, HEADS, DIM = 1, 2, 64  # DIM = 64: two int4 groups of 32 per row
 STORED = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")  # every precision that converts on write

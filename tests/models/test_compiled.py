@@ -282,8 +282,8 @@ def test_a_non_llama_model_is_refused():
 
 
 def test_bitsandbytes_layers_are_refused_and_rtn_layers_accepted(tmp_path):
-    from spectoolkit.models.loading import load_model
     from spectoolkit.models.tiny import save_tiny_llama
+    from spectoolkit.wiring.loading import load_model
 
     directory = save_tiny_llama(tmp_path / "tiny")
     nf4 = load_model(str(directory), "nf4", torch.device("cpu"), kernels=None)

@@ -15,8 +15,8 @@ from torch import nn
 
 from spectoolkit.models import kernel_choice as kc
 from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.loading import load_model
 from spectoolkit.models.tiny import save_tiny_llama
+from spectoolkit.wiring.loading import load_model
 
 PROMPT = list(range(3, 20))
 WINDOW = [21, 22, 23, 24, 25]  # a verify window of γ = 4 drafts after the pending token

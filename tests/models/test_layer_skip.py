@@ -12,12 +12,12 @@ from spectoolkit.config import SamplingConfig, run_config_from_dict
 from spectoolkit.drafting import ModelDrafter
 from spectoolkit.engine import BaselineEngine, SpeculativeEngine
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.layer_skip import kept_layers, layer_skip_model, skip_name
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import GreedyChooser, make_chooser
 from spectoolkit.verify import GreedyVerifier
-from spectoolkit.verify.factory import make_verifier
 from tests.engine.test_stochastic_engine import PASS_P, PROMPT, _two_sample_pvalue
 
 VOCAB = 64
@@ -124,8 +124,8 @@ def test_draft_skip_config():
 
 
 def test_skip_precision_runs_the_kept_layers_of_a_quantized_copy(tiny_checkpoint):
-    from spectoolkit.bench.protocol.setup import skip_draft
-    from spectoolkit.models.loading import load_model
+    from spectoolkit.wiring.loading import load_model
+    from spectoolkit.wiring.setup import skip_draft
 
     cfg = run_config_from_dict(
         {"draft": {"kind": "skip", "layers": [0], "skip_precision": "rtn-int4", "group_size": 32}}

@@ -7,8 +7,8 @@ import torch
 
 from spectoolkit.config import run_config_from_dict
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.loading import load_model
 from spectoolkit.quant.rtn import RtnLinear
+from spectoolkit.wiring.loading import load_model
 
 pytestmark = pytest.mark.integration
 

@@ -245,7 +245,7 @@ def _rtn_int4(weight: torch.Tensor, group_size: int) -> torch.Tensor:
 def test_gptq_beats_round_to_nearest_on_held_text(tiny_model: torch.nn.Module, tiny_float: Path) -> None:
     """GPTQ's error feedback: lower logit error than RTN with the same bits/groups, on text it never saw."""
     from spectoolkit.config import WorkloadConfig
-    from spectoolkit.models.loading import load_model, load_tokenizer
+    from spectoolkit.wiring.loading import load_model, load_tokenizer
     from spectoolkit.workloads.prompts import load_workload
 
     tokenizer = load_tokenizer(str(tiny_float))
@@ -290,7 +290,7 @@ def test_embedded_model_int4_agrees_with_fp32() -> None:
     """Real GPTQ of SmolLM2-135M (minutes on 2 cores the first time, then cached)."""
     from spectoolkit.config import WorkloadConfig
     from spectoolkit.models.cached import CachedModel
-    from spectoolkit.models.loading import load_model, load_tokenizer
+    from spectoolkit.wiring.loading import load_model, load_tokenizer
     from spectoolkit.workloads.prompts import load_workload
 
     tokenizer = load_tokenizer(None)
@@ -310,7 +310,7 @@ def test_embedded_model_int4_agrees_with_fp32() -> None:
 @pytest.mark.parametrize("kv", ["auto", "int8", "int4"])
 def test_gptq_verify_forward_equals_decode_steps_bit_for_bit(tiny_quantized: Path, kv: str) -> None:
     """GPTQModel's int4 kernel under the chosen row-invariant variant: k-row verify = k decode steps."""
-    from spectoolkit.models.loading import load_model
+    from spectoolkit.wiring.loading import load_model
     from tests.models.test_kernel_choice import verify_and_steps
 
     loaded = load_model(str(tiny_quantized), "int4", torch.device("cpu"), kernels="auto")

@@ -26,7 +26,7 @@ MULTIBYTE = "héllo wörld 日本語 🎉 done"  # 🎉 and 語 each span severa
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from spectoolkit.models.loading import load_tokenizer
+    from spectoolkit.wiring.loading import load_tokenizer
 
     return load_tokenizer(None)
 

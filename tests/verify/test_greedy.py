@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.verify import GreedyVerifier, VerifyResult
-from spectoolkit.verify.factory import make_verifier
 
 VOCAB = 8
 

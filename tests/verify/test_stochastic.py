@@ -17,9 +17,9 @@ import torch
 from scipy import stats
 
 from spectoolkit.config import SamplingConfig
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.sampling import processed_probs, sample_from
 from spectoolkit.verify import StochasticVerifier, VerifyResult, verify_with_uniforms
-from spectoolkit.verify.factory import make_verifier
 from spectoolkit.verify.rules import accept_mask as _accept_mask
 
 VOCAB = 8

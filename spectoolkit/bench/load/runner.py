@@ -26,12 +26,12 @@ from spectoolkit.bench.load.records import ServingArmLike
 from spectoolkit.bench.load.summary import REFERENCE_LEVEL, references_from_level, serving_summary
 from spectoolkit.bench.protocol.conditions import run_conditions
 from spectoolkit.bench.protocol.runner import RECORDS_FILE, SUMMARY_FILE, _encode, _report, _set_aside
-from spectoolkit.bench.protocol.setup import RunSetup, build
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import RecordWriter, read_records, write_json_atomic
 from spectoolkit.metrics.summary_schema import SUMMARY_SCHEMA_VERSION
 from spectoolkit.metrics.token_cost import serving_token_cost
+from spectoolkit.wiring.setup import RunSetup, build
 from spectoolkit.workloads.prompts import load_workload
 
 STEPS_FILE = "steps.jsonl"

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from spectoolkit.bench.protocol.setup import Arm, RunSetup
 from spectoolkit.bench.protocol.stock_models import StockUnavailable, load_stock
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import first_line
 from spectoolkit.models.cached import synchronize
+from spectoolkit.wiring.setup import Arm, RunSetup
 
 MAX_PROMPTS = 3  # runnable prompts of the run that are timed
 MAX_NEW_TOKENS = 32  # at most this many tokens per generation (the run's max_new_tokens if smaller)

@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from spectoolkit.bench.protocol.setup import ArmSet, RunFacts, RunSetup
 from spectoolkit.config import RunConfig
 from spectoolkit.config_checks import config_warnings
 from spectoolkit.kernels.runtime import kernels_usable
 from spectoolkit.models.compiled import compiled_runners
 from spectoolkit.models.kernel_choice import cpu_model
+from spectoolkit.wiring.setup import ArmSet, RunFacts, RunSetup
 
 
 def hardware(device: torch.device) -> dict[str, Any]:

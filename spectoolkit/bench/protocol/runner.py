@@ -23,17 +23,17 @@ from tqdm import tqdm
 from spectoolkit.bench.protocol.baseline_check import stock_baseline_check
 from spectoolkit.bench.protocol.calibrate import calibration_context, calibration_widths, measure_verify_costs
 from spectoolkit.bench.protocol.conditions import host_rss_bytes, run_conditions
-from spectoolkit.bench.protocol.exactness import greedy_exactness
-from spectoolkit.bench.protocol.quality import quant_quality
-from spectoolkit.bench.protocol.setup import Arm, ArmSet, LoadedModels, RunSetup, build
 from spectoolkit.bench.report.render import write_report
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.eval.exactness_section import greedy_exactness
+from spectoolkit.eval.quality_section import quant_quality
 from spectoolkit.metrics.gamma_validation import gamma_validation
 from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_records, write_json_atomic
 from spectoolkit.metrics.summary import cost_models, summarize
 from spectoolkit.metrics.token_cost import batch_token_cost
 from spectoolkit.models.compiled import compiled_runners
+from spectoolkit.wiring.setup import Arm, ArmSet, LoadedModels, RunSetup, build
 from spectoolkit.workloads.prompts import Request, encode_prompt, load_workload
 
 RECORDS_FILE = "records.jsonl"

@@ -13,7 +13,6 @@ from spectoolkit.bench.load import runner
 from spectoolkit.bench.load.runner import STEPS_FILE, format_serving_table, run_serving
 from spectoolkit.bench.protocol.runner import RECORDS_FILE, SUMMARY_FILE
 from spectoolkit.bench.protocol.runner import _report as _protocol_report
-from spectoolkit.bench.protocol.setup import build
 from spectoolkit.config import (
     BenchConfig,
     ModelConfig,
@@ -25,6 +24,7 @@ from spectoolkit.config import (
 )
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import read_records
+from spectoolkit.wiring.setup import build
 from tests.bench.load.fakes import fake_arms, install_serving_arms
 
 BUILTIN_CASES = 6

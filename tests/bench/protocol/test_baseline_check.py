@@ -17,10 +17,10 @@ import pytest
 
 from spectoolkit.bench.protocol.baseline_check import stock_baseline_check
 from spectoolkit.bench.protocol.runner import SUMMARY_FILE, run
-from spectoolkit.bench.protocol.setup import build
 from spectoolkit.bench.report.checklist import FAIL, NA, STOCK_RATIO_LIMIT, check_baseline_vs_stock
 from spectoolkit.config import BenchConfig, DraftConfig, ModelConfig, RunConfig, TargetConfig, WorkloadConfig
 from spectoolkit.metrics.summary_schema import Summary
+from spectoolkit.wiring.setup import build
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,7 +16,7 @@ from spectoolkit.bench.sweep import jobs
 from spectoolkit.bench.sweep.table import axis_key, sweep_rows, write_sweep_csv
 from spectoolkit.embedded import cached_directory
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models import loading
+from spectoolkit.models.paths import resolve_path
 
 CONFIG = {"draft": {"kind": "ngram"}, "speculate": {"gamma": 4}, "output_dir": "/a", "resume": True}
 
@@ -139,7 +139,7 @@ def test_uncached_hub_model_offline_fails_fast_with_what_to_do(monkeypatch, tmp_
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     start = time.perf_counter()
     with pytest.raises(SpecToolkitError) as raised:
-        loading.resolve_path("meta-llama/Llama-3.1-8B-Instruct")
+        resolve_path("meta-llama/Llama-3.1-8B-Instruct")
     assert time.perf_counter() - start < 5
     assert "HF_HUB_OFFLINE" in str(raised.value) and "hf download meta-llama/Llama-3.1-8B-Instruct" in str(raised.value)
 
@@ -154,4 +154,4 @@ def test_unreachable_hub_is_one_clear_error(monkeypatch, tmp_path: Path) -> None
     monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *args, **kwargs: None)
     monkeypatch.setattr(huggingface_hub, "auth_check", unreachable)
     with pytest.raises(SpecToolkitError, match="hub cannot be reached .*model.target_path"):
-        loading.resolve_path("Qwen/Qwen2.5-7B-Instruct")
+        resolve_path("Qwen/Qwen2.5-7B-Instruct")

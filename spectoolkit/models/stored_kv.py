@@ -1,6 +1,6 @@
 """Keys/values that stay in their quantized buffers: the stand-in a cache layer returns on the kernel path.
 
-On CUDA, :class:`~spectoolkit.kvcache.quantized.QuantizedKVLayer` returns :class:`StoredKV` from
+On CUDA, :class:`~spectoolkit.models.kv_cache.QuantizedKVLayer` returns :class:`StoredKV` from
 ``update`` instead of dequantizing its whole history every step. An attention function that knows it
 (:mod:`spectoolkit.models.attention`) calls the layer's Triton kernel on the stored codes; any other
 torch op sees the dequantized tensor, built on demand by the reference path of
@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 if TYPE_CHECKING:
-    from spectoolkit.kvcache.quantized import QuantizedKVLayer
+    from spectoolkit.models.kv_cache import QuantizedKVLayer
 
 # Ops answered from the stand-in's own (expanded, storage-free) metadata: no dequantization.
 _METADATA = {

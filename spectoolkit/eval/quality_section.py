@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectoolkit.bench.protocol.setup import LoadedModels
 from spectoolkit.config import RunConfig
 from spectoolkit.eval.held_text import held_texts
 from spectoolkit.eval.quant_quality import measure
-from spectoolkit.models.loading import load_model
 from spectoolkit.precisions import QUANT_PRECISIONS
+from spectoolkit.wiring.loading import load_model
+from spectoolkit.wiring.setup import LoadedModels
 
 
 def quant_quality(cfg: RunConfig, models: LoadedModels) -> dict[str, Any] | None:

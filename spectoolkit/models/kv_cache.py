@@ -1,6 +1,8 @@
-"""KV-cache precision: keys/values stored in a cast dtype or a per-token quantized format (DESIGN §2).
+"""The KV cache a :class:`~spectoolkit.models.cached.CachedModel` runs on, per precision (DESIGN §2).
 
-:func:`make_kv_cache` picks one layer class per precision, once. Every layer keeps the positional
+Keys/values stored in a cast dtype or a per-token quantized format. Here, above the kernels, and not
+in :mod:`spectoolkit.kvcache` (the formats, which the attention kernel reads): the quantized layers run
+that kernel. :func:`make_kv_cache` picks one layer class per precision, once. Every layer keeps the positional
 contract of :class:`~spectoolkit.kvcache.cache.PositionalKVLayer`: position ``i`` lives in slot ``i``,
 a token is converted (cast or quantized, :mod:`spectoolkit.kvcache.formats`) exactly once when it is
 written, and rollback only lowers ``length`` — kept slots are never touched again, so a rolled-back
@@ -9,7 +11,7 @@ cache is bit-identical to one that never saw the rejected tokens.
 Reads return slots [0, end) converted back to the compute dtype of the incoming states. For the
 quantized formats this dequantizes the whole valid prefix on every call: the plain-torch reference
 path. On CUDA with Triton (:func:`~spectoolkit.kernels.runtime.kernels_usable`), chosen once when a
-layer first allocates, a quantized layer instead returns :class:`~.stored.StoredKV` stand-ins and
+layer first allocates, a quantized layer instead returns :class:`~.stored_kv.StoredKV` stand-ins and
 the attention functions of :mod:`spectoolkit.models.attention` run :meth:`QuantizedKVLayer.attend`,
 the Triton kernel of :mod:`spectoolkit.kernels.kv_attention`, on the stored codes.
 """
@@ -23,11 +25,9 @@ import torch
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.runtime import kernels_usable
 from spectoolkit.kvcache.cache import PositionalKVCache, PositionalKVLayer
-from spectoolkit.kvcache.formats import KV_FORMATS, KVFormat
-from spectoolkit.kvcache.stored import StoredKV
+from spectoolkit.kvcache.formats import CAST_DTYPES, KV_FORMATS, KVFormat
+from spectoolkit.models.stored_kv import StoredKV
 from spectoolkit.precisions import KV_PRECISIONS
-
-CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class _ConvertingKVLayer(PositionalKVLayer):

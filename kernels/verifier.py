@@ -1,13 +1,16 @@
-"""The verifier on the Triton kernel (``spectoolkit.kernels.verify``), for CUDA (DESIGN §1).
+"""The verifier on the fused Triton kernel (:mod:`spectoolkit.kernels.verify`), and the one place a verifier is chosen.
 
-Same rule and same random numbers as the torch verifiers: greedy is the fp32 argmax (first maximum on
-ties); stochastic draws its γ+1 uniforms from the request's generator exactly as
+:func:`make_verifier` picks greedy or exact stochastic verification, in torch
+(:mod:`spectoolkit.verify`) or, where the kernels run (CUDA, ``kernels_usable``), as one kernel launch
+(:class:`FusedVerifier`, same tokens). It lives here, above the torch rules, because the kernel's torch
+reference is those rules (DESIGN §1, §4).
+
+:class:`FusedVerifier`: same rule and same random numbers as the torch verifiers: greedy is the fp32
+argmax (first maximum on ties); stochastic draws its γ+1 uniforms from the request's generator exactly as
 :class:`~spectoolkit.verify.stochastic.StochasticVerifier` does, so for a seed both emit the same tokens.
-``select`` is a round with no drafts, so the baseline loop samples with the same kernel rule.
-
-:func:`~spectoolkit.verify.factory.make_verifier` builds this only where ``kernels_usable(device)``; the
-kernel module is imported at construction, never with ``spectoolkit.verify`` (on the CPU, Triton would
-otherwise decorate non-interpreted kernels).
+``select`` is a round with no drafts, so the baseline loop samples with the same kernel rule. The kernel
+module is imported at construction, never with this module (on the CPU, Triton would otherwise decorate
+non-interpreted kernels).
 """
 
 from __future__ import annotations
@@ -15,9 +18,23 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.config import SamplingConfig
+from spectoolkit.kernels.runtime import kernels_usable
 from spectoolkit.sampling import processed_probs
-from spectoolkit.verify.base import VerifyResult, check_round
+from spectoolkit.verify.base import Verifier, VerifyResult, check_round
+from spectoolkit.verify.greedy import GreedyVerifier
 from spectoolkit.verify.rules import draw_uniforms
+from spectoolkit.verify.stochastic import StochasticVerifier
+
+
+def make_verifier(sampling: SamplingConfig, device: torch.device | str | None = None) -> Verifier:
+    """The verifier for ``sampling``: greedy when ``temperature == 0``, exact stochastic otherwise.
+
+    On a ``device`` where the Triton kernels run (CUDA, ``kernels_usable``) both rules run as one
+    kernel launch (:class:`FusedVerifier`, same tokens); elsewhere in torch.
+    """
+    if device is not None and kernels_usable(device):
+        return FusedVerifier(sampling)
+    return GreedyVerifier() if sampling.greedy else StochasticVerifier(sampling)
 
 
 class FusedVerifier:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from spectoolkit.bench.protocol.setup import ArmSet
 from spectoolkit.eval.exactness import UNEXPLAINED, Divergence, divergence, near_tie_threshold, verdict
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary import output_pairs
+from spectoolkit.wiring.setup import ArmSet
 
 MAX_MARGINS = 64
 ARM_KEYS = ("verdict", "pairs", "identical", "divergent_pairs", "divergent_share", "near_ties", "unexplained")

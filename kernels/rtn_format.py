@@ -2,9 +2,12 @@
 
 The contract :mod:`spectoolkit.quant.rtn` (its linears and CPU kernels) and the Triton kernel
 :mod:`spectoolkit.kernels.quant_matmul` (its layout, reference and benchmark weights) share, in a leaf
-module both import. ``nn.Linear`` weight W [N, K] = [out_features, in_features] is split along K into
-groups of ``g`` consecutive columns (``group_size``; ``-1`` means one group per row, i.e. per output
-channel); G = K / g groups per row.
+module both import. It sits beside the kernel that reads it: :mod:`spectoolkit.quant` loads checkpoints
+through :mod:`spectoolkit.models`, which runs kernels, so the format the kernel reads sits below both.
+
+``nn.Linear`` weight W [N, K] = [out_features, in_features] is split along K into groups of ``g``
+consecutive columns (``group_size``; ``-1`` means one group per row, i.e. per output channel); G = K / g
+groups per row.
 
 - int4, asymmetric: ``qweight`` uint8 [N, K/2]: byte (n, j) holds the code of column 2j in its
   low nibble and of column 2j+1 in its high nibble; codes u are unsigned in [0, 15].

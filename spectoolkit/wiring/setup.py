@@ -17,16 +17,16 @@ from spectoolkit.config import RunConfig, SamplingConfig, TreeConfig
 from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter
 from spectoolkit.engine import BaselineEngine, Engine, SpeculativeEngine
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.compiled import CompiledModel, make_runner
 from spectoolkit.models.layer_skip import draft_model_name, kept_layers, layer_skip_model
-from spectoolkit.models.loading import LoadedModel, load_model, load_tokenizer
 from spectoolkit.policy import DraftLengthPolicy, make_policy
 from spectoolkit.precisions import QUANT_PRECISIONS
 from spectoolkit.sampling import make_chooser
 from spectoolkit.verify.base import Verifier
-from spectoolkit.verify.factory import make_verifier
+from spectoolkit.wiring.loading import LoadedModel, load_model, load_tokenizer
 
 
 @dataclass

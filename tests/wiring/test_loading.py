@@ -8,8 +8,8 @@ import torch
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.kernel_choice import BY_NAME, ChunkedForward, linear_layers
-from spectoolkit.models.loading import load_model
 from spectoolkit.models.tiny import save_tiny_llama
+from spectoolkit.wiring.loading import load_model
 
 
 def test_resolve_path_errors(tmp_path, monkeypatch):
