@@ -31,12 +31,14 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.exactness_section import greedy_exactness
 from spectoolkit.eval.quality_section import quant_quality
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
-from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
+from spectoolkit.eval.stochastic_empirical import empirical_exactness, engine_exactness, negative_control
 from spectoolkit.eval.tree_analytic import tree_analytic_exactness
 from spectoolkit.eval.tree_empirical import tree_negative_control
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.metrics.records import RequestRecord, write_json_atomic
 from spectoolkit.models.compiled import make_runner
 from spectoolkit.policy import make_policy
+from spectoolkit.wiring.one_engine import OneEngines
 from spectoolkit.wiring.setup import ArmSet, LoadedModels, build, make_drafter, shared_vocab_size
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
@@ -130,12 +132,24 @@ def _analytic(cfg: RunConfig, models: LoadedModels, prompts: dict[str, list[int]
 
 
 def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling: SamplingConfig) -> dict:
-    real = make_drafter(cfg, sampling, models.target, models.draft, models.eos_ids)
+    """Chi-square of the target alone vs the speculative sampler and its negative control, on the one engine
+    (on the batch-1 compiled engines under ``runtime.compile``)."""
     control_of = tree_negative_control if cfg.speculate.tree.enabled else negative_control
-    drafter_for = lambda control: control_of(real, sampling) if control else real  # noqa: E731
+    tree, model = cfg.speculate.tree, models.target.model
+    if cfg.runtime.compile:
+        real = make_drafter(cfg, sampling, models.target, models.draft, models.eos_ids)
+    else:
+        one = OneEngines(replace(cfg, sampling=sampling), models, make_verifier(sampling, models.device))
+        spec, real = one.drafting("spec", model, make_policy(cfg.speculate), tree)
+        control, _ = one.drafting("control", model, make_policy(cfg.speculate), tree, control_of(real, sampling))
+        engines = {"baseline": one.target_alone("baseline", model), "spec": spec, "control": control}
     length = cfg.eval.length
-    if cfg.speculate.tree.enabled:  # room for a whole tree after the first token, or only shallow trees are tested
-        length = max(length, tree_depth(cfg.speculate.tree, cfg.speculate.gamma, getattr(real, "tree_kind", None)) + 2)
+    if tree.enabled:  # room for a whole tree after the first token, or only shallow trees are tested
+        length = max(length, tree_depth(tree, cfg.speculate.gamma, getattr(real, "tree_kind", None)) + 2)
+    if not cfg.runtime.compile:
+        return engine_exactness(engines.__getitem__, prompt, cfg.eval.samples, length, cfg.sampling.seed,
+                                cfg.eval.significance, tree)  # fmt: skip
+    drafter_for = lambda control: control_of(real, sampling) if control else real  # noqa: E731
     return empirical_exactness(
         make_runner(models.target.model, cfg.kv.target, cfg.runtime.compile),
         drafter_for, sampling, cfg.speculate.gamma, models.eos_ids,

@@ -35,11 +35,12 @@ from scipy import stats
 
 from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter, Proposal
-from spectoolkit.engine import BaselineEngine, SpeculativeEngine
+from spectoolkit.engine import BaselineEngine, Engine, SpeculativeEngine
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.sampling import processed_probs
+from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 
 MIN_EXPECTED = 5.0  # the usual validity condition of the chi-square approximation
 ENDED = -1  # the output stopped (EOS) before this position
@@ -172,10 +173,31 @@ def _uniform_control(drafter: NgramDrafter, sampling: SamplingConfig) -> NgramDr
     return UniformReportingNgram(drafter.max_n, drafter.min_n, drafter.target_vocab_size, one_hot_probs=True)
 
 
+class BatchUniformReportingNgram(BatchNgramDrafter):
+    """BUG on purpose (negative control): batched n-gram proposals reported with a uniform q."""
+
+    def propose(self, seqs, budgets: list[int]) -> list[Proposal]:
+        vocab = self.single.target_vocab_size
+        return [Proposal(p.draft_ids, torch.full((len(p), vocab), 1.0 / vocab)) for p in super().propose(seqs, budgets)]
+
+
+def _batch_argmax_control(drafter: BatchModelDrafter, sampling: SamplingConfig) -> BatchModelDrafter:
+    return BatchModelDrafter(drafter.model, ArgmaxReportingSoftmax(sampling), drafter.pool, drafter.allocator,
+                             drafter.target_vocab_size, drafter.shared_vocab_size, drafter.eos_ids,
+                             f"{drafter.name}-argmax-control")  # fmt: skip
+
+
+def _batch_uniform_control(drafter: BatchNgramDrafter, sampling: SamplingConfig) -> BatchNgramDrafter:
+    single = drafter.single
+    return BatchUniformReportingNgram(single.max_n, single.min_n, single.target_vocab_size, one_hot_probs=True)
+
+
 # The negative control of each drafter kind: same proposals, a reported distribution they were not drawn from.
 NEGATIVE_CONTROLS: dict[type, Callable[[Drafter, SamplingConfig], Drafter]] = {
     ModelDrafter: _argmax_control,
     NgramDrafter: _uniform_control,
+    BatchModelDrafter: _batch_argmax_control,
+    BatchNgramDrafter: _batch_uniform_control,
 }
 
 
@@ -239,17 +261,36 @@ def empirical_exactness(
     if sampling.greedy:
         raise ValueError("empirical exactness compares distributions: it needs sampling.temperature > 0")
     verifier = make_verifier(sampling)
-    threshold = significance / length
     target_runner = PromptKept(target_runner, prompt_ids)
-    baseline, _ = _position_counts(BaselineEngine(target_runner, verifier, eos_ids), prompt_ids, samples, length, seed)
+
+    def engine_for(arm: str):
+        if arm == "baseline":
+            return BaselineEngine(target_runner, verifier, eos_ids)
+        policy = policy_for() if policy_for else None
+        drafter = _keep_prompt(make_drafter(arm == "control"), prompt_ids)
+        return SpeculativeEngine(target_runner, drafter, verifier, gamma, eos_ids, policy, tree)
+
+    return engine_exactness(engine_for, prompt_ids, samples, length, seed, significance, tree)
+
+
+def engine_exactness(
+    engine_for: Callable[[str], Engine],
+    prompt_ids: list[int],
+    samples: int = 400,
+    length: int = 3,
+    seed: int = 0,
+    significance: float = 1e-3,
+    tree: TreeConfig | None = None,
+) -> dict:
+    """:func:`empirical_exactness` over any engines: ``engine_for("baseline")`` the target alone,
+    ``engine_for("spec")`` the sampler under test and ``engine_for("control")`` its negative control
+    (batch-1 arms of the one engine: :class:`~spectoolkit.serving.one.OneRequestEngine`)."""
+    threshold = significance / length
+    baseline, _ = _position_counts(engine_for("baseline"), prompt_ids, samples, length, seed)
     arms = {}
     for arm, control in (("spec", False), ("control", True)):
-        policy = policy_for() if policy_for else None
-        engine = SpeculativeEngine(
-            target_runner, _keep_prompt(make_drafter(control), prompt_ids), verifier, gamma, eos_ids, policy, tree
-        )
         arm_seed = seed + _ARM_SEED_STRIDE * (2 if control else 1)
-        counts, acceptance_rate = _position_counts(engine, prompt_ids, samples, length, arm_seed)
+        counts, acceptance_rate = _position_counts(engine_for(arm), prompt_ids, samples, length, arm_seed)
         arms[arm] = {**_compare(baseline, counts, threshold), "acceptance_rate": acceptance_rate}
     spec, control = arms["spec"], arms["control"]
     return {

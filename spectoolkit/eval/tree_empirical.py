@@ -25,6 +25,7 @@ from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.eval.stochastic_empirical import control_from
 from spectoolkit.sampling import RandomChooser
+from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.verify.tree import children_of
 
 
@@ -90,10 +91,42 @@ def _ngram_control(drafter: NgramDrafter, sampling: SamplingConfig) -> NgramDraf
     return RankSiblingsNgramDrafter(drafter.max_n, drafter.min_n, drafter.target_vocab_size, one_hot_probs=True)
 
 
+class BatchRankSiblingsModelDrafter(BatchModelDrafter):
+    """BUG on purpose (negative control): a batched draft model's trees with :func:`rank_siblings` applied."""
+
+    def propose_tree(self, seqs, budgets: list[int], tree: TreeConfig, depths: list[int]) -> list[TokenTree]:
+        return [rank_siblings(grown) if len(grown) else grown for grown in super().propose_tree(seqs, budgets, tree,
+                                                                                                depths)]  # fmt: skip
+
+    def commit_path(self, seq, num_prefix: int, path: list[int]) -> None:
+        self.rollback(seq, num_prefix)  # the tree's slots hold the drawn tokens, not the ranked ones
+
+
+class BatchRankSiblingsNgramDrafter(BatchNgramDrafter):
+    """BUG on purpose (negative control): batched n-gram tries whose continuations report their uniform mean."""
+
+    def propose_tree(self, seqs, budgets: list[int], tree: TreeConfig, depths: list[int]) -> list[TokenTree]:
+        return [rank_siblings(grown) if len(grown) else grown for grown in super().propose_tree(seqs, budgets, tree,
+                                                                                                depths)]  # fmt: skip
+
+
+def _batch_model_control(drafter: BatchModelDrafter, sampling: SamplingConfig) -> BatchModelDrafter:
+    return BatchRankSiblingsModelDrafter(drafter.model, RandomChooser(sampling), drafter.pool, drafter.allocator,
+                                         drafter.target_vocab_size, drafter.shared_vocab_size, drafter.eos_ids,
+                                         f"{drafter.name}-rank-siblings-control")  # fmt: skip
+
+
+def _batch_ngram_control(drafter: BatchNgramDrafter, sampling: SamplingConfig) -> BatchNgramDrafter:
+    single = drafter.single
+    return BatchRankSiblingsNgramDrafter(single.max_n, single.min_n, single.target_vocab_size, one_hot_probs=True)
+
+
 # The tree negative control of each drafter kind: the same trees' candidates, reported as i.i.d. draws they are not.
 TREE_NEGATIVE_CONTROLS: dict[type, Callable[[Drafter, SamplingConfig], Drafter]] = {
     ModelDrafter: _model_control,
     NgramDrafter: _ngram_control,
+    BatchModelDrafter: _batch_model_control,
+    BatchNgramDrafter: _batch_ngram_control,
 }
 
 

@@ -14,6 +14,7 @@ continuous-batching decode, which is the baseline.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -68,14 +69,17 @@ class ContinuousEngine:
         self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
         self.max_positions, self.stochastic, self.invariant = max_positions, stochastic, invariant
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        self.scheduler = Scheduler(limits, allocator, policy)
+        tree = tree if tree is not None and tree.enabled and drafter is not None else None
+        self.scheduler = Scheduler(dataclasses.replace(limits, tree=tree is not None), allocator, policy)
         self.policy = self.scheduler.policy
         self.on_step: Callable[[StepStats], None] | None = None
         self.on_emit: Callable[[str, list[int]], None] | None = None  # (request id, new output ids) per step
         self.counters = EngineCounters()
         self._failed: list[FinishedRequest] = []
         self._steps = 0
-        self.tree = tree if tree is not None and tree.enabled and drafter is not None else None
+        self.peak_kv_tokens = 0  # the most KV slots the running sequences held at once (a shared prefix per holder)
+        self.peak_draft_kv_bytes = 0  # the most bytes the drafter's KV held at a target forward
+        self.tree = tree
         self.tree_depth = tree_depth
         self.tree_verifier = TreeVerifier(getattr(verifier, "sampling", None) or SamplingConfig(temperature=0.0))
 
@@ -139,6 +143,10 @@ class ContinuousEngine:
         draft_time = forward_start - started
         logits = self._forward(plan.work, proposals)  # [R, V]
         forward_time = time.perf_counter() - forward_start
+        held = sum(len(work.seq.table.blocks) for work in plan.work)  # candidates' blocks included, before commit
+        self.peak_kv_tokens = max(self.peak_kv_tokens, held * self.allocator.block_size)
+        if self.drafter is not None:
+            self.peak_draft_kv_bytes = max(self.peak_draft_kv_bytes, self.drafter.kv_bytes())
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # [R]: one check for the whole step
         now = time.perf_counter()
         row = 0

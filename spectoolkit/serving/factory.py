@@ -65,11 +65,11 @@ def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:
     arms = [_arm(cfg, setup, "baseline", None, slots, FixedPolicy(0))]
     if cfg.draft.kind == "none":
         return arms
-    drafter = _drafter(cfg, setup.models, slots)
+    drafter = batched_drafter(cfg, setup.models, slots)
     arms.append(_arm(cfg, setup, "spec", drafter, slots, _fixed(cfg)))
     policy = make_policy(cfg.speculate)
     if policy.name != "fixed":
-        sibling = _sibling(drafter, policy.stop_below)
+        sibling = sibling_drafter(drafter, policy.stop_below)
         arms.append(_arm(cfg, setup, f"spec-{policy.name}", sibling, slots, policy, share=arms[-1].engine))
     return arms
 
@@ -82,9 +82,9 @@ def served_arm(cfg: RunConfig, setup) -> ServingArm:
         return _arm(cfg, setup, "baseline", None, slots, FixedPolicy(0))
     policy = make_policy(cfg.speculate) if cfg.speculate.policy != "fixed" else _fixed(cfg)
     name = "spec" if policy.name == "fixed" else f"spec-{policy.name}"
-    drafter = _drafter(cfg, setup.models, slots)
+    drafter = batched_drafter(cfg, setup.models, slots)
     if policy.stop_below is not None:  # confidence: the draft model stops below the threshold
-        drafter = _sibling(drafter, policy.stop_below)
+        drafter = sibling_drafter(drafter, policy.stop_below)
     return _arm(cfg, setup, name, drafter, slots, policy)
 
 
@@ -125,7 +125,7 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
                       policy.name if drafter is not None else "none")  # fmt: skip
 
 
-def _drafter(cfg: RunConfig, models, slots: int):
+def batched_drafter(cfg: RunConfig, models, slots: int):
     target = models.target
     if cfg.draft.kind == "ngram":
         return BatchNgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not cfg.sampling.greedy)
@@ -138,7 +138,7 @@ def _drafter(cfg: RunConfig, models, slots: int):
     return BatchModelDrafter(draft.model, chooser, pool, allocator, target.vocab_size, shared, models.eos_ids, name)
 
 
-def _sibling(drafter, stop_below: float | None):
+def sibling_drafter(drafter, stop_below: float | None):
     """Another drafter like ``drafter`` on the same pool, stopping below ``stop_below`` (a draft model);
     n-gram lookup holds no per-sequence state, so both arms share the one drafter."""
     if not isinstance(drafter, BatchModelDrafter):

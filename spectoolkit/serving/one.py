@@ -32,7 +32,16 @@ class OneRequestEngine:
         self.engine, self.name = engine, name
         self.policy = engine.policy
         self.target = LoneSequence(engine.runner, engine.allocator)
-        self._peak = {"target_kv_bytes": 0, "draft_kv_bytes": 0}
+
+    @property
+    def drafter(self):
+        """The engine's batched drafter (None for the target alone)."""
+        return self.engine.drafter
+
+    @property
+    def tree(self):
+        """The arm's token-tree config when it drafts trees, else None."""
+        return self.engine.tree
 
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None, on_token=None
@@ -41,7 +50,7 @@ class OneRequestEngine:
         engine = self.engine
         self.target.reset()  # a calibration or replay before may hold blocks of the pool
         steps: list[StepStats] = []
-        engine.on_step = lambda stats: self._stepped(stats, steps)
+        engine.on_step = steps.append
         engine.on_emit = None if on_token is None else lambda _, ids: [on_token(token) for token in ids]
         start = time.perf_counter()
         engine.submit(ServeRequest("0", list(prompt_ids), max_new_tokens, arrival=start, generator=generator))
@@ -57,13 +66,9 @@ class OneRequestEngine:
         return _output(result, steps, start)
 
     def kv_bytes(self) -> dict[str, int]:
-        """The most KV bytes the target and the drafter held at once during the last generation."""
-        return dict(self._peak)
-
-    def _stepped(self, stats: StepStats, steps: list[StepStats]) -> None:
-        steps.append(stats)
-        for key, value in self.engine.kv_bytes().items():
-            self._peak[key] = max(self._peak[key], value)
+        """The most KV bytes the request held at once, in the target's pool (candidates included) and the drafter's."""
+        target = self.engine.peak_kv_tokens * self.engine.pool.slot_bytes()
+        return {"target_kv_bytes": target, "draft_kv_bytes": self.engine.peak_draft_kv_bytes}
 
 
 def _output(result: FinishedRequest, steps: list[StepStats], start: float) -> GenerationOutput:

@@ -33,6 +33,7 @@ class SchedulerLimits:
     gamma: int  # 0: no drafter
     spec_max_batch: int | None
     max_draft_tokens: int | None
+    tree: bool = False  # drafts are token-tree nodes: a sequence's room bounds a tree's depth, not its node count
 
 
 @dataclass
@@ -100,7 +101,8 @@ class Scheduler:
         draft_budget = budget if cap is None else min(cap, budget)
         prefill = sum(seq.uncomputed for seq in self.running if not seq.decoding)
         fixed = len(by_seq) + min(prefill, budget)  # the step's other tokens: pending ones, prefill chunks
-        caps = [min(self.limits.gamma, work.seq.room - 1) for work in works]
+        caps = [min(self.limits.gamma, work.seq.room - 1) if not self.limits.tree or work.seq.room <= 1
+                else self.limits.gamma for work in works]  # fmt: skip
         lengths = self.policy.choose([work.seq for work in works], caps, fixed, draft_budget)
         planned = 0
         for work, drafts in zip(works, lengths, strict=True):

@@ -27,6 +27,7 @@ from spectoolkit.precisions import QUANT_PRECISIONS
 from spectoolkit.sampling import make_chooser
 from spectoolkit.verify.base import Verifier
 from spectoolkit.wiring.loading import LoadedModel, load_model, load_tokenizer
+from spectoolkit.wiring.one_engine import OneEngines
 
 
 @dataclass
@@ -131,13 +132,16 @@ class _Parts:
     cfg: RunConfig
     device: torch.device
     target: LoadedModel
-    runner: CachedModel
+    runner: CachedModel | CompiledModel | None  # the batch-1 engines' target runner (runtime.compile)
     verifier: Verifier
     eos_ids: frozenset[int]
     drafter: Drafter | None
     draft: LoadedModel | None
+    one: OneEngines | None  # the one engine's arms; None under runtime.compile (the compiled batch-1 engines)
 
     def target_alone(self, name: str, target: LoadedModel, runner: CachedModel, precision: str) -> Arm:
+        if self.one is not None:
+            return Arm(name, self.one.target_alone(name, target.model), target, precision)
         return Arm(name, BaselineEngine(runner, self.verifier, self.eos_ids), target, precision)
 
     def drafting(
@@ -153,11 +157,15 @@ class _Parts:
         """A drafting arm; ``tree`` (default: ``speculate.tree``) makes it draft token trees."""
         gamma = policy.max_gamma
         tree = self.cfg.speculate.tree if tree is None else tree
-        engine = SpeculativeEngine(runner, self.drafter, self.verifier, gamma, self.eos_ids, policy, tree)
+        drafter = self.drafter
+        if self.one is not None:
+            engine, drafter = self.one.drafting(name, target.model, policy, tree)
+        else:
+            engine = SpeculativeEngine(runner, drafter, self.verifier, gamma, self.eos_ids, policy, tree)
         if tree.enabled:  # records' draft_len: the most a round drafts, a tree's nodes (K <= depth <= nodes)
             gamma = max(gamma, tree.max_nodes)
         draft_precision = self.draft.precision if self.draft else None
-        return Arm(name, engine, target, precision, self.drafter.name, self.draft, draft_precision, gamma, ref,
+        return Arm(name, engine, target, precision, drafter.name, self.draft, draft_precision, gamma, ref,
                    policy.name)  # fmt: skip
 
 
@@ -171,14 +179,19 @@ def build(cfg: RunConfig) -> RunSetup:
     draft, warnings = _load_draft(cfg, target, device) if cfg.draft.kind == "model" else (None, [])
     if cfg.draft.kind == "skip":
         draft = skip_draft(cfg, target)
-    drafter = make_drafter(cfg, cfg.sampling, target, draft, eos_ids)
-    runner = _target_runner(cfg, target)
-    parts = _Parts(cfg, device, target, runner, make_verifier(cfg.sampling, device), eos_ids, drafter, draft)
-    arms, primary = _ARM_SETS[cfg.bench.arms](parts)
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
+    models = LoadedModels(device, tokenizer, target, draft, eos_ids, max_positions)
+    verifier = make_verifier(cfg.sampling, device)
+    if cfg.runtime.compile:  # the compiled steps run on the batch-1 engines until a compiled runner serves the pool
+        drafter, one = make_drafter(cfg, cfg.sampling, target, draft, eos_ids), None
+        runner = _target_runner(cfg, target)
+    else:
+        one = OneEngines(cfg, models, verifier)
+        drafter, runner = one.drafter() if cfg.draft.kind != "none" else None, None
+    parts = _Parts(cfg, device, target, runner, verifier, eos_ids, drafter, draft, one)
+    arms, primary = _ARM_SETS[cfg.bench.arms](parts)
     separate_draft = bool(cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path)
     facts = RunFacts(drafter.name if drafter else "none", warnings, separate_draft and cfg.draft.kind == "model")
-    models = LoadedModels(device, tokenizer, target, draft, eos_ids, max_positions)
     return RunSetup(models, ArmSet(arms, primary), facts)
 
 
@@ -267,7 +280,7 @@ def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
     cfg = parts.cfg
     ref_precision, quant = cfg.bench.reference_precision, cfg.target.precision
     reference = load_model(cfg.model.target_path, ref_precision, parts.device, 64, *_kernels(cfg))
-    ref_runner = _target_runner(cfg, reference)
+    ref_runner = _target_runner(cfg, reference) if parts.one is None else None
     arms = [
         parts.target_alone("baseline", reference, ref_runner, ref_precision),
         parts.target_alone("quant", parts.target, parts.runner, quant),

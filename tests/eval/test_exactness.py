@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from spectoolkit.config import DraftConfig, ModelConfig, RunConfig
-from spectoolkit.engine.speculative import SpeculativeEngine
 from spectoolkit.eval.exactness import (
     DIVERGENT_ROUNDING,
     EXACT,
@@ -217,12 +216,28 @@ def spec_run(one_thread, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPat
                     output_dir=str(tmp_path_factory.mktemp("replay")))  # fmt: skip
     setup = build(cfg)
     prompt = setup.models.tokenizer("The quick brown fox jumps over the lazy dog. The quick brown fox")["input_ids"]
-    engine = setup.arm_set.spec.engine
-    recorder = _Recorder(engine.target)
-    logged = SpeculativeEngine(recorder, engine.drafter, engine.verifier, engine.gamma, engine.eos_ids)
-    out = logged.generate(prompt, 32, None)
+    engine = setup.arm_set.spec.engine.engine  # the one engine behind the batch-1 arm
+    steps = _StepLog(engine.runner)
+    engine.runner = steps
+    out = setup.arm_set.spec.engine.generate(prompt, 32, None)
+    engine.runner = steps.runner
     reference = setup.arm_set.baseline.engine.generate(prompt, 32, None).output_ids
-    return setup, prompt, out, recorder.calls, reference
+    return setup, prompt, out, steps.calls, reference
+
+
+class _StepLog:
+    """The engine's runner, logging each target forward as the replay's calls: ("forward", ids, last_only), and
+    before every forward after the first the length the previous round kept, as ("truncate", start)."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.device, self.calls = runner, runner.device, []
+
+    def forward(self, batch):
+        ids, start = batch.token_ids.tolist(), batch.start_of(0)
+        if self.calls:
+            self.calls.append(("truncate", start))
+        self.calls.append(("forward", ids, len(batch.logit_rows) == 1))
+        return self.runner.forward(batch)
 
 
 def test_replay_reproduces_every_token_the_engine_emitted(spec_run) -> None:
@@ -246,7 +261,7 @@ def test_replay_reproduces_every_token_the_engine_emitted(spec_run) -> None:
                                                                out.accept_lengths, strict=True):  # fmt: skip
         assert replay_ids[: accepted + 1] == engine_ids[: accepted + 1]  # only rejected slots differ
     engine_truncations = [call for call in engine_calls if call[0] == "truncate"]
-    assert [call for call in replay.calls if call[0] == "truncate"] == engine_truncations[:-1]
+    assert [call for call in replay.calls if call[0] == "truncate"] == engine_truncations[1:]
 
 
 def _spec_record(out, output_ids: list[int], repeat_idx: int) -> dict:

@@ -24,6 +24,7 @@ from spectoolkit.eval.stochastic_empirical import (
     PromptKept,
     chi_square_homogeneity,
     empirical_exactness,
+    engine_exactness,
     negative_control,
     pooled_table,
     two_sample_test,
@@ -32,6 +33,7 @@ from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import make_chooser
+from tests.eval import one_engines
 
 VOCAB = 12
 EOS_IDS = frozenset({2})
@@ -129,3 +131,15 @@ def test_prompt_kept_generations_equal_fresh_ones(target, draft_model):
     got = [kept.generate(prompt, 6, torch.Generator().manual_seed(s)).output_ids for s in range(5)]
     assert got == expected
     assert kept_runner.prompt_logits is not None and kept_drafter.runner.num_computed >= len(prompt)
+
+
+# ---- the same test through the one engine: batch-1 arms of the continuous-batching engine ----
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram"])
+def test_the_one_engine_sampler_is_accepted_and_its_control_rejected(target, draft_model, kind):
+    drafter = one_engines.batched(draft_model if kind == "model" else None, T1, VOCAB, EOS_IDS)
+    engines = one_engines.arms(target.model, drafter, negative_control(drafter, T1), T1, 2, EOS_IDS)
+    result = engine_exactness(engines.__getitem__, PROMPT, SAMPLES, LENGTH, 0, SIGNIFICANCE)
+    _assert_accepted_and_control_rejected(result)
+    assert 0 < result["acceptance_rate"] < 1

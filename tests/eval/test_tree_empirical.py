@@ -16,7 +16,7 @@ from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.engine import SpeculativeEngine
-from spectoolkit.eval.stochastic_empirical import empirical_exactness
+from spectoolkit.eval.stochastic_empirical import empirical_exactness, engine_exactness
 from spectoolkit.eval.tree_empirical import (
     RankSiblingsModelDrafter,
     RankSiblingsNgramDrafter,
@@ -27,6 +27,7 @@ from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import make_chooser
+from tests.eval import one_engines
 
 VOCAB = 12
 EOS_IDS = frozenset({2})
@@ -142,3 +143,14 @@ def test_tree_negative_control_per_drafter_kind(draft_model):
     assert isinstance(tree_negative_control(ngram, T1), RankSiblingsNgramDrafter)
     with pytest.raises(TypeError, match="TREE_NEGATIVE_CONTROLS"):
         tree_negative_control(object(), T1)
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram"])
+def test_one_engine_trees_accepted_rank_control_rejected(target, draft_model, kind):
+    """The same test through the one engine (batch-1 arms of the continuous-batching engine)."""
+    tree = TREES["static-2x2"]
+    drafter = one_engines.batched(draft_model if kind == "model" else None, T1, VOCAB, EOS_IDS)
+    engines = one_engines.arms(target.model, drafter, tree_negative_control(drafter, T1), T1, GAMMA, EOS_IDS, tree)
+    prompt = PROMPT if kind == "model" else NGRAM_PROMPT
+    result = engine_exactness(engines.__getitem__, prompt, SAMPLES, LENGTH, 0, SIGNIFICANCE, tree)
+    _assert_accepted_and_control_rejected(result, tree)

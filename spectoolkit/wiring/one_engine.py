@@ -1,0 +1,81 @@
+"""The batch-1 arms of a run on the one engine: each arm a continuous-batching engine with one request in flight.
+
+Every arm of a target shares that target's paged pool (arms never run at once, and each generation
+starts from an empty engine), and the drafting arms share one batched drafter and its draft pool — the
+same pieces a server runs (:mod:`spectoolkit.serving.factory`). A lone sequence's pool holds a whole
+context plus one more for the arm's :class:`~spectoolkit.runtime.lone.LoneSequence` (calibration and
+divergence replays); pages are touched only when written, so the size costs nothing until used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from spectoolkit.config import RunConfig, TreeConfig
+from spectoolkit.engine.tree_round import tree_depth
+from spectoolkit.policy import DraftLengthPolicy, FixedPolicy, make_policy
+from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.serving.engine import ContinuousEngine
+from spectoolkit.serving.factory import batched_drafter, make_pool, sibling_drafter
+from spectoolkit.serving.one import OneRequestEngine
+from spectoolkit.serving.scheduler import SchedulerLimits
+from spectoolkit.verify.base import Verifier
+
+MAX_LONE_POSITIONS = 1 << 15  # a model without a stated context: a lone sequence's pool holds this many positions
+
+
+@dataclass
+class OneEngines:
+    """Builds the batch-1 arms' engines of a run (``models``: its :class:`~spectoolkit.wiring.setup.LoadedModels`)."""
+
+    cfg: RunConfig
+    models: object
+    verifier: Verifier
+    _pools: dict[int, tuple[PagedKVPool, BlockAllocator]] = field(default_factory=dict)
+    _drafter: object = None
+
+    @property
+    def positions(self) -> int:
+        return min(self.models.max_positions, MAX_LONE_POSITIONS)
+
+    def target_alone(self, name: str, model: torch.nn.Module) -> OneRequestEngine:
+        return OneRequestEngine(self._engine(name, model, None, FixedPolicy(0), None), "baseline")
+
+    def drafting(self, name: str, model: torch.nn.Module, policy: DraftLengthPolicy, tree: TreeConfig, drafter=None):
+        """A drafting arm's engine and its drafter (default: the run's); a tree arm's policy budgets tree nodes
+        (``tree.max_nodes``)."""
+        if tree.enabled:
+            policy = make_policy(self.cfg.speculate, policy.name, tree.max_nodes)
+        drafter = sibling_drafter(drafter or self.drafter(), policy.stop_below)
+        return OneRequestEngine(self._engine(name, model, drafter, policy, tree), "spec"), drafter
+
+    def drafter(self):
+        """The run's batched drafter (built once, on first use)."""
+        if self._drafter is None:
+            self._drafter = batched_drafter(self.cfg, self.models, self._slots())
+        return self._drafter
+
+    def _slots(self) -> int:
+        block = self.cfg.serve.block_size
+        return -(-2 * (self.positions + 1) // block) * block  # a request and a lone sequence, whole blocks
+
+    def _pool(self, model: torch.nn.Module) -> tuple[PagedKVPool, BlockAllocator]:
+        if id(model) not in self._pools:
+            slots, block = self._slots(), self.cfg.serve.block_size
+            pool = make_pool(model, self.cfg.kv.target, slots)
+            self._pools[id(model)] = (pool, BlockAllocator(slots // block, block))
+        return self._pools[id(model)]
+
+    def _engine(self, name: str, model, drafter, policy: DraftLengthPolicy, tree: TreeConfig | None):
+        cfg, models = self.cfg, self.models
+        pool, allocator = self._pool(model)
+        gamma = policy.max_gamma if drafter is not None else 0
+        limits = SchedulerLimits(self.positions + gamma + 1, 1, gamma, None, None)
+        depth = tree_depth(tree, cfg.speculate.gamma, getattr(drafter, "tree_kind", None)) if tree else 0
+        return ContinuousEngine(
+            name, model, pool, allocator, self.verifier, limits, models.eos_ids, models.max_positions, drafter,
+            not cfg.sampling.greedy, False, policy, tree, depth,
+        )  # fmt: skip

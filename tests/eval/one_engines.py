@@ -1,0 +1,45 @@
+"""Batch-1 arms of the one engine for the distribution tests: the target alone, a sampler, its negative control."""
+
+from __future__ import annotations
+
+import torch
+
+from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.engine.tree_round import tree_depth
+from spectoolkit.kernels.verifier import make_verifier
+from spectoolkit.policy import FixedPolicy
+from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.sampling import make_chooser
+from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
+from spectoolkit.serving.engine import ContinuousEngine
+from spectoolkit.serving.factory import make_pool
+from spectoolkit.serving.one import OneRequestEngine
+from spectoolkit.serving.scheduler import SchedulerLimits
+
+BLOCKS, BLOCK, POSITIONS = 64, 8, 256
+
+
+def batched(draft: torch.nn.Module | None, sampling: SamplingConfig, vocab: int, eos_ids: frozenset[int]):
+    """A batched model drafter over its own pool, or (``draft=None``) n-gram lookup with one-hot q."""
+    if draft is None:
+        return BatchNgramDrafter(3, 1, vocab, True)
+    pool, allocator = make_pool(draft, "auto", BLOCKS * BLOCK), BlockAllocator(BLOCKS, BLOCK)
+    return BatchModelDrafter(draft, make_chooser(sampling), pool, allocator, vocab, vocab, eos_ids)
+
+
+def arms(model, drafter, control, sampling: SamplingConfig, gamma: int, eos_ids: frozenset[int],
+         tree: TreeConfig | None = None) -> dict[str, OneRequestEngine]:  # fmt: skip
+    """{"baseline", "spec", "control"}: stochastic one-request engines sharing ``model``'s pool; with ``tree``
+    the drafting arms draft trees of at most ``tree.max_nodes`` nodes, ``gamma`` deep (dynamic, n-gram)."""
+    pool, allocator = make_pool(model, "auto", BLOCKS * BLOCK), BlockAllocator(BLOCKS, BLOCK)
+
+    def engine(name: str, chosen, budget: int) -> OneRequestEngine:
+        depth = tree_depth(tree, gamma, getattr(chosen, "tree_kind", None)) if tree is not None else 0
+        limits = SchedulerLimits(POSITIONS, 1, budget, None, None)
+        return OneRequestEngine(ContinuousEngine(name, model, pool, allocator, make_verifier(sampling), limits,
+                                                 eos_ids, POSITIONS, chosen, True, False, FixedPolicy(budget), tree,
+                                                 depth), name)  # fmt: skip
+
+    budget = tree.max_nodes if tree is not None else gamma
+    return {"baseline": engine("baseline", None, 0), "spec": engine("spec", drafter, budget),
+            "control": engine("control", control, budget)}  # fmt: skip
