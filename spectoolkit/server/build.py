@@ -48,7 +48,7 @@ def build_server(cfg: RunConfig) -> BuiltServer:
             "runtime.compile=true compiles batch-1 steps; the server's continuous-batching engine runs eager: "
             "set runtime.compile=false"
         )
-    setup = build(cfg)
+    setup = build(cfg, arms=False)
     arm = served_arm(cfg, setup)
     models = setup.models
     name = cfg.server.model_name or cfg.model.name

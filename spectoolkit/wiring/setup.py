@@ -169,8 +169,9 @@ class _Parts:
                    policy.name)  # fmt: skip
 
 
-def build(cfg: RunConfig) -> RunSetup:
-    """Load and wire everything ``cfg`` asks for; user mistakes raise SpecToolkitError."""
+def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
+    """Load and wire everything ``cfg`` asks for; user mistakes raise SpecToolkitError. ``arms=False``: the
+    models only (a server or a serving run builds its own arms, :mod:`spectoolkit.serving.factory`)."""
     device = resolve_device(cfg.device)
     _check_arm_set(cfg)
     tokenizer = load_tokenizer(cfg.model.target_path)
@@ -182,6 +183,8 @@ def build(cfg: RunConfig) -> RunSetup:
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
     models = LoadedModels(device, tokenizer, target, draft, eos_ids, max_positions)
     verifier = make_verifier(cfg.sampling, device)
+    if not arms:
+        return RunSetup(models, ArmSet([], None), RunFacts("none", warnings))
     if cfg.runtime.compile:  # the compiled steps run on the batch-1 engines until a compiled runner serves the pool
         drafter, one = make_drafter(cfg, cfg.sampling, target, draft, eos_ids), None
         runner = _target_runner(cfg, target)

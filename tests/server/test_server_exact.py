@@ -75,7 +75,7 @@ def in_process(run_config) -> tuple[Any, list[list[int]], list[list[int]]]:
     from spectoolkit.serving.factory import served_arm
     from spectoolkit.wiring.setup import build
 
-    setup = build(run_config)
+    setup = build(run_config, arms=False)
     engine = served_arm(run_config, setup).engine
     tokenizer = setup.models.tokenizer
     prompt_ids = [list(tokenizer(p).input_ids) for p in PROMPTS] + [_chat_ids(tokenizer)]
