@@ -1,0 +1,80 @@
+"""The one engine on the embedded SmolLM2-135M (fp32): greedy speculation equals the target alone (issue 28).
+
+For n-gram lookup, an rtn-int4 self-draft, a [3,2,1,1] token tree of that draft, the adaptive draft-length
+policy and an int8 KV cache:
+
+- concurrency 1 (a batch-1 arm: one request in flight, its verify rows computed as its decode steps):
+  every output equals the target alone's, request by request;
+- concurrency 4 in batch-invariant mode (``serve.batch_invariant``): four requests at once, each output
+  equal to the target alone's with that request alone — no row's numerics depend on its companions.
+
+The compiled runner (``runtime.compile``) still runs the batch-1 engines: not covered here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spectoolkit.config import SpeculateConfig, TreeConfig
+from spectoolkit.policy import make_policy
+from spectoolkit.serving.api import ServeRequest
+from spectoolkit.serving.one import OneRequestEngine
+from spectoolkit.wiring.setup import eos_ids_of
+from tests.integration import embedded
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # ~1 min per case on AMD Zen 3
+PROMPTS = (
+    "Write a Python function that reverses a string.",
+    "Explain in two sentences why the sky is blue.",
+    "List three tips for writing clear emails.",
+    "Repeat after me: one two three, one two three, one two three.",
+)
+MAX_NEW, GAMMA = 24, 4
+TREE = TreeConfig(kind="static", branching=(3, 2, 1, 1), max_nodes=8)
+CASES = {  # name: (draft, KV of the target, tree, policy kind)
+    "ngram": ("ngram", "auto", None, "fixed"),
+    "rtn-int4": ("rtn-int4", "auto", None, "fixed"),
+    "tree-3211": ("rtn-int4", "auto", TREE, "fixed"),
+    "adaptive": ("ngram", "auto", None, "adaptive"),
+    "int8-kv": ("ngram", "int8", None, "fixed"),
+}
+
+
+def _engines(case: str, invariant: bool, max_seqs: int):
+    draft, kv, tree, policy = CASES[case]
+    target = embedded.model("fp32")
+    eos = eos_ids_of(embedded.tokenizer(), target.model)
+    budget = tree.max_nodes if tree else GAMMA
+    chosen = make_policy(SpeculateConfig(policy=policy, gamma=GAMMA), policy, budget)
+    spec = embedded.engine(target, kv, eos, embedded.drafter(draft, target, "auto", eos), budget,
+                           invariant=invariant, policy=chosen, tree=tree, max_seqs=max_seqs)  # fmt: skip
+    return embedded.engine(target, kv, eos, invariant=invariant), spec
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_request_in_flight_equals_the_target_alone(case):
+    target_alone, speculating = _engines(case, False, 1)
+    baseline, spec = OneRequestEngine(target_alone, "baseline"), OneRequestEngine(speculating, "spec")
+    drafted = 0
+    for prompt in embedded.encoded(PROMPTS):
+        reference = baseline.generate(list(prompt), MAX_NEW, None).output_ids
+        out = spec.generate(list(prompt), MAX_NEW, None)
+        assert out.output_ids == reference, f"{case}: divergence on prompt {prompt[:8]}…"
+        drafted += out.drafted_tokens
+    assert drafted > 0, f"{case}: nothing drafted, the test shows nothing"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_four_at_once_equal_the_target_alone(case):
+    baseline, spec = _engines(case, True, 4)
+    alone = OneRequestEngine(baseline, "baseline")
+    prompts = [list(prompt) for prompt in embedded.encoded(PROMPTS)]
+    references = [alone.generate(prompt, MAX_NEW, None).output_ids for prompt in prompts]
+    for index, prompt in enumerate(prompts):
+        spec.submit(ServeRequest(str(index), prompt, MAX_NEW))
+    done = {}
+    while spec.has_work():
+        done.update({result.request_id: result for result in spec.step()})
+    assert [done[str(i)].output_ids for i in range(len(prompts))] == references, case
+    assert sum(done[str(i)].drafted_tokens for i in range(len(prompts))) > 0
+    assert spec.allocator.num_free == spec.allocator.num_blocks  # every block back
