@@ -69,6 +69,8 @@ class _EngineCollector:
         allocator = self.engine.allocator
         used = (allocator.num_blocks - allocator.num_free) / max(1, allocator.num_blocks)
         yield self._gauge("vllm:kv_cache_usage_perc", "Share of KV blocks in use (1 = full).", used)
+        draft_bytes = self.engine.kv_bytes()["draft_kv_bytes"]  # a draft model's own pool (0 for n-gram)
+        yield self._gauge("spectoolkit:draft_kv_cache_bytes", "Draft-model KV bytes in use.", draft_bytes)
 
     def _counter(self, name: str, text: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(name, text, labels=["model_name"])
