@@ -117,6 +117,8 @@ def main() -> None:
         same = sum(a == b for a, b in zip(outputs[f"one-{name}"], outputs["b1-base"], strict=True))
         print(f"concurrency 1 {name:>6}: b1 {medians[f'b1-{name}']:7.2f} tok/s  one {medians[f'one-{name}']:7.2f} tok/s"
               f"  one/b1 {ratio:.3f}  outputs equal to b1-base: {same}/{len(prompts)}", flush=True)  # fmt: skip
+    if args.level < 2:  # --level 0: concurrency 1 only
+        return
     branching = [int(b) for b in args.branching.split(",")]
     tree = TreeConfig(kind="static", branching=branching, max_nodes=args.max_nodes)
     depth = len(branching)
