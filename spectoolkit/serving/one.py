@@ -60,10 +60,13 @@ class OneRequestEngine:
                 finished += engine.step()
         finally:
             engine.on_step = engine.on_emit = None
+            if engine.has_work():  # interrupted: nothing of this request stays in the engine
+                engine.reset()
+        end = time.perf_counter()
         (result,) = finished
         if result.error is not None:
             raise SpecToolkitError(f"the request failed: {result.error}")
-        return _output(result, steps, start)
+        return _output(result, steps, start, end)
 
     def kv_bytes(self) -> dict[str, int]:
         """The most KV bytes the request held at once, in the target's pool (candidates included) and the drafter's."""
@@ -71,13 +74,13 @@ class OneRequestEngine:
         return {"target_kv_bytes": target, "draft_kv_bytes": self.engine.peak_draft_kv_bytes}
 
 
-def _output(result: FinishedRequest, steps: list[StepStats], start: float) -> GenerationOutput:
+def _output(result: FinishedRequest, steps: list[StepStats], start: float, end: float) -> GenerationOutput:
     """The request's counters and the time split of its steps (DESIGN §3)."""
     first = result.token_times[0]
     decode = [stats for stats in steps if stats.prefill_tokens == 0]
     out = GenerationOutput(
         output_ids=list(result.output_ids), ttft=first - start, prefill_time=first - start,
-        total_time=result.finish - start, draft_time=sum(s.draft_time for s in decode),
+        total_time=end - start, draft_time=sum(s.draft_time for s in decode),
         verify_time=sum(s.forward_time for s in decode), verify_rounds=result.verify_rounds,
         drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens,
         rollback_count=result.rollback_count, proposed_rounds=result.proposed_rounds,

@@ -98,3 +98,15 @@ def test_its_target_is_the_engine_runner_driven_for_one_sequence(target, batch):
 def test_a_request_the_engine_refuses_is_one_clear_error(target):
     with pytest.raises(SpecToolkitError, match="exceeds the model's context"):
         _one(target).generate([5] * 1000, 100, None)
+
+
+def test_an_interrupted_generation_leaves_nothing_in_the_engine(target, batch, references):
+    one = _one(target)
+
+    def interrupt(token: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        one.generate(batch[0], MAX_NEW, None, on_token=interrupt)
+    assert not one.engine.has_work() and one.engine.allocator.num_free == one.engine.allocator.num_blocks
+    assert one.generate(batch[0], MAX_NEW, None).output_ids == references["0"]  # the next one runs as usual
