@@ -6,9 +6,9 @@ Prints tokens/s of (a) our baseline vs ``model.generate`` and (b) our ``draft=ng
 transformers' prompt-lookup decoding (``prompt_lookup_num_tokens=γ``), as ratios measured in one
 run with the arms alternating per prompt. transformers runs the checkpoint as a user would load it
 (``AutoModelForCausalLM.from_pretrained``); ours runs it as ``load_model`` does (row-wise
-attention, the linear kernel variants measured on this machine: spectoolkit/models/kernel_choice.py). ``ours_plain`` is our loop on transformers' model, which isolates
-the decode-loop overhead from the kernel choice. Outputs are compared too (a mismatch between
-different kernels is a near-tie question, not a loop bug).
+attention, the linear kernel variants measured on this machine: spectoolkit/models/kernel_choice.py).
+``ours_plain`` is our loop on transformers' model, which isolates the decode-loop overhead from the
+kernel choice. Outputs are compared too (a mismatch between different kernels is a near-tie question, not a loop bug).
 """
 
 from __future__ import annotations
