@@ -137,25 +137,34 @@ def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling
     control_of = tree_negative_control if cfg.speculate.tree.enabled else negative_control
     tree, model = cfg.speculate.tree, models.target.model
     if cfg.runtime.compile:
-        real = make_drafter(cfg, sampling, models.target, models.draft, models.eos_ids)
-    else:
-        one = OneEngines(replace(cfg, sampling=sampling), models, make_verifier(sampling, models.device))
-        spec, real = one.drafting("spec", model, make_policy(cfg.speculate), tree)
-        control, _ = one.drafting("control", model, make_policy(cfg.speculate), tree, control_of(real, sampling))
-        engines = {"baseline": one.target_alone("baseline", model), "spec": spec, "control": control}
-    length = cfg.eval.length
-    if tree.enabled:  # room for a whole tree after the first token, or only shallow trees are tested
-        length = max(length, tree_depth(tree, cfg.speculate.gamma, getattr(real, "tree_kind", None)) + 2)
-    if not cfg.runtime.compile:
-        return engine_exactness(engines.__getitem__, prompt, cfg.eval.samples, length, cfg.sampling.seed,
-                                cfg.eval.significance, tree)  # fmt: skip
+        return _empirical_compiled(cfg, models, prompt, sampling, control_of)
+    one = OneEngines(replace(cfg, sampling=sampling), models, make_verifier(sampling, models.device))
+    spec, real = one.drafting("spec", model, make_policy(cfg.speculate), tree)
+    control, _ = one.drafting("control", model, make_policy(cfg.speculate), tree, control_of(real, sampling))
+    engines = {"baseline": one.target_alone("baseline", model), "spec": spec, "control": control}
+    return engine_exactness(engines.__getitem__, prompt, cfg.eval.samples, _length(cfg, real), cfg.sampling.seed,
+                            cfg.eval.significance, tree)  # fmt: skip
+
+
+def _empirical_compiled(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling: SamplingConfig,
+                        control_of) -> dict:  # fmt: skip
+    real = make_drafter(cfg, sampling, models.target, models.draft, models.eos_ids)
     drafter_for = lambda control: control_of(real, sampling) if control else real  # noqa: E731
     return empirical_exactness(
         make_runner(models.target.model, cfg.kv.target, cfg.runtime.compile),
         drafter_for, sampling, cfg.speculate.gamma, models.eos_ids,
-        prompt, samples=cfg.eval.samples, length=length, seed=cfg.sampling.seed,
+        prompt, samples=cfg.eval.samples, length=_length(cfg, real), seed=cfg.sampling.seed,
         significance=cfg.eval.significance, policy_for=lambda: make_policy(cfg.speculate), tree=cfg.speculate.tree,
     )  # fmt: skip
+
+
+def _length(cfg: RunConfig, drafter) -> int:
+    """Output positions compared: ``eval.length``, or room for a whole tree after the first token (else only
+    shallow trees are tested)."""
+    tree = cfg.speculate.tree
+    if not tree.enabled:
+        return cfg.eval.length
+    return max(cfg.eval.length, tree_depth(tree, cfg.speculate.gamma, getattr(drafter, "tree_kind", None)) + 2)
 
 
 def _passed(result: dict[str, Any]) -> bool | None:

@@ -28,21 +28,25 @@ from spectoolkit.models.row_linear import WEIGHT_DTYPES, row_attention, row_line
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def check_decoder(model: nn.Module, what: str, remedy: str = "") -> None:
+    """Refuse a model our decoder loops do not implement: outside the Llama family, or with sliding-window
+    attention (``what`` names the feature that needs the loop, ``remedy`` ends the message)."""
+    config = model.config.get_text_config()
+    kind = getattr(config, "model_type", "?")
+    if kind not in SUPPORTED_TYPES:
+        raise SpecToolkitError(
+            f"{what} runs Llama-family decoders ({', '.join(SUPPORTED_TYPES)}), not model_type '{kind}'{remedy}"
+        )
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        raise SpecToolkitError(f"{what} does not implement sliding-window attention{remedy}")
+
+
 class StaticDecoder:
     """The decoder of a Llama-family ``*ForCausalLM`` (embed → layers → norm → head), run functionally."""
 
     def __init__(self, model: nn.Module) -> None:
         config = model.config.get_text_config()
-        kind = getattr(config, "model_type", "?")
-        if kind not in SUPPORTED_TYPES:
-            raise SpecToolkitError(
-                f"runtime.compile=true runs Llama-family decoders ({', '.join(SUPPORTED_TYPES)}), not model_type "
-                f"'{kind}': use runtime.compile=false"
-            )
-        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-            raise SpecToolkitError(
-                "runtime.compile=true does not implement sliding-window attention: use runtime.compile=false"
-            )
+        check_decoder(model, "runtime.compile=true", ": use runtime.compile=false")
         _check_linears(model)
         inner = model.model
         self.embed = inner.embed_tokens
@@ -132,7 +136,7 @@ class StaticDecoder:
         if hasattr(attn, "q_norm"):  # qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = cos[0][:, None], sin[0][:, None]  # [W, 1, D]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def _mlp(self, mlp: nn.Module, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
         """SwiGLU: down(act(gate(x)) * up(x)), x [W, E] -> [W, E]."""
@@ -154,7 +158,7 @@ def _check_linears(model: nn.Module) -> None:
             )
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """[..., D] -> [-x2, x1] (the rotary pairing transformers' Llama uses)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -13,25 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.kernel_choice import ChunkedForward
+from spectoolkit.models.static_decoder import check_decoder, rotate_half
 from spectoolkit.runtime.attention import paged_attention
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
-
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def check_decoder(model: nn.Module, what: str) -> None:
-    """Refuse a model our decoder loop does not implement (``what`` names the feature that needs it)."""
-    config = model.config.get_text_config()
-    kind = getattr(config, "model_type", "?")
-    if kind not in SUPPORTED_TYPES:
-        raise SpecToolkitError(
-            f"{what} runs Llama-family decoders ({', '.join(SUPPORTED_TYPES)}), not model_type '{kind}'"
-        )
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        raise SpecToolkitError(f"{what} does not implement sliding-window attention (model_type '{kind}')")
 
 
 def run_linear(module: nn.Module, x: torch.Tensor, mode: str) -> torch.Tensor:
@@ -82,12 +68,6 @@ class EagerRunner:
         if hasattr(attn, "q_norm"):  # qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [1, H, T, D]
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         out = paged_attention(self.pool, index, batch, q[0], k[0], v[0], attn.scaling)  # [T, Hq, D]
         return run_linear(attn.o_proj, out.reshape(1, tokens, -1).contiguous(), mode)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[..., D] -> [-x2, x1] (the rotary pairing transformers' Llama uses)."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -40,15 +40,6 @@ class LoneSequence:
         logits = self._run(Segment(self.table, token_ids, self.num_computed, rows))
         return logits[0] if last_only else logits
 
-    def forward_masked(self, token_ids: list[int], positions: list[int], visible: torch.Tensor) -> torch.Tensor:
-        """Append tree rows at slots [num_computed, num_computed+n), rotary ``positions`` [n], ``visible``
-        [n, num_computed+n] bool (:func:`~spectoolkit.runtime.step.tree_layout`): logits [n, V]."""
-        rows = list(range(len(token_ids)))
-        return self._run(Segment(self.table, token_ids, self.num_computed, rows, (positions, visible)))
-
-    def allocated_bytes(self) -> int:
-        return len(self.table.blocks) * self.allocator.block_size * self.runner.pool.slot_bytes()
-
     def _run(self, segment: Segment) -> torch.Tensor:
         end = segment.start + len(segment.token_ids)
         self.table.ensure(end)

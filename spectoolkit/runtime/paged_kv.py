@@ -57,6 +57,8 @@ class PagedKVPool:
 
         # Stored as computed (auto, or a cast to the compute dtype): reads are views, writes plain copies.
         self.as_computed = self.format is None and fields["data"][1] == compute_dtype
+        self._slot_bytes = sum(buf[:, :1].numel() * buf.element_size() for layer in self.layers
+                               for kind in layer.values() for buf in kind.values())  # fmt: skip
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store keys/values [H_kv, n, D] at ``slots`` [n] (long) of ``layer``."""
@@ -104,9 +106,8 @@ class PagedKVPool:
         return stored["data"].to(self.compute_dtype)  # a no-op (the same tensor) when no cast is needed
 
     def slot_bytes(self) -> int:
-        """Bytes one slot takes over all layers, keys and values."""
-        return sum(buf[:, :1].numel() * buf.element_size() for layer in self.layers for kind in layer.values()
-                   for buf in kind.values())  # fmt: skip
+        """Bytes one slot takes over all layers, keys and values (the buffers never change shape: counted once)."""
+        return self._slot_bytes
 
     def stored(self, layer: int, kind: str, slots: torch.Tensor) -> dict[str, torch.Tensor]:
         """The raw stored fields [H_kv, n, width] of ``slots`` (for bit-exact comparisons in tests)."""

@@ -126,6 +126,7 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
 
 
 def batched_drafter(cfg: RunConfig, models, slots: int):
+    """The batched drafter ``cfg.draft`` asks for: n-gram lookup, or the loaded draft model over a pool of ``slots``."""
     target = models.target
     if cfg.draft.kind == "ngram":
         return BatchNgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not cfg.sampling.greedy)
