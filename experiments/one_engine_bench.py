@@ -31,6 +31,7 @@ from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
@@ -50,13 +51,13 @@ def continuous(lm, eos, gamma=0, drafter=None, tree: TreeConfig | None = None, d
     policy = FixedPolicy(gamma)
     limits = SchedulerLimits(8192, 64, gamma, None, None)
     pool, allocator = make_pool(lm.model, "auto", SLOTS), BlockAllocator(SLOTS // BLOCK, BLOCK)
-    return ContinuousEngine("bench", lm.model, pool, allocator, GreedyVerifier(), limits, eos, 8192, drafter,
-                            policy=policy, tree=tree, tree_depth=depth)  # fmt: skip
+    return ContinuousEngine("bench", make_runner(lm.model, pool), allocator, GreedyVerifier(), limits, eos, 8192,
+                            drafter, policy=policy, tree=tree, tree_depth=depth)  # fmt: skip
 
 
 def batched_self(lm, draft, eos) -> BatchModelDrafter:
     pool = make_pool(draft.model, "auto", SLOTS)
-    return BatchModelDrafter(draft.model, GreedyChooser(), pool, BlockAllocator(SLOTS // BLOCK, BLOCK),
+    return BatchModelDrafter(make_runner(draft.model, pool), GreedyChooser(), BlockAllocator(SLOTS // BLOCK, BLOCK),
                              lm.vocab_size, min(lm.vocab_size, draft.vocab_size), eos, "self")  # fmt: skip
 
 

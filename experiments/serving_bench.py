@@ -31,6 +31,7 @@ from spectoolkit.engine import BaselineEngine
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
@@ -85,8 +86,9 @@ def hf_batch(model, prompts: list[list[int]], concurrency: int, max_new: int, eo
 
 def engine_for(lm, eos, gamma: int = 0, drafter=None, spec_max_batch=None, invariant=False) -> ContinuousEngine:
     limits = SchedulerLimits(256, 64, gamma, spec_max_batch, None)
-    return ContinuousEngine("bench", lm.model, make_pool(lm.model, "auto", SLOTS), BlockAllocator(SLOTS // 16, 16),
-                            GreedyVerifier(), limits, eos, 8192, drafter, invariant=invariant)  # fmt: skip
+    runner = make_runner(lm.model, make_pool(lm.model, "auto", SLOTS))
+    return ContinuousEngine("bench", runner, BlockAllocator(SLOTS // 16, 16), GreedyVerifier(), limits, eos, 8192,
+                            drafter, invariant=invariant)  # fmt: skip
 
 
 def main() -> None:
@@ -119,7 +121,7 @@ def main() -> None:
     if args.self_draft:
         draft = load_model(None, args.self_draft, torch.device("cpu"), kernels="auto", widths=(1, 2))
         pool = make_pool(draft.model, "auto", SLOTS)
-        drafter = BatchModelDrafter(draft.model, GreedyChooser(), pool, BlockAllocator(SLOTS // 16, 16),
+        drafter = BatchModelDrafter(make_runner(draft.model, pool), GreedyChooser(), BlockAllocator(SLOTS // 16, 16),
                                     lm.vocab_size, min(lm.vocab_size, draft.vocab_size), eos)  # fmt: skip
         engines[f"self-{args.self_draft}"] = engine_for(lm, eos, args.gamma, drafter, args.spec_max_batch)
     hf_model = None

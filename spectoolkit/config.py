@@ -546,11 +546,6 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _one_of("device", self.device, DEVICES)
-        if self.runtime.compile and self.serve.enabled:
-            raise SpecToolkitError(
-                "runtime.compile=true compiles batch-1 decode and verify steps; the continuous-batching engine "
-                "(serve.enabled=true) runs eager: set runtime.compile=false for load levels"
-            )
 
 
 _SCALAR_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}

@@ -31,15 +31,14 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.exactness_section import greedy_exactness
 from spectoolkit.eval.quality_section import quant_quality
 from spectoolkit.eval.stochastic_analytic import analytic_exactness
-from spectoolkit.eval.stochastic_empirical import empirical_exactness, engine_exactness, negative_control
+from spectoolkit.eval.stochastic_empirical import engine_exactness, negative_control
 from spectoolkit.eval.tree_analytic import tree_analytic_exactness
 from spectoolkit.eval.tree_empirical import tree_negative_control
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.metrics.records import RequestRecord, write_json_atomic
-from spectoolkit.models.compiled import make_runner
 from spectoolkit.policy import make_policy
 from spectoolkit.wiring.one_engine import OneEngines
-from spectoolkit.wiring.setup import ArmSet, LoadedModels, build, make_drafter, shared_vocab_size
+from spectoolkit.wiring.setup import ArmSet, LoadedModels, build, shared_vocab_size
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 RESULT_FILE = "exactness.json"
@@ -132,30 +131,15 @@ def _analytic(cfg: RunConfig, models: LoadedModels, prompts: dict[str, list[int]
 
 
 def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling: SamplingConfig) -> dict:
-    """Chi-square of the target alone vs the speculative sampler and its negative control, on the one engine
-    (on the batch-1 compiled engines under ``runtime.compile``)."""
+    """Chi-square of the target alone vs the speculative sampler and its negative control, on the one engine."""
     control_of = tree_negative_control if cfg.speculate.tree.enabled else negative_control
     tree, model = cfg.speculate.tree, models.target.model
-    if cfg.runtime.compile:
-        return _empirical_compiled(cfg, models, prompt, sampling, control_of)
     one = OneEngines(replace(cfg, sampling=sampling), models, make_verifier(sampling, models.device))
     spec, real = one.drafting("spec", model, make_policy(cfg.speculate), tree)
     control, _ = one.drafting("control", model, make_policy(cfg.speculate), tree, control_of(real, sampling))
     engines = {"baseline": one.target_alone("baseline", model), "spec": spec, "control": control}
     return engine_exactness(engines.__getitem__, prompt, cfg.eval.samples, _length(cfg, real), cfg.sampling.seed,
                             cfg.eval.significance, tree)  # fmt: skip
-
-
-def _empirical_compiled(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling: SamplingConfig,
-                        control_of) -> dict:  # fmt: skip
-    real = make_drafter(cfg, sampling, models.target, models.draft, models.eos_ids)
-    drafter_for = lambda control: control_of(real, sampling) if control else real  # noqa: E731
-    return empirical_exactness(
-        make_runner(models.target.model, cfg.kv.target, cfg.runtime.compile),
-        drafter_for, sampling, cfg.speculate.gamma, models.eos_ids,
-        prompt, samples=cfg.eval.samples, length=_length(cfg, real), seed=cfg.sampling.seed,
-        significance=cfg.eval.significance, policy_for=lambda: make_policy(cfg.speculate), tree=cfg.speculate.tree,
-    )  # fmt: skip
 
 
 def _length(cfg: RunConfig, drafter) -> int:

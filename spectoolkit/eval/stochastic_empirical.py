@@ -182,7 +182,7 @@ class BatchUniformReportingNgram(BatchNgramDrafter):
 
 
 def _batch_argmax_control(drafter: BatchModelDrafter, sampling: SamplingConfig) -> BatchModelDrafter:
-    return BatchModelDrafter(drafter.model, ArgmaxReportingSoftmax(sampling), drafter.pool, drafter.allocator,
+    return BatchModelDrafter(drafter.runner, ArgmaxReportingSoftmax(sampling), drafter.allocator,
                              drafter.target_vocab_size, drafter.shared_vocab_size, drafter.eos_ids,
                              f"{drafter.name}-argmax-control")  # fmt: skip
 

@@ -111,7 +111,7 @@ class BatchRankSiblingsNgramDrafter(BatchNgramDrafter):
 
 
 def _batch_model_control(drafter: BatchModelDrafter, sampling: SamplingConfig) -> BatchModelDrafter:
-    return BatchRankSiblingsModelDrafter(drafter.model, RandomChooser(sampling), drafter.pool, drafter.allocator,
+    return BatchRankSiblingsModelDrafter(drafter.runner, RandomChooser(sampling), drafter.allocator,
                                          drafter.target_vocab_size, drafter.shared_vocab_size, drafter.eos_ids,
                                          f"{drafter.name}-rank-siblings-control")  # fmt: skip
 

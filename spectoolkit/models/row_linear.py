@@ -41,6 +41,7 @@ _SOURCE = r"""
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -230,15 +231,132 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return out;
 }
 
+// Paged attention: the step's new keys/values go to their pool slots first (``write`` >= 0), then every
+// (row, head) attends the slots ``key_slots[starts[row] : starts[row + 1]]`` in that order (a sequence's
+// positions [0, row's own], a tree row's prefix and ancestors) by the same fixed-order arithmetic as
+// ``attend``. A stored row widens to fp32 (times its per-row scale for int8/fp8) before the dot, so a row's
+// result depends only on its query and the slots it lists, never on the other rows of the call.
+inline float widen(c10::Half v) { return static_cast<float>(v); }
+inline float widen(int8_t v) { return static_cast<float>(v); }
+inline float widen(c10::Float8_e4m3fn v) { return static_cast<float>(v); }
+
+template <typename KV>
+inline const float* as_floats(const KV* src, const float* scale, int64_t D, float* buf) {
+  const float s = scale ? *scale : 1.f;
+  for (int64_t d = 0; d < D; ++d) buf[d] = scale ? widen(src[d]) * s : widen(src[d]);
+  return buf;
+}
+template <>
+inline const float* as_floats(const float* src, const float* scale, int64_t D, float* buf) {
+  if (!scale) return src;
+  for (int64_t d = 0; d < D; ++d) buf[d] = src[d] * *scale;
+  return buf;
+}
+
+template <typename KV>
+void paged_attend(const float* q, const KV* k, const KV* v, const float* ks, const float* vs, const int64_t* slots,
+                  const int64_t* starts, float* out, int64_t W, int64_t Hq, int64_t Hkv, int64_t num_slots, int64_t D,
+                  float scale) {
+  const int64_t rep = Hq / Hkv;
+  at::parallel_for(0, W * Hq, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores, acc(D), buf(D);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t row = i / Hq, head = i % Hq, group = head / rep;
+      const int64_t first = starts[row], len = starts[row + 1] - first;
+      const float* qi = q + (row * Hq + head) * D;
+      const int64_t base = group * num_slots;
+      scores.resize(len);
+      float top = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t s = base + slots[first + j];
+        block<1, 1>(qi, D, as_floats(k + s * D, ks ? ks + s : nullptr, D, buf.data()), D, &scores[j], 1);
+        scores[j] *= scale;
+        top = std::max(top, scores[j]);
+      }
+      float total = 0.f;
+      for (int64_t j = 0; j < len; ++j) {
+        scores[j] = std::exp(scores[j] - top);
+        total += scores[j];
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t s = base + slots[first + j];
+        const float* vrow = as_floats(v + s * D, vs ? vs + s : nullptr, D, buf.data());
+        for (int64_t d = 0; d < D; ++d) acc[d] += scores[j] * vrow[d];
+      }
+      float* o = out + (row * Hq + head) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / total;
+    }
+  });
+}
+
+// new [W, Hkv, width] rows to store [Hkv, num_slots, width] at slot write[i] (skipped where write[i] < 0).
+void store_rows(const at::Tensor& fresh, const at::Tensor& store, const int64_t* write) {
+  if (store.numel() == 0) return;
+  TORCH_CHECK(store.is_contiguous() && fresh.scalar_type() == store.scalar_type(), "paged_attention: store dtype");
+  auto f = fresh.contiguous();
+  const int64_t W = f.size(0), H = store.size(0), slots = store.size(1), bytes = store.size(2) * store.element_size();
+  const char* src = static_cast<const char*>(f.data_ptr());
+  char* dst = static_cast<char*>(store.data_ptr());
+  for (int64_t i = 0; i < W; ++i) {
+    if (write[i] < 0) continue;
+    TORCH_CHECK(write[i] < slots, "paged_attention: write slot outside the pool");
+    for (int64_t h = 0; h < H; ++h) std::memcpy(dst + (h * slots + write[i]) * bytes, src + (i * H + h) * bytes, bytes);
+  }
+}
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                           const at::Tensor& k_scale_new, const at::Tensor& v_scale_new, at::Tensor k, at::Tensor v,
+                           at::Tensor k_scale, at::Tensor v_scale, const at::Tensor& write, const at::Tensor& key_slots,
+                           const at::Tensor& starts, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes(), "paged_attention: q [W, Hq, D], k/v [H, S, D]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type(), "paged_attention: fp32 q");
+  auto qc = q.contiguous();
+  auto wc = write.to(at::kLong).contiguous();
+  auto sc = key_slots.to(at::kLong).contiguous();
+  auto st = starts.to(at::kLong).contiguous();
+  const int64_t W = qc.size(0), Hq = qc.size(1), D = qc.size(2), Hkv = k.size(0), S = k.size(1);
+  TORCH_CHECK(wc.numel() == W && st.numel() == W + 1 && Hq % Hkv == 0 && k.size(2) == D, "paged_attention: shapes");
+  TORCH_CHECK(sc.numel() == 0 || (sc.max().item<int64_t>() < S && sc.min().item<int64_t>() >= 0),
+              "paged_attention: key slot outside the pool");
+  const int64_t* w = wc.data_ptr<int64_t>();
+  store_rows(k_new, k, w);
+  store_rows(v_new, v, w);
+  store_rows(k_scale_new, k_scale, w);
+  store_rows(v_scale_new, v_scale, w);
+  auto out = at::empty_like(qc);
+  const float* ks = k_scale.numel() ? k_scale.data_ptr<float>() : nullptr;
+  const float* vs = v_scale.numel() ? v_scale.data_ptr<float>() : nullptr;
+  const float s = static_cast<float>(scale);
+  const int64_t* slots = sc.data_ptr<int64_t>();
+  const int64_t* first = st.data_ptr<int64_t>();
+  float* o = out.data_ptr<float>();
+  const float* qp = qc.data_ptr<float>();
+  auto run = [&](auto* kp, auto* vp) { paged_attend(qp, kp, vp, ks, vs, slots, first, o, W, Hq, Hkv, S, D, s); };
+  switch (k.scalar_type()) {
+    case at::kFloat: run(k.data_ptr<float>(), v.data_ptr<float>()); break;
+    case at::kBFloat16: run(k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>()); break;
+    case at::kHalf: run(k.data_ptr<c10::Half>(), v.data_ptr<c10::Half>()); break;
+    case at::kChar: run(k.data_ptr<int8_t>(), v.data_ptr<int8_t>()); break;
+    case at::kFloat8_e4m3fn: run(k.data_ptr<c10::Float8_e4m3fn>(), v.data_ptr<c10::Float8_e4m3fn>()); break;
+    default: TORCH_CHECK(false, "paged_attention: KV stored as fp32, bf16, fp16, int8 or fp8");
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(spectoolkit, m) {
   m.def("row_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor pos, float scale, Tensor? visible=None) -> Tensor");
+  m.def("paged_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor k_scale_new, Tensor v_scale_new, "
+        "Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
+        "Tensor starts, float scale) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
   m.impl("row_linear", &row_linear);
   m.impl("row_attention", &row_attention);
+  m.impl("paged_attention", &paged_attention);
 }
 """
 
@@ -266,6 +384,7 @@ def load_row_linear() -> None:
         ) from None
     torch.library.register_fake("spectoolkit::row_linear")(_fake_row_linear)
     torch.library.register_fake("spectoolkit::row_attention")(_fake_row_attention)
+    torch.library.register_fake("spectoolkit::paged_attention")(_fake_paged_attention)
 
 
 def _cpu_tag() -> str:
@@ -282,6 +401,11 @@ def _fake_row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 
 
 def _fake_row_attention(q, k, v, pos, scale, visible=None) -> torch.Tensor:
+    """q [W, Hq, D] -> [W, Hq, D] fp32, for tracing."""
+    return torch.empty_like(q)
+
+
+def _fake_paged_attention(q, *args) -> torch.Tensor:
     """q [W, Hq, D] -> [W, Hq, D] fp32, for tracing."""
     return torch.empty_like(q)
 

@@ -79,13 +79,13 @@ class StaticDecoder:
         for layer, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
-            q, k, v = self._qkv(attn, x, cos, sin)  # [W, Hq|Hkv, D]
+            q, k, v = self.qkv(attn, x, cos, sin)  # [W, Hq|Hkv, D]
             layer_keys[:, slots] = k.transpose(0, 1).to(layer_keys.dtype)  # slots [Hkv, W, D]
             layer_values[:, slots] = v.transpose(0, 1).to(layer_values.dtype)
             out = row_attention(q, layer_keys, layer_values, slots, self.scale, visible)  # [W, Hq, D]
-            hidden = hidden + _linear(attn.o_proj, out.reshape(out.shape[0], -1))
-            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
-        return _linear(self.head, self.norm(hidden))  # [W, V]
+            hidden = hidden + linear_rows(attn.o_proj, out.reshape(out.shape[0], -1))
+            hidden = hidden + self.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+        return linear_rows(self.head, self.norm(hidden))  # [W, V]
 
     def prefill(
         self,
@@ -108,7 +108,7 @@ class StaticDecoder:
         for layer, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
-            q, k, v = self._qkv(attn, x, cos, sin, plain=True)
+            q, k, v = self.qkv(attn, x, cos, sin, plain=True)
             layer_keys[:, start:end] = k.transpose(0, 1).to(layer_keys.dtype)
             layer_values[:, start:end] = v.transpose(0, 1).to(layer_values.dtype)
             # The eager path's own GQA attention (causal over slots [0, end), no repeat_kv copy).
@@ -121,14 +121,14 @@ class StaticDecoder:
                 scaling=self.scale,
             )  # [1, n, Hq, D]
             hidden = hidden + attn.o_proj(out[0].reshape(n, -1))
-            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden), plain=True)
+            hidden = hidden + self.mlp(layer.mlp, layer.post_attention_layernorm(hidden), plain=True)
         if last_only:
             hidden = hidden[-1:]
         return self.head(self.norm(hidden))
 
-    def _qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plain: bool = False):
+    def qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plain: bool = False):
         """x [W, E] -> rotated q [W, Hq, D], k [W, Hkv, D] and v [W, Hkv, D]."""
-        project = _call if plain else _linear
+        project = _call if plain else linear_rows
         rows = x.shape[0]
         q = project(attn.q_proj, x).view(rows, self.num_heads, self.head_dim)
         k = project(attn.k_proj, x).view(rows, self.kv_heads, self.head_dim)
@@ -138,9 +138,9 @@ class StaticDecoder:
         cos, sin = cos[0][:, None], sin[0][:, None]  # [W, 1, D]
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
-    def _mlp(self, mlp: nn.Module, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
+    def mlp(self, mlp: nn.Module, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
         """SwiGLU: down(act(gate(x)) * up(x)), x [W, E] -> [W, E]."""
-        project = _call if plain else _linear
+        project = _call if plain else linear_rows
         return project(mlp.down_proj, mlp.act_fn(project(mlp.gate_proj, x)) * project(mlp.up_proj, x))
 
 
@@ -168,7 +168,7 @@ def _call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return module(x)
 
 
-def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def linear_rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """x [W, K] -> [W, N] row-invariantly: the C++ kernel for float CPU nn.Linear, else the module's own kernel."""
     if type(module) is nn.Linear and module.weight.dtype in WEIGHT_DTYPES and module.weight.is_cpu:
         return row_linear(x, module.weight, module.bias)

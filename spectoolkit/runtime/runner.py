@@ -18,11 +18,20 @@ from spectoolkit.runtime.step import Segment, StepBatch, build_step
 class Runner(Protocol):
     """A model over its pool."""
 
+    model: torch.nn.Module
     pool: PagedKVPool
     device: torch.device
 
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's KV to the pool; the logits [R, V] of ``batch.logit_rows``."""
+
+
+def make_runner(model: torch.nn.Module, pool: PagedKVPool, compiled: bool = False) -> Runner:
+    """The runner ``runtime.compile`` asks for over ``pool``: compiled graphs, or the eager loop."""
+    from spectoolkit.runtime.compiled import CompiledRunner  # torch.compile's import cost only when asked
+    from spectoolkit.runtime.eager import EagerRunner
+
+    return CompiledRunner(model, pool) if compiled else EagerRunner(model, pool)
 
 
 def run_segments(runner: Runner, segments: list[Segment], mode: str) -> torch.Tensor:

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.runtime.compiled import compiled_runners
 from spectoolkit.server.app import create_app
 from spectoolkit.server.metrics import ServerMetrics
 from spectoolkit.server.model import ServedModel
@@ -43,13 +44,10 @@ def build_server(cfg: RunConfig) -> BuiltServer:
     from spectoolkit.serving.factory import served_arm
     from spectoolkit.wiring.setup import build
 
-    if cfg.runtime.compile:
-        raise SpecToolkitError(
-            "runtime.compile=true compiles batch-1 steps; the server's continuous-batching engine runs eager: "
-            "set runtime.compile=false"
-        )
     setup = build(cfg, arms=False)
     arm = served_arm(cfg, setup)
+    for compiled in compiled_runners([arm.engine]).values():  # runtime.compile: every width, before serving
+        compiled.warm()
     models = setup.models
     name = cfg.server.model_name or cfg.model.name
     target = models.target.model

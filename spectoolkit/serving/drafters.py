@@ -22,9 +22,7 @@ from spectoolkit.drafting.ngram import NgramDrafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.drafting.tree_model import grow_tree
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
-from spectoolkit.runtime.eager import EagerRunner
-from spectoolkit.runtime.paged_kv import PagedKVPool
-from spectoolkit.runtime.runner import run_segments
+from spectoolkit.runtime.runner import Runner, run_segments
 from spectoolkit.runtime.step import Segment
 from spectoolkit.serving.sequence import Sequence
 
@@ -56,6 +54,9 @@ class BatchNgramDrafter:
 
     def reset(self) -> None:
         pass
+
+    def runners(self) -> dict[str, Runner]:
+        return {}  # a lookup: no model runs
 
     def kv_bytes(self) -> int:
         return 0
@@ -107,9 +108,8 @@ class BatchModelDrafter:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        runner: Runner,
         chooser,
-        pool: PagedKVPool,
         allocator: BlockAllocator,
         target_vocab_size: int,
         shared_vocab_size: int,
@@ -117,8 +117,8 @@ class BatchModelDrafter:
         name: str = "model",
         stop_below: float | None = None,
     ) -> None:
-        self.runner = EagerRunner(model, pool)
-        self.model, self.chooser, self.pool, self.allocator = model, chooser, pool, allocator
+        self.runner, self.model, self.pool = runner, runner.model, runner.pool
+        self.chooser, self.allocator = chooser, allocator
         self.target_vocab_size, self.shared_vocab_size = target_vocab_size, shared_vocab_size
         self.eos_ids = eos_ids
         self.name = name
@@ -219,6 +219,9 @@ class BatchModelDrafter:
         for state in self._states.values():
             state.table.release()
         self._states.clear()
+
+    def runners(self) -> dict[str, Runner]:
+        return {"draft": self.runner}
 
     def kv_bytes(self) -> int:
         used = self.allocator.num_blocks - self.allocator.num_free

@@ -27,9 +27,7 @@ from spectoolkit.engine.output import cut
 from spectoolkit.models.cached import synchronize
 from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
-from spectoolkit.runtime.eager import EagerRunner
-from spectoolkit.runtime.paged_kv import PagedKVPool
-from spectoolkit.runtime.runner import run_segments
+from spectoolkit.runtime.runner import Runner, run_segments
 from spectoolkit.runtime.step import Segment, tree_layout
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
 from spectoolkit.serving.counters import EngineCounters
@@ -43,13 +41,12 @@ NON_FINITE = "the target produced non-finite logits for this request (NaN/inf)"
 
 
 class ContinuousEngine:
-    """Serves many requests at once on ``model`` (a target whose KV lives in ``pool``)."""
+    """Serves many requests at once on ``runner`` (a target model over its paged pool)."""
 
     def __init__(
         self,
         name: str,
-        model: torch.nn.Module,
-        pool: PagedKVPool,
+        runner: Runner,
         allocator: BlockAllocator,
         verifier: Verifier,
         limits: SchedulerLimits,
@@ -64,11 +61,11 @@ class ContinuousEngine:
     ) -> None:
         """``tree`` (enabled, with a drafter that has ``propose_tree``): decoding sequences draft token trees of
         at most the planned drafts nodes and ``tree_depth`` depth, verified in the same ragged forward."""
-        self.runner = EagerRunner(model, pool)
-        self.name, self.model, self.pool, self.allocator = name, model, pool, allocator
+        self.runner, self.model, self.pool = runner, runner.model, runner.pool
+        self.name, self.allocator = name, allocator
         self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
         self.max_positions, self.stochastic, self.invariant = max_positions, stochastic, invariant
-        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
         tree = tree if tree is not None and tree.enabled and drafter is not None else None
         self.scheduler = Scheduler(dataclasses.replace(limits, tree=tree is not None), allocator, policy)
         self.policy = self.scheduler.policy
@@ -332,6 +329,10 @@ class ContinuousEngine:
         if needed > capacity:
             return f"needs {needed} KV slots but the pool holds {capacity}: raise serve.max_kv_tokens"
         return None
+
+    def runners(self) -> dict[str, Runner]:
+        """The runners this engine drives: the target's, and the draft model's when it drafts with one."""
+        return {"target": self.runner} | (self.drafter.runners() if self.drafter is not None else {})
 
     def kv_bytes(self) -> dict[str, int]:
         used = (self.allocator.num_blocks - self.allocator.num_free) * self.allocator.block_size

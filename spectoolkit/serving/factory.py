@@ -18,6 +18,7 @@ from spectoolkit.models.layer_skip import draft_model_name
 from spectoolkit.policy import FixedPolicy, make_policy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import make_chooser
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
@@ -110,10 +111,11 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
     limits = SchedulerLimits(serve.max_num_tokens, serve.max_num_seqs, gamma, serve.spec_max_batch,
                              serve.max_draft_tokens)  # fmt: skip
     target = models.target.model
-    pool = share.pool if share else make_pool(target, cfg.kv.target, blocks * serve.block_size)
+    runner = share.runner if share else make_runner(target, make_pool(target, cfg.kv.target, blocks * serve.block_size),
+                                                    cfg.runtime.compile)  # fmt: skip
     allocator = share.allocator if share else BlockAllocator(blocks, serve.block_size)
     engine = ContinuousEngine(
-        name, target, pool, allocator, make_verifier(cfg.sampling, models.device), limits,
+        name, runner, allocator, make_verifier(cfg.sampling, models.device), limits,
         models.eos_ids, models.max_positions, drafter, not cfg.sampling.greedy, serve.batch_invariant, policy,
         cfg.speculate.tree, tree_depth(cfg.speculate.tree, cfg.speculate.gamma, getattr(drafter, "tree_kind", None)),
     )  # fmt: skip
@@ -136,7 +138,8 @@ def batched_drafter(cfg: RunConfig, models, slots: int):
     shared = min(target.vocab_size, draft.vocab_size)
     allocator = BlockAllocator(blocks, cfg.serve.block_size)
     name, chooser = draft_model_name(cfg.draft, draft.model, target.model), make_chooser(cfg.sampling)
-    return BatchModelDrafter(draft.model, chooser, pool, allocator, target.vocab_size, shared, models.eos_ids, name)
+    runner = make_runner(draft.model, pool, cfg.runtime.compile)
+    return BatchModelDrafter(runner, chooser, allocator, target.vocab_size, shared, models.eos_ids, name)
 
 
 def sibling_drafter(drafter, stop_below: float | None):
@@ -144,5 +147,5 @@ def sibling_drafter(drafter, stop_below: float | None):
     n-gram lookup holds no per-sequence state, so both arms share the one drafter."""
     if not isinstance(drafter, BatchModelDrafter):
         return drafter
-    return BatchModelDrafter(drafter.model, drafter.chooser, drafter.pool, drafter.allocator, drafter.target_vocab_size,
+    return BatchModelDrafter(drafter.runner, drafter.chooser, drafter.allocator, drafter.target_vocab_size,
                              drafter.shared_vocab_size, drafter.eos_ids, drafter.name, stop_below)  # fmt: skip

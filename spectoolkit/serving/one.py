@@ -38,6 +38,9 @@ class OneRequestEngine:
         """The engine's batched drafter (None for the target alone)."""
         return self.engine.drafter
 
+    def runners(self) -> dict:
+        return self.engine.runners()
+
     @property
     def tree(self):
         """The arm's token-tree config when it drafts trees, else None."""

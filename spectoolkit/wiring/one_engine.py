@@ -17,7 +17,8 @@ from spectoolkit.config import RunConfig, TreeConfig
 from spectoolkit.engine.tree_round import tree_depth
 from spectoolkit.policy import DraftLengthPolicy, FixedPolicy, make_policy
 from spectoolkit.runtime.blocks import BlockAllocator
-from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.runtime.compiled import bucket
+from spectoolkit.runtime.runner import Runner, make_runner
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.factory import batched_drafter, make_pool, sibling_drafter
 from spectoolkit.serving.one import OneRequestEngine
@@ -34,7 +35,7 @@ class OneEngines:
     cfg: RunConfig
     models: object
     verifier: Verifier
-    _pools: dict[int, tuple[PagedKVPool, BlockAllocator]] = field(default_factory=dict)
+    _runners: dict[int, tuple[Runner, BlockAllocator]] = field(default_factory=dict)
     _drafter: object = None
 
     @property
@@ -58,24 +59,37 @@ class OneEngines:
             self._drafter = batched_drafter(self.cfg, self.models, self._slots())
         return self._drafter
 
+    def warm_compiled(self, verify_sizes: tuple[int, ...], each: bool) -> None:
+        """``runtime.compile``: compile now every width the arms' calls take — targets a decode step and the widest
+        verify (``each``: every verify size at its own width, so a tree-vs-chain run measures each at its own);
+        the draft model a step, a catch-up feed, a prompt chunk and a tree's widest level."""
+        buckets = {bucket(size) for size in (verify_sizes if each else (max(verify_sizes),))}
+        for runner, _ in self._runners.values():
+            runner.warm((1, *buckets))
+        draft = self._drafter.runners().get("draft") if self._drafter is not None else None
+        tree = self.cfg.speculate.tree
+        if draft is not None:
+            draft.warm((1, 2, 8, *((bucket(tree.max_nodes),) if tree.enabled else ())))
+
     def _slots(self) -> int:
         block = self.cfg.serve.block_size
         return -(-2 * (self.positions + 1) // block) * block  # a request and a lone sequence, whole blocks
 
-    def _pool(self, model: torch.nn.Module) -> tuple[PagedKVPool, BlockAllocator]:
-        if id(model) not in self._pools:
+    def runner(self, model: torch.nn.Module) -> tuple[Runner, BlockAllocator]:
+        """``model``'s runner over its pool (one per model, shared by its arms) and the pool's allocator."""
+        if id(model) not in self._runners:
             slots, block = self._slots(), self.cfg.serve.block_size
-            pool = make_pool(model, self.cfg.kv.target, slots)
-            self._pools[id(model)] = (pool, BlockAllocator(slots // block, block))
-        return self._pools[id(model)]
+            runner = make_runner(model, make_pool(model, self.cfg.kv.target, slots), self.cfg.runtime.compile)
+            self._runners[id(model)] = (runner, BlockAllocator(slots // block, block))
+        return self._runners[id(model)]
 
     def _engine(self, name: str, model, drafter, policy: DraftLengthPolicy, tree: TreeConfig | None):
         cfg, models = self.cfg, self.models
-        pool, allocator = self._pool(model)
+        runner, allocator = self.runner(model)
         gamma = policy.max_gamma if drafter is not None else 0
         limits = SchedulerLimits(self.positions + gamma + 1, 1, gamma, None, None)
         depth = tree_depth(tree, cfg.speculate.gamma, getattr(drafter, "tree_kind", None)) if tree else 0
         return ContinuousEngine(
-            name, model, pool, allocator, self.verifier, limits, models.eos_ids, models.max_positions, drafter,
+            name, runner, allocator, self.verifier, limits, models.eos_ids, models.max_positions, drafter,
             not cfg.sampling.greedy, False, policy, tree, depth,
         )  # fmt: skip

@@ -13,19 +13,14 @@ from typing import Any
 import torch
 
 from spectoolkit.compat import check_pair
-from spectoolkit.config import RunConfig, SamplingConfig, TreeConfig
-from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter
-from spectoolkit.engine import BaselineEngine, Engine, SpeculativeEngine
+from spectoolkit.config import RunConfig, TreeConfig
+from spectoolkit.engine import Engine
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models import resolve_device, resolve_path
-from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.compiled import CompiledModel, make_runner
-from spectoolkit.models.layer_skip import draft_model_name, kept_layers, layer_skip_model
+from spectoolkit.models.layer_skip import kept_layers, layer_skip_model
 from spectoolkit.policy import DraftLengthPolicy, make_policy
 from spectoolkit.precisions import QUANT_PRECISIONS
-from spectoolkit.sampling import make_chooser
-from spectoolkit.verify.base import Verifier
 from spectoolkit.wiring.loading import LoadedModel, load_model, load_tokenizer
 from spectoolkit.wiring.one_engine import OneEngines
 
@@ -127,41 +122,29 @@ def shared_vocab_size(target: LoadedModel, draft: LoadedModel) -> int:
 
 @dataclass
 class _Parts:
-    """What the arm builders combine: the configured target, its verifier and the drafter."""
+    """What the arm builders combine: the configured target, the one engine's arm builder and the draft."""
 
     cfg: RunConfig
     device: torch.device
     target: LoadedModel
-    runner: CachedModel | CompiledModel | None  # the batch-1 engines' target runner (runtime.compile)
-    verifier: Verifier
-    eos_ids: frozenset[int]
-    drafter: Drafter | None
+    one: OneEngines
     draft: LoadedModel | None
-    one: OneEngines | None  # the one engine's arms; None under runtime.compile (the compiled batch-1 engines)
 
-    def target_alone(self, name: str, target: LoadedModel, runner: CachedModel, precision: str) -> Arm:
-        if self.one is not None:
-            return Arm(name, self.one.target_alone(name, target.model), target, precision)
-        return Arm(name, BaselineEngine(runner, self.verifier, self.eos_ids), target, precision)
+    @property
+    def drafts(self) -> bool:
+        return self.cfg.draft.kind != "none"
+
+    def target_alone(self, name: str, target: LoadedModel, precision: str) -> Arm:
+        return Arm(name, self.one.target_alone(name, target.model), target, precision)
 
     def drafting(
-        self,
-        name: str,
-        target: LoadedModel,
-        runner: CachedModel,
-        precision: str,
-        ref: str,
-        policy: DraftLengthPolicy,
+        self, name: str, target: LoadedModel, precision: str, ref: str, policy: DraftLengthPolicy,
         tree: TreeConfig | None = None,
-    ) -> Arm:
+    ) -> Arm:  # fmt: skip
         """A drafting arm; ``tree`` (default: ``speculate.tree``) makes it draft token trees."""
         gamma = policy.max_gamma
         tree = self.cfg.speculate.tree if tree is None else tree
-        drafter = self.drafter
-        if self.one is not None:
-            engine, drafter = self.one.drafting(name, target.model, policy, tree)
-        else:
-            engine = SpeculativeEngine(runner, drafter, self.verifier, gamma, self.eos_ids, policy, tree)
+        engine, drafter = self.one.drafting(name, target.model, policy, tree)
         if tree.enabled:  # records' draft_len: the most a round drafts, a tree's nodes (K <= depth <= nodes)
             gamma = max(gamma, tree.max_nodes)
         draft_precision = self.draft.precision if self.draft else None
@@ -185,52 +168,14 @@ def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
     verifier = make_verifier(cfg.sampling, device)
     if not arms:
         return RunSetup(models, ArmSet([], None), RunFacts("none", warnings))
-    if cfg.runtime.compile:  # the compiled steps run on the batch-1 engines until a compiled runner serves the pool
-        drafter, one = make_drafter(cfg, cfg.sampling, target, draft, eos_ids), None
-        runner = _target_runner(cfg, target)
-    else:
-        one = OneEngines(cfg, models, verifier)
-        drafter, runner = one.drafter() if cfg.draft.kind != "none" else None, None
-    parts = _Parts(cfg, device, target, runner, verifier, eos_ids, drafter, draft, one)
-    arms, primary = _ARM_SETS[cfg.bench.arms](parts)
+    one = OneEngines(cfg, models, verifier)
+    drafter = one.drafter() if cfg.draft.kind != "none" else None
+    arms, primary = _ARM_SETS[cfg.bench.arms](_Parts(cfg, device, target, one, draft))
+    if cfg.runtime.compile:  # every graph the arms can use, compiled before anything is measured
+        one.warm_compiled(_verify_sizes(cfg), cfg.bench.arms == "tree_chain")
     separate_draft = bool(cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path)
     facts = RunFacts(drafter.name if drafter else "none", warnings, separate_draft and cfg.draft.kind == "model")
     return RunSetup(models, ArmSet(arms, primary), facts)
-
-
-def make_drafter(
-    cfg: RunConfig, sampling: SamplingConfig, target: LoadedModel, draft: LoadedModel | None, eos_ids: frozenset[int]
-) -> Drafter | None:
-    """The drafter ``cfg.draft`` asks for, proposing under ``sampling`` (None for draft=none).
-
-    A draft model proposes only the ids it shares with the target; n-gram lookup reports a one-hot q
-    when sampling (stochastic verification needs the distribution its proposal came from).
-    """
-    if cfg.draft.kind in ("model", "skip"):
-        shared = shared_vocab_size(target, draft)
-        name = draft_model_name(cfg.draft, draft.model, target.model)
-        stop_below = cfg.speculate.confidence if cfg.speculate.policy == "confidence" else None
-        drafter = ModelDrafter(draft.model, make_chooser(sampling), target.vocab_size, shared, eos_ids, name,
-                               cfg.kv.draft, stop_below, cfg.runtime.compile)  # fmt: skip
-        if cfg.runtime.compile:  # a draft step, the catch-up feed after a fully accepted round, a tree's widest depth
-            drafter.runner.warm(2, (_tree_level_width(cfg.speculate.tree),))
-        return drafter
-    if cfg.draft.kind == "ngram":
-        return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not sampling.greedy)
-    return None
-
-
-def _tree_level_width(tree: TreeConfig) -> int:
-    """The most nodes one draft forward of a tree feeds (0 without a tree)."""
-    if not tree.enabled:
-        return 0
-    if tree.kind == "dynamic":
-        return tree.top_k
-    widths, nodes = [], 1
-    for branching in tree.branching[:-1]:  # the last depth is never fed
-        nodes *= branching
-        widths.append(min(nodes, tree.max_nodes))
-    return max(widths, default=0)
 
 
 def _check_arm_set(cfg: RunConfig) -> None:
@@ -258,22 +203,22 @@ def _check_arm_set(cfg: RunConfig) -> None:
 
 def _standard(parts: _Parts) -> tuple[list[Arm], str | None]:
     precision = parts.cfg.target.precision
-    arms = [parts.target_alone("baseline", parts.target, parts.runner, precision)]
-    if parts.drafter is None:
+    arms = [parts.target_alone("baseline", parts.target, precision)]
+    if not parts.drafts:
         return arms, None
     policy = make_policy(parts.cfg.speculate)
-    return arms + [parts.drafting("spec", parts.target, parts.runner, precision, "baseline", policy)], "spec"
+    return arms + [parts.drafting("spec", parts.target, precision, "baseline", policy)], "spec"
 
 
 def _gamma_sweep(parts: _Parts) -> tuple[list[Arm], str | None]:
     """One fixed-γ arm "spec-gN" per N in ``bench.gammas`` and "spec-adaptive" (at most max(gammas))."""
     cfg, precision = parts.cfg, parts.cfg.target.precision
-    arms = [parts.target_alone("baseline", parts.target, parts.runner, precision)]
+    arms = [parts.target_alone("baseline", parts.target, precision)]
     for gamma in cfg.bench.gammas:
         policy = make_policy(cfg.speculate, "fixed", gamma)
-        arms.append(parts.drafting(f"spec-g{gamma}", parts.target, parts.runner, precision, "baseline", policy))
+        arms.append(parts.drafting(f"spec-g{gamma}", parts.target, precision, "baseline", policy))
     adaptive = make_policy(cfg.speculate, "adaptive", max(cfg.bench.gammas))
-    arms.append(parts.drafting("spec-adaptive", parts.target, parts.runner, precision, "baseline", adaptive))
+    arms.append(parts.drafting("spec-adaptive", parts.target, precision, "baseline", adaptive))
     primary = f"spec-g{cfg.speculate.gamma}"
     return arms, primary if any(arm.name == primary for arm in arms) else None
 
@@ -283,12 +228,11 @@ def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
     cfg = parts.cfg
     ref_precision, quant = cfg.bench.reference_precision, cfg.target.precision
     reference = load_model(cfg.model.target_path, ref_precision, parts.device, 64, *_kernels(cfg))
-    ref_runner = _target_runner(cfg, reference) if parts.one is None else None
     arms = [
-        parts.target_alone("baseline", reference, ref_runner, ref_precision),
-        parts.target_alone("quant", parts.target, parts.runner, quant),
-        parts.drafting("spec", reference, ref_runner, ref_precision, "baseline", make_policy(cfg.speculate)),
-        parts.drafting("quant+spec", parts.target, parts.runner, quant, "quant", make_policy(cfg.speculate)),
+        parts.target_alone("baseline", reference, ref_precision),
+        parts.target_alone("quant", parts.target, quant),
+        parts.drafting("spec", reference, ref_precision, "baseline", make_policy(cfg.speculate)),
+        parts.drafting("quant+spec", parts.target, quant, "quant", make_policy(cfg.speculate)),
     ]
     return arms, "quant+spec"
 
@@ -297,14 +241,13 @@ def _tree_chain(parts: _Parts) -> tuple[list[Arm], str | None]:
     """Baseline, then per N in ``bench.gammas`` "chain-gN" (γ = N) and "tree-nN" (``speculate.tree`` with
     max_nodes = N): pairs at the same verify width, N + 1 rows."""
     cfg, precision = parts.cfg, parts.cfg.target.precision
-    arms = [parts.target_alone("baseline", parts.target, parts.runner, precision)]
+    arms = [parts.target_alone("baseline", parts.target, precision)]
     for nodes in cfg.bench.gammas:
         chain = make_policy(cfg.speculate, "fixed", nodes)
         tree = dataclasses.replace(cfg.speculate.tree, max_nodes=nodes)
-        arms.append(parts.drafting(f"chain-g{nodes}", parts.target, parts.runner, precision, "baseline", chain,
-                                   TreeConfig()))  # fmt: skip
-        arms.append(parts.drafting(f"tree-n{nodes}", parts.target, parts.runner, precision, "baseline",
-                                   make_policy(cfg.speculate), tree))  # fmt: skip
+        arms.append(parts.drafting(f"chain-g{nodes}", parts.target, precision, "baseline", chain, TreeConfig()))
+        arms.append(parts.drafting(f"tree-n{nodes}", parts.target, precision, "baseline", make_policy(cfg.speculate),
+                                   tree))  # fmt: skip
     primary = f"tree-n{cfg.speculate.tree.max_nodes}"
     return arms, primary if any(arm.name == primary for arm in arms) else arms[-1].name
 
@@ -360,11 +303,3 @@ def _verify_sizes(cfg: RunConfig) -> tuple[int, ...]:
     gammas = cfg.bench.gammas if cfg.bench.arms in ("gamma_sweep", "tree_chain") else (cfg.speculate.gamma,)
     tree = cfg.speculate.tree.max_nodes if cfg.speculate.tree.enabled else 0
     return tuple(sorted({g + 1 for g in gammas} | ({tree + 1} if tree else set())))
-
-
-def _target_runner(cfg: RunConfig, target: LoadedModel) -> CachedModel | CompiledModel:
-    """The target's runner; compiled steps are compiled here for every verify width the run can use."""
-    runner = make_runner(target.model, cfg.kv.target, cfg.runtime.compile)
-    if cfg.runtime.compile:  # a tree-vs-chain run measures each verify width at its own bucket
-        runner.warm(_max_gamma(cfg) + 1, _verify_sizes(cfg) if cfg.bench.arms == "tree_chain" else ())
-    return runner

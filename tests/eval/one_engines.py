@@ -9,6 +9,7 @@ from spectoolkit.engine.tree_round import tree_depth
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import make_chooser
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
@@ -24,19 +25,19 @@ def batched(draft: torch.nn.Module | None, sampling: SamplingConfig, vocab: int,
     if draft is None:
         return BatchNgramDrafter(3, 1, vocab, True)
     pool, allocator = make_pool(draft, "auto", BLOCKS * BLOCK), BlockAllocator(BLOCKS, BLOCK)
-    return BatchModelDrafter(draft, make_chooser(sampling), pool, allocator, vocab, vocab, eos_ids)
+    return BatchModelDrafter(make_runner(draft, pool), make_chooser(sampling), allocator, vocab, vocab, eos_ids)
 
 
 def arms(model, drafter, control, sampling: SamplingConfig, gamma: int, eos_ids: frozenset[int],
          tree: TreeConfig | None = None) -> dict[str, OneRequestEngine]:  # fmt: skip
     """{"baseline", "spec", "control"}: stochastic one-request engines sharing ``model``'s pool; with ``tree``
     the drafting arms draft trees of at most ``tree.max_nodes`` nodes, ``gamma`` deep (dynamic, n-gram)."""
-    pool, allocator = make_pool(model, "auto", BLOCKS * BLOCK), BlockAllocator(BLOCKS, BLOCK)
+    runner, allocator = make_runner(model, make_pool(model, "auto", BLOCKS * BLOCK)), BlockAllocator(BLOCKS, BLOCK)
 
     def engine(name: str, chosen, budget: int) -> OneRequestEngine:
         depth = tree_depth(tree, gamma, getattr(chosen, "tree_kind", None)) if tree is not None else 0
         limits = SchedulerLimits(POSITIONS, 1, budget, None, None)
-        return OneRequestEngine(ContinuousEngine(name, model, pool, allocator, make_verifier(sampling), limits,
+        return OneRequestEngine(ContinuousEngine(name, runner, allocator, make_verifier(sampling), limits,
                                                  eos_ids, POSITIONS, chosen, True, False, FixedPolicy(budget), tree,
                                                  depth), name)  # fmt: skip
 

@@ -10,7 +10,10 @@ from spectoolkit.config import TreeConfig
 from spectoolkit.engine.tree_round import tree_depth
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.compiled import CompiledRunner
+from spectoolkit.runtime.eager import EagerRunner
 from spectoolkit.runtime.lone import LoneSequence
+from spectoolkit.runtime.runner import Runner
 from spectoolkit.sampling import GreedyChooser, make_chooser
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
@@ -29,8 +32,9 @@ def tokenizer():
 
 
 @cache
-def model(precision: str) -> LoadedModel:
-    return load_model(None, precision, torch.device("cpu"))
+def model(precision: str, compiled: bool = False) -> LoadedModel:
+    """The embedded model at ``precision``; for the compiled runner without eager kernel choices (as a run loads it)."""
+    return load_model(None, precision, torch.device("cpu"), kernels=None if compiled else "auto")
 
 
 @cache
@@ -40,27 +44,45 @@ def encoded(prompts: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
 
 
 SLOTS, BLOCK = 8 * 1024, 16  # per pool: four requests of a chat prompt + 64 tokens, and more
+COMPILED_WIDTHS = (1, 8, 32)  # a decode step, a verify window, a batched step or prompt chunk: three graphs per runner
 
 
-def drafter(draft: str, target: LoadedModel, kv_draft: str | None, eos: frozenset[int], sampling=None):
+def runner(precision: str, kv: str, compiled: bool = False) -> tuple[Runner, BlockAllocator]:
+    """The embedded model's runner over a fresh pool of KV at ``kv``, and the pool's allocator; a compiled one
+    is built once per session and key (its graphs take minutes) and shared by the engines built on it."""
+    if compiled:
+        return _compiled_runner(precision, kv)
+    loaded = model(precision).model
+    return EagerRunner(loaded, make_pool(loaded, kv, SLOTS)), BlockAllocator(SLOTS // BLOCK, BLOCK)
+
+
+@cache
+def _compiled_runner(precision: str, kv: str) -> tuple[Runner, BlockAllocator]:
+    loaded = model(precision, True).model
+    built = CompiledRunner(loaded, make_pool(loaded, kv, SLOTS), COMPILED_WIDTHS)
+    return built, BlockAllocator(SLOTS // BLOCK, BLOCK)
+
+
+def drafter(draft: str, target: LoadedModel, kv_draft: str | None, eos: frozenset[int], sampling=None,
+            compiled: bool = False):  # fmt: skip
     """A batched drafter: n-gram lookup (``draft="ngram"``) or the embedded model at precision ``draft``."""
     if draft == "ngram":
         return BatchNgramDrafter(3, 2, target.vocab_size, one_hot_probs=False)
-    draft_model = model(draft).model
-    pool, allocator = make_pool(draft_model, kv_draft or "auto", SLOTS), BlockAllocator(SLOTS // BLOCK, BLOCK)
+    draft_runner, allocator = runner(draft, kv_draft or "auto", compiled)
     chooser = make_chooser(sampling) if sampling is not None else GreedyChooser()
-    return BatchModelDrafter(draft_model, chooser, pool, allocator, target.vocab_size, target.vocab_size, eos)
+    return BatchModelDrafter(draft_runner, chooser, allocator, target.vocab_size, target.vocab_size, eos)
 
 
 def engine(target: LoadedModel, kv: str, eos: frozenset[int], drafted=None, gamma: int = 0, *, invariant: bool = False,
-           policy=None, tree: TreeConfig | None = None, max_seqs: int = 1) -> ContinuousEngine:  # fmt: skip
-    """The one engine on ``target`` (KV at ``kv``) with ``drafted`` (or none), greedy; ``tree`` (enabled): ``gamma``
-    is its node budget."""
+           policy=None, tree: TreeConfig | None = None, max_seqs: int = 1,
+           compiled: bool = False) -> ContinuousEngine:  # fmt: skip
+    """The one engine on ``target`` (KV at ``kv``; the session's runner for it) with ``drafted`` (or none), greedy;
+    ``tree`` (enabled): ``gamma`` is its node budget."""
     limits = SchedulerLimits(2048, max_seqs, gamma, None, None)
     positions = target.model.config.get_text_config().max_position_embeddings
     depth = tree_depth(tree, gamma, getattr(drafted, "tree_kind", None)) if tree is not None else 0
-    pool, allocator = make_pool(target.model, kv, SLOTS), BlockAllocator(SLOTS // BLOCK, BLOCK)
-    return ContinuousEngine("test", target.model, pool, allocator, GreedyVerifier(), limits, eos, positions, drafted,
+    target_runner, allocator = runner(target.precision, kv, compiled)
+    return ContinuousEngine("test", target_runner, allocator, GreedyVerifier(), limits, eos, positions, drafted,
                             False, invariant, policy or FixedPolicy(gamma), tree, depth)  # fmt: skip
 
 

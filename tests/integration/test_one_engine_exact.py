@@ -8,7 +8,8 @@ policy and an int8 KV cache:
 - concurrency 4 in batch-invariant mode (``serve.batch_invariant``): four requests at once, each output
   equal to the target alone's with that request alone — no row's numerics depend on its companions.
 
-The compiled runner (``runtime.compile``) still runs the batch-1 engines: not covered here.
+Both runners: eager, and compiled (``runtime.compile``; every row row-invariant, so concurrency 4 needs no
+batch-invariant switch; three graph widths per runner, built once per session).
 """
 
 from __future__ import annotations
@@ -40,20 +41,22 @@ CASES = {  # name: (draft, KV of the target, tree, policy kind)
 }
 
 
-def _engines(case: str, invariant: bool, max_seqs: int):
+def _engines(case: str, invariant: bool, max_seqs: int, compiled: bool):
     draft, kv, tree, policy = CASES[case]
-    target = embedded.model("fp32")
+    target = embedded.model("fp32", compiled)
     eos = eos_ids_of(embedded.tokenizer(), target.model)
     budget = tree.max_nodes if tree else GAMMA
     chosen = make_policy(SpeculateConfig(policy=policy, gamma=GAMMA), policy, budget)
-    spec = embedded.engine(target, kv, eos, embedded.drafter(draft, target, "auto", eos), budget,
-                           invariant=invariant, policy=chosen, tree=tree, max_seqs=max_seqs)  # fmt: skip
-    return embedded.engine(target, kv, eos, invariant=invariant), spec
+    drafter = embedded.drafter(draft, target, "auto", eos, compiled=compiled)
+    spec = embedded.engine(target, kv, eos, drafter, budget, invariant=invariant, policy=chosen, tree=tree,
+                           max_seqs=max_seqs, compiled=compiled)  # fmt: skip
+    return embedded.engine(target, kv, eos, invariant=invariant, compiled=compiled), spec
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_one_request_in_flight_equals_the_target_alone(case):
-    target_alone, speculating = _engines(case, False, 1)
+def test_one_request_in_flight_equals_the_target_alone(case, compiled):
+    target_alone, speculating = _engines(case, False, 1, compiled)
     baseline, spec = OneRequestEngine(target_alone, "baseline"), OneRequestEngine(speculating, "spec")
     drafted = 0
     for prompt in embedded.encoded(PROMPTS):
@@ -64,9 +67,10 @@ def test_one_request_in_flight_equals_the_target_alone(case):
     assert drafted > 0, f"{case}: nothing drafted, the test shows nothing"
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_four_at_once_equal_the_target_alone(case):
-    baseline, spec = _engines(case, True, 4)
+def test_four_at_once_equal_the_target_alone(case, compiled):
+    baseline, spec = _engines(case, True, 4, compiled)
     alone = OneRequestEngine(baseline, "baseline")
     prompts = [list(prompt) for prompt in embedded.encoded(PROMPTS)]
     references = [alone.generate(prompt, MAX_NEW, None).output_ids for prompt in prompts]

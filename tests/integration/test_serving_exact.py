@@ -21,6 +21,7 @@ from spectoolkit.engine import BaselineEngine
 from spectoolkit.metrics.summary import first_divergence
 from spectoolkit.models.cached import CachedModel
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.runner import make_runner
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
@@ -56,8 +57,9 @@ def _engine(setup, gamma: int, invariant: bool) -> ContinuousEngine:
     limits = SchedulerLimits(max_num_tokens=512, max_num_seqs=BATCH, gamma=gamma, spec_max_batch=None,
                              max_draft_tokens=None)  # fmt: skip
     max_positions = model.config.get_text_config().max_position_embeddings
-    return ContinuousEngine("test", model, make_pool(model, "fp32", blocks * BLOCK), BlockAllocator(blocks, BLOCK),
-                            GreedyVerifier(), limits, eos, max_positions, drafter, invariant=invariant)  # fmt: skip
+    runner = make_runner(model, make_pool(model, "fp32", blocks * BLOCK))
+    return ContinuousEngine("test", runner, BlockAllocator(blocks, BLOCK), GreedyVerifier(), limits, eos, max_positions,
+                            drafter, invariant=invariant)  # fmt: skip
 
 
 def _run(eng: ContinuousEngine, prompts: list[list[int]]) -> dict[str, object]:

@@ -11,7 +11,7 @@ from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.eager import EagerRunner
-from spectoolkit.runtime.runner import run_segments
+from spectoolkit.runtime.runner import make_runner, run_segments
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
 from spectoolkit.serving.drafters import BatchModelDrafter
 from spectoolkit.serving.engine import ContinuousEngine
@@ -75,14 +75,15 @@ def engine(
 ) -> ContinuousEngine:
     limits = SchedulerLimits(max_num_tokens, max_num_seqs, gamma, spec_max_batch, max_draft_tokens)
     return ContinuousEngine(
-        "test", model, make_pool(model, kv, num_blocks * BLOCK), BlockAllocator(num_blocks, BLOCK),
+        "test", make_runner(model, make_pool(model, kv, num_blocks * BLOCK)), BlockAllocator(num_blocks, BLOCK),
         verifier or GreedyVerifier(), limits, EOS_IDS, MAX_POSITIONS, drafter, stochastic, invariant,
     )  # fmt: skip
 
 
 def model_drafter(draft: torch.nn.Module, chooser, num_blocks: int = 200, kv: str = "auto") -> BatchModelDrafter:
     pool = make_pool(draft, kv, num_blocks * BLOCK)
-    return BatchModelDrafter(draft, chooser, pool, BlockAllocator(num_blocks, BLOCK), VOCAB, VOCAB, EOS_IDS)
+    return BatchModelDrafter(make_runner(draft, pool), chooser, BlockAllocator(num_blocks, BLOCK), VOCAB, VOCAB,
+                             EOS_IDS)
 
 
 def run(eng: ContinuousEngine, requests: list[ServeRequest], max_steps: int = 10_000) -> dict[str, FinishedRequest]:

@@ -14,6 +14,7 @@ import torch
 
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
@@ -45,15 +46,15 @@ class PinnedCosts(AdaptivePolicy):
 def _engine(model, drafter, policy, max_num_tokens: int = 64, max_draft_tokens: int | None = None):
     limits = SchedulerLimits(max_num_tokens, 8, GAMMA, None, max_draft_tokens)
     return ContinuousEngine(
-        "test", model, make_pool(model, "auto", 200 * BLOCK), BlockAllocator(200, BLOCK), GreedyVerifier(),
+        "test", make_runner(model, make_pool(model, "auto", 200 * BLOCK)), BlockAllocator(200, BLOCK), GreedyVerifier(),
         limits, EOS_IDS, MAX_POSITIONS, drafter, policy=policy,
     )  # fmt: skip
 
 
 def _model_drafter(draft: torch.nn.Module, stop_below: float | None = None) -> BatchModelDrafter:
     pool = make_pool(draft, "auto", 200 * BLOCK)
-    return BatchModelDrafter(draft, GreedyChooser(), pool, BlockAllocator(200, BLOCK), VOCAB, VOCAB, EOS_IDS, "model",
-                             stop_below)  # fmt: skip
+    return BatchModelDrafter(make_runner(draft, pool), GreedyChooser(), BlockAllocator(200, BLOCK), VOCAB, VOCAB,
+                             EOS_IDS, "model", stop_below)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

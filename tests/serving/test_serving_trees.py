@@ -31,6 +31,7 @@ from spectoolkit.policy import FixedPolicy
 from spectoolkit.precisions import KV_PRECISIONS
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.paged_kv import KINDS
+from spectoolkit.runtime.runner import make_runner
 from spectoolkit.runtime.step import Segment, tree_layout
 from spectoolkit.sampling import GreedyChooser, RandomChooser
 from spectoolkit.serving.api import ServeRequest
@@ -87,7 +88,7 @@ def tree_engine(target, tree: TreeConfig, drafter, *, invariant: bool, kv: str =
     """The serving factory's spec arm with ``speculate.tree``: a fixed policy of up to ``max_nodes`` drafts."""
     limits = SchedulerLimits(max_num_tokens, 8, tree.max_nodes, None, max_draft_tokens)
     return ContinuousEngine(
-        "tree", target, make_pool(target, kv, num_blocks * BLOCK), BlockAllocator(num_blocks, BLOCK),
+        "tree", make_runner(target, make_pool(target, kv, num_blocks * BLOCK)), BlockAllocator(num_blocks, BLOCK),
         verifier or GreedyVerifier(), limits, eos_ids, MAX_POSITIONS, drafter, stochastic, invariant,
         FixedPolicy(tree.max_nodes), tree, tree_depth(tree, GAMMA),
     )  # fmt: skip

@@ -12,8 +12,8 @@ import torch
 from spectoolkit.config import RunConfig
 from spectoolkit.config_checks import config_warnings
 from spectoolkit.kernels.runtime import kernels_usable
-from spectoolkit.models.compiled import compiled_runners
 from spectoolkit.models.kernel_choice import cpu_model
+from spectoolkit.runtime.compiled import compiled_runners
 from spectoolkit.wiring.setup import ArmSet, RunFacts, RunSetup
 
 

@@ -32,7 +32,7 @@ from spectoolkit.metrics.gamma_validation import gamma_validation
 from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_records, write_json_atomic
 from spectoolkit.metrics.summary import cost_models, summarize
 from spectoolkit.metrics.token_cost import batch_token_cost
-from spectoolkit.models.compiled import compiled_runners
+from spectoolkit.runtime.compiled import compiled_runners
 from spectoolkit.wiring.setup import Arm, ArmSet, LoadedModels, RunSetup, build
 from spectoolkit.workloads.prompts import Request, encode_prompt, load_workload
 
