@@ -5,10 +5,12 @@
 Prints tokens/s of (a) our baseline vs ``model.generate`` and (b) our ``draft=ngram`` vs
 transformers' prompt-lookup decoding (``prompt_lookup_num_tokens=γ``), as ratios measured in one
 run with the arms alternating per prompt. transformers runs the checkpoint as a user would load it
-(``AutoModelForCausalLM.from_pretrained``); ours runs it as ``load_model`` does (row-wise
-attention, the linear kernel variants measured on this machine: spectoolkit/models/kernel_choice.py).
-``ours_plain`` is our loop on transformers' model, which isolates the decode-loop overhead from the
-kernel choice. Outputs are compared too (a mismatch between different kernels is a near-tie question, not a loop bug).
+(``AutoModelForCausalLM.from_pretrained``); ours are the one engine's batch-1 arms
+(:class:`~spectoolkit.serving.one.OneRequestEngine` on the eager runner over a paged pool), on the model
+as ``load_model`` loads it (the linear kernel variants measured on this machine:
+spectoolkit/models/kernel_choice.py). ``ours_plain`` is the same engine on transformers' model (stock
+linears), which isolates the decode loop and paged attention from the kernel choice. Outputs are
+compared too (a mismatch between different kernels is a near-tie question, not a loop bug).
 """
 
 from __future__ import annotations
@@ -19,12 +21,34 @@ import time
 import torch
 
 from spectoolkit.config import WorkloadConfig
-from spectoolkit.drafting import NgramDrafter
-from spectoolkit.engine import BaselineEngine, SpeculativeEngine
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.paged_kv import make_pool
+from spectoolkit.runtime.runner import Runner, make_runner
+from spectoolkit.serving.drafters import BatchNgramDrafter
+from spectoolkit.serving.engine import ContinuousEngine
+from spectoolkit.serving.one import OneRequestEngine
+from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
 from spectoolkit.wiring.loading import load_model, load_tokenizer
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
+
+CONTEXT = 8192  # the embedded model's context
+BLOCK = 16
+
+
+def _runner(model: torch.nn.Module) -> tuple[Runner, BlockAllocator]:
+    """``model``'s eager runner over a pool for a request and a lone sequence, and its allocator (shared by
+    the arms on ``model``)."""
+    slots = 2 * (CONTEXT + BLOCK)
+    return make_runner(model, make_pool(model, "auto", slots)), BlockAllocator(slots // BLOCK, BLOCK)
+
+
+def _one(target: tuple[Runner, BlockAllocator], eos_ids: frozenset[int], gamma: int = 0, drafter=None):
+    """A batch-1 arm on ``target`` (runner, allocator): the target alone, or drafting ``gamma`` with ``drafter``."""
+    runner, allocator = target
+    limits = SchedulerLimits(CONTEXT + gamma + 1, 1, gamma, None, None)  # a whole prompt in one step
+    engine = ContinuousEngine("bench", runner, allocator, GreedyVerifier(), limits, eos_ids, CONTEXT, drafter)
+    return OneRequestEngine(engine, "spec" if drafter is not None else "baseline")
 
 
 def _hf_generate(model, ids: list[int], max_new: int, eos: int, **kwargs) -> tuple[list[int], float]:
@@ -55,12 +79,10 @@ def main() -> None:
     eos = tokenizer.eos_token_id
     requests = load_workload(WorkloadConfig(kind=args.workload, num_prompts=args.prompts))
     prompts = [encode_prompt(tokenizer, r, True) for r in requests]
-    runner = CachedModel(target.model)
-    ours = BaselineEngine(runner, GreedyVerifier(), frozenset({eos}))
-    ours_plain = BaselineEngine(CachedModel(plain), GreedyVerifier(), frozenset({eos}))
-    ngram = SpeculativeEngine(
-        runner, NgramDrafter(3, 1, target.vocab_size, False), GreedyVerifier(), args.gamma, frozenset({eos})
-    )
+    runner, eos_ids = _runner(target.model), frozenset({eos})
+    ours = _one(runner, eos_ids)
+    ours_plain = _one(_runner(plain), eos_ids)
+    ngram = _one(runner, eos_ids, args.gamma, BatchNgramDrafter(3, 1, target.vocab_size, False))
     _hf_generate(plain, prompts[0], 8, eos)  # warm-up
     ours.generate(prompts[0], 8, None)
     totals = {name: [0, 0.0] for name in ("ours", "ours_plain", "hf", "ngram", "hf_pld")}

@@ -5,8 +5,11 @@
 
 llama.cpp runs the very Q4_1 GGUF the embedded model ships as (``spectoolkit.embedded.gguf_path``),
 plain and with its prompt-lookup drafter (``LlamaPromptLookupDecoding``, γ draft tokens). Ours run
-the HF checkpoint converted from that GGUF (dequantized to fp32), each arm through
-``runtime.compile`` (compiled static-KV steps) unless ``--eager``:
+the HF checkpoint converted from that GGUF (dequantized to fp32), each arm the one engine's batch-1 arm
+(:class:`~spectoolkit.serving.one.OneRequestEngine`) on ``runtime.compile`` runners
+(:class:`~spectoolkit.runtime.compiled.CompiledRunner`: compiled row-invariant steps over a paged pool,
+every width compiled before timing) unless ``--eager`` (the eager runner, the measured kernel choice);
+the arms on one target share its runner and pool:
 
 - ``fp32``: our fp32 baseline; ``rtn-int4``: ``+target=rtn-int4 target.group_size=32`` (the GGUF's
   4-bit, re-quantized by our RTN: same bits per weight, not the same codes);
@@ -27,14 +30,22 @@ import time
 import torch
 
 from spectoolkit.config import WorkloadConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.embedded import gguf_path
-from spectoolkit.engine import BaselineEngine, SpeculativeEngine
-from spectoolkit.models.compiled import make_runner
+from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.compiled import bucket
+from spectoolkit.runtime.paged_kv import make_pool
+from spectoolkit.runtime.runner import Runner, make_runner
 from spectoolkit.sampling import GreedyChooser
+from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
+from spectoolkit.serving.engine import ContinuousEngine
+from spectoolkit.serving.one import OneRequestEngine
+from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
 from spectoolkit.wiring.loading import load_model, load_tokenizer
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
+
+CONTEXT = 8192  # the embedded model's context
+BLOCK = 16
 
 
 def _llama_cpp(threads: int, gamma: int | None):
@@ -58,31 +69,46 @@ def _run_ours(engine, ids: list[int], max_new: int) -> tuple[int, float]:
     return len(out.output_ids), time.perf_counter() - start
 
 
+def _pool(model: torch.nn.Module, compiled: bool) -> tuple[Runner, BlockAllocator]:
+    """``model``'s runner over a pool for a request and a lone sequence, and its allocator."""
+    slots = 2 * (CONTEXT + BLOCK)
+    return make_runner(model, make_pool(model, "auto", slots), compiled), BlockAllocator(slots // BLOCK, BLOCK)
+
+
+def _one(target: tuple[Runner, BlockAllocator], eos_ids: frozenset[int], gamma: int = 0, drafter=None):
+    """A batch-1 arm on ``target`` (runner, allocator): the target alone, or drafting ``gamma`` with ``drafter``."""
+    runner, allocator = target
+    limits = SchedulerLimits(CONTEXT + gamma + 1, 1, gamma, None, None)  # a whole prompt in one step
+    engine = ContinuousEngine("bench", runner, allocator, GreedyVerifier(), limits, eos_ids, CONTEXT, drafter)
+    return OneRequestEngine(engine, "spec" if drafter is not None else "baseline")
+
+
 def _our_arms(args, eos_ids: frozenset[int]) -> dict:
     compiled = not args.eager
     kernels = None if compiled else "auto"
     cpu = torch.device("cpu")
     fp32 = load_model(None, "fp32", cpu, kernels=kernels, widths=(1, args.gamma + 1))
     int4 = load_model(None, "rtn-int4", cpu, group_size=32, kernels=kernels, widths=(1, args.gamma + 1))
-    runners = {name: make_runner(m.model, "auto", compiled) for name, m in (("fp32", fp32), ("rtn-int4", int4))}
+    targets = {name: _pool(m.model, compiled) for name, m in (("fp32", fp32), ("rtn-int4", int4))}
     # The self-draft: its own runner (own KV) over the rtn-int4 weights the rtn-int4 arms use too.
-    draft = ModelDrafter(int4.model, GreedyChooser(), fp32.vocab_size, fp32.vocab_size, eos_ids, "rtn-int4",
-                         compiled=compiled)  # fmt: skip
-    if compiled:
-        for runner in runners.values():
-            runner.warm(args.gamma + 1)
-        draft.runner.warm(2)
-    verifier = GreedyVerifier()
+    draft_runner, draft_allocator = _pool(int4.model, compiled)
+    draft = BatchModelDrafter(draft_runner, GreedyChooser(), draft_allocator, fp32.vocab_size, fp32.vocab_size,
+                              eos_ids, "rtn-int4")  # fmt: skip
+    if compiled:  # a decode step and the verify windows of both gammas; the draft's step, catch-up feed, prompt chunk
+        verify = {bucket(args.gamma + 1), bucket(args.draft_gamma + 1)}
+        for runner, _ in targets.values():
+            runner.warm((1, *verify))
+        draft_runner.warm((1, 2, 8))
 
-    def ngram() -> NgramDrafter:
-        return NgramDrafter(3, 1, fp32.vocab_size, False)
+    def ngram() -> BatchNgramDrafter:
+        return BatchNgramDrafter(3, 1, fp32.vocab_size, False)
 
     return {
-        "fp32": BaselineEngine(runners["fp32"], verifier, eos_ids),
-        "rtn-int4": BaselineEngine(runners["rtn-int4"], verifier, eos_ids),
-        "fp32+ngram": SpeculativeEngine(runners["fp32"], ngram(), verifier, args.gamma, eos_ids),
-        "rtn-int4+ngram": SpeculativeEngine(runners["rtn-int4"], ngram(), verifier, args.gamma, eos_ids),
-        "fp32+rtn-int4": SpeculativeEngine(runners["fp32"], draft, verifier, args.draft_gamma, eos_ids),
+        "fp32": _one(targets["fp32"], eos_ids),
+        "rtn-int4": _one(targets["rtn-int4"], eos_ids),
+        "fp32+ngram": _one(targets["fp32"], eos_ids, args.gamma, ngram()),
+        "rtn-int4+ngram": _one(targets["rtn-int4"], eos_ids, args.gamma, ngram()),
+        "fp32+rtn-int4": _one(targets["fp32"], eos_ids, args.draft_gamma, draft),
     }
 
 
@@ -95,7 +121,7 @@ def main() -> None:
     parser.add_argument("--draft-gamma", type=int, default=3, help="draft tokens of the rtn-int4 self-draft arm")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--eager", action="store_true", help="our arms on eager transformers (runtime.compile=false)")
+    parser.add_argument("--eager", action="store_true", help="our arms on the eager runner (runtime.compile=false)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)

@@ -2,14 +2,15 @@
 
     python experiments/rtn_speed.py --repeats 20 --group-size 64
 
-Times, per arm, (a) a decode step — ``CachedModel.forward([tok], last_only=True)`` after a
-200-token prefill — and (b) a 5-token verify forward (all logits), rolling the cache back to the
-prefill after each; arms interleave within every repeat (the order alternates) and medians are
-reported with their ratio to fp32. Then greedy top-1 agreement with fp32, teacher-forced, over
-(i) held reference responses of real prompts (HumanEval solutions, ShareGPT replies) and (ii) fp32's
-own greedy continuations of those prompts — the tokens a self-draft must predict in greedy
-speculative decoding. ``+head`` arms also quantize ``lm_head`` (``quantize_lm_head=True``); ``@G`` sets an arm's
-group size (``rtn-int8@-1``: per channel).
+Times, per arm, (a) a decode step — ``LoneSequence.forward([tok], last_only=True)``
+(:func:`~spectoolkit.runtime.lone.lone_sequence`: one sequence on the eager runner over a paged pool,
+``chosen`` row mode, the forward a batch-1 arm runs) after a 200-token prefill — and (b) a 5-token
+verify forward (all logits), rolling the sequence back to the prefill after each; arms interleave
+within every repeat (the order alternates) and medians are reported with their ratio to fp32. Then
+greedy top-1 agreement with fp32, teacher-forced, over (i) held reference responses of real prompts
+(HumanEval solutions, ShareGPT replies) and (ii) fp32's own greedy continuations of those prompts —
+the tokens a self-draft must predict in greedy speculative decoding. ``+head`` arms also quantize
+``lm_head`` (``quantize_lm_head=True``); ``@G`` sets an arm's group size (``rtn-int8@-1``: per channel).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import time
 import torch
 
 from spectoolkit.config import WorkloadConfig
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.quant.rtn import load_quantized
+from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.wiring.loading import load_model, load_tokenizer
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
@@ -40,7 +41,7 @@ def build_arm(name: str, group_size: int) -> torch.nn.Module:
     return load_quantized(None, precision, CPU, int(group) if group else group_size, quantize_lm_head=bool(head))
 
 
-def time_steps(runners: dict[str, CachedModel], repeats: int) -> dict[str, dict[str, float]]:
+def time_steps(runners: dict[str, LoneSequence], repeats: int) -> dict[str, dict[str, float]]:
     """Median ms of a decode step and a verify forward per arm, arms interleaved."""
     prompt = list(range(1000, 1000 + PREFILL))
     for runner in runners.values():
@@ -69,7 +70,7 @@ def argmax_ids(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 @torch.inference_mode()
 def greedy_continuation(model: torch.nn.Module, ids: list[int], num_tokens: int) -> list[int]:
-    runner = CachedModel(model)
+    runner = lone_sequence(model, positions=len(ids) + num_tokens)
     logits = runner.forward(ids, last_only=True)
     out = []
     for _ in range(num_tokens):
@@ -122,7 +123,8 @@ def main() -> None:
     if "fp32" not in names:
         names.insert(0, "fp32")
     models = {name: build_arm(name, args.group_size) for name in names}
-    steps = time_steps({name: CachedModel(model) for name, model in models.items()}, args.repeats)
+    sequences = {name: lone_sequence(model, positions=PREFILL + VERIFY_LEN) for name, model in models.items()}
+    steps = time_steps(sequences, args.repeats)
     base = steps["fp32"]
     print(f"threads={torch.get_num_threads()} group_size={args.group_size} repeats={args.repeats} (medians)")
     print(f"{'arm':<20}{'decode ms':>10}{'x fp32':>8}{'verify5 ms':>12}{'x fp32':>8}")

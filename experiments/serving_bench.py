@@ -1,4 +1,4 @@
-"""Output throughput vs concurrency: our continuous-batching engine, our batch-1 engine, transformers'.
+"""Output throughput vs concurrency: the one engine batched, the same engine one request at a time, transformers'.
 
     python experiments/serving_bench.py --levels 1,2,4,8,16 --max-new-tokens 64 --repeat 2
 
@@ -8,14 +8,17 @@ alternating per repeat so they share the time window:
 
 - ``new``: :class:`spectoolkit.serving.engine.ContinuousEngine`, target alone (the serving baseline);
   ``new-invariant`` the same with ``serve.batch_invariant`` (every row as a decode step computes it);
-- ``old``: today's batch-1 :class:`~spectoolkit.engine.BaselineEngine`, one request at a time;
+- ``old``: the one engine's batch-1 arm, target alone (:class:`~spectoolkit.serving.one.OneRequestEngine`:
+  a whole prompt in one step, ``chosen`` row mode), one request at a time — what serving without
+  batching gives;
 - ``hf``: transformers ``generate_batch`` (continuous batching, ``paged|sdpa``) with at most N
   requests per batch (``ContinuousBatchingConfig.max_requests_per_batch``);
 - ``ngram`` / ``self-<precision>``: the new engine with speculation (``--gamma``), with
   ``--spec-max-batch`` as load control when given.
 
 Prints tok/s per arm and level and each arm's ratio to ``new`` at the same level; outputs of ``new``
-are compared with ``old`` (greedy; a mismatch is a batching-rounding question, see the issue).
+are compared with ``old`` (greedy; batched ``plain`` rows vs batch-1 ``chosen`` rows: a mismatch is a
+batching-rounding question, see the issue).
 """
 
 from __future__ import annotations
@@ -27,16 +30,15 @@ import time
 import torch
 
 from spectoolkit.config import WorkloadConfig
-from spectoolkit.engine import BaselineEngine
 from spectoolkit.models.batched_kernels import choose_batched_kernels
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.factory import make_pool
+from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
 from spectoolkit.wiring.loading import load_model, load_tokenizer
@@ -44,6 +46,7 @@ from spectoolkit.wiring.setup import eos_ids_of
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 
 SLOTS = 32 * 1024
+CONTEXT = 8192  # the embedded model's context
 
 
 def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_new: int) -> tuple[float, list[list[int]]]:
@@ -64,7 +67,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_new: int
     return sum(map(len, outputs.values())) / elapsed, [outputs[i] for i in range(len(prompts))]
 
 
-def sequential(engine: BaselineEngine, prompts: list[list[int]], max_new: int) -> tuple[float, list[list[int]]]:
+def sequential(engine: OneRequestEngine, prompts: list[list[int]], max_new: int) -> tuple[float, list[list[int]]]:
     start = time.perf_counter()
     outputs = [engine.generate(ids, max_new, None).output_ids for ids in prompts]
     return sum(map(len, outputs)) / (time.perf_counter() - start), outputs
@@ -87,8 +90,16 @@ def hf_batch(model, prompts: list[list[int]], concurrency: int, max_new: int, eo
 def engine_for(lm, eos, gamma: int = 0, drafter=None, spec_max_batch=None, invariant=False) -> ContinuousEngine:
     limits = SchedulerLimits(256, 64, gamma, spec_max_batch, None)
     runner = make_runner(lm.model, make_pool(lm.model, "auto", SLOTS))
-    return ContinuousEngine("bench", runner, BlockAllocator(SLOTS // 16, 16), GreedyVerifier(), limits, eos, 8192,
+    return ContinuousEngine("bench", runner, BlockAllocator(SLOTS // 16, 16), GreedyVerifier(), limits, eos, CONTEXT,
                             drafter, invariant=invariant)  # fmt: skip
+
+
+def one_request(lm, eos) -> OneRequestEngine:
+    """The one engine's batch-1 arm, target alone: one request in flight, its whole prompt in one step."""
+    limits = SchedulerLimits(CONTEXT + 1, 1, 0, None, None)
+    runner = make_runner(lm.model, make_pool(lm.model, "auto", SLOTS))
+    engine = ContinuousEngine("old", runner, BlockAllocator(SLOTS // 16, 16), GreedyVerifier(), limits, eos, CONTEXT)
+    return OneRequestEngine(engine, "baseline")
 
 
 def main() -> None:
@@ -114,7 +125,7 @@ def main() -> None:
     eos = eos_ids_of(tokenizer, lm.model)
     prompts_all = [encode_prompt(tokenizer, r, True) for r in load_workload(WorkloadConfig(kind=args.workload))]
     engines = {"new": engine_for(lm, eos), "new-invariant": engine_for(lm, eos, invariant=True)}
-    old = BaselineEngine(CachedModel(lm.model), GreedyVerifier(), eos)
+    old = one_request(lm, eos)
     if "ngram" in arms:
         engines["ngram"] = engine_for(lm, eos, args.gamma, BatchNgramDrafter(3, 2, lm.vocab_size, False),
                                       args.spec_max_batch)  # fmt: skip

@@ -2,15 +2,18 @@
 
     python experiments/step_profile.py --precisions fp32 rtn-int4 --steps 20
 
-For each precision, eager transformers (``runtime.compile=false``: :class:`CachedModel`) and the
-compiled static-KV step (:class:`CompiledModel`) decode ``--steps`` one-token steps after a prompt;
-``torch.profiler`` attributes the self time of every operator to a class:
+For each precision, a lone sequence (:func:`~spectoolkit.runtime.lone.lone_sequence`: one sequence over a
+paged pool, the forward a batch-1 arm runs) decodes ``--steps`` one-token steps after a prompt on each
+runner: ``eager`` (``runtime.compile=false``: :class:`~spectoolkit.runtime.eager.EagerRunner`, the model
+loaded with the measured kernel choice) and ``compiled`` (:class:`~spectoolkit.runtime.compiled.CompiledRunner`,
+its width-1 graph compiled first, the model loaded without the eager kernel choice). ``torch.profiler``
+attributes the self time of every operator to a class:
 
 - ``linear``: the weight matmuls (``aten::mm``/``addmm``/``linear``, MKL, torch's int4/int8 kernels,
   ``spectoolkit::row_linear``) — the part bounded by how fast the weights stream from memory;
-- ``attention``: SDPA, ``bmm``, ``spectoolkit::row_attention``;
-- ``kernels``: everything else that computes (norms, rotary, activations, copies; in the compiled
-  step, inductor's generated C++ is counted here);
+- ``attention``: SDPA, ``bmm``, ``spectoolkit::paged_attention``;
+- ``kernels``: everything else that computes (norms, rotary, activations, copies, the pool's KV writes;
+  in the compiled step, inductor's generated C++ is counted here);
 - ``overhead``: the rest of the step's wall time — Python, dispatch, guards, allocation — which is
   what compiling removes.
 
@@ -28,12 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.compiled import CompiledModel
+from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.wiring.loading import load_model
 
 LINEAR = ("aten::mm", "aten::addmm", "aten::linear", "mkl::", "_weight_int4pack", "_weight_int8pack", "row_linear")
-ATTENTION = ("attention", "aten::bmm", "row_attention")
+ATTENTION = ("attention", "aten::bmm")  # SDPA, spectoolkit::paged_attention
 PROMPT = list(range(100, 180))
 
 
@@ -45,13 +47,13 @@ def _classify(name: str) -> str:
     return "kernels"
 
 
-def _steps(runner, count: int) -> None:
+def _steps(runner: LoneSequence, count: int) -> None:
     for _ in range(count):
         runner.forward([5])
     runner.truncate(len(PROMPT))
 
 
-def _split(runner, steps: int) -> dict[str, float]:
+def _split(runner: LoneSequence, steps: int) -> dict[str, float]:
     """ms per step: measured wall time, then the profiler's classes."""
     runner.reset()
     runner.forward(PROMPT, last_only=True)
@@ -94,13 +96,15 @@ def main() -> None:
     cpu = torch.device("cpu")
     print(f"{'model':<22} {'step ms':>8} {'linear':>7} {'attn':>6} {'kernels':>8} {'overhead':>9}")
     for precision in args.precisions:
-        loaded = load_model(None, precision, cpu, group_size=32, kernels=None)
+        loaded = load_model(None, precision, cpu, group_size=32, kernels=None)  # for the compiled runner
         if precision == "fp32":
             megabytes, ms = _bound(loaded.model)
             print(f"fp32 weights {megabytes:.0f} MB stream in {ms:.1f} ms here ({megabytes / ms:.1f} GB/s, MKL gemv)")
-        compiled = CompiledModel(loaded.model)
-        compiled.warm(1)
-        for name, runner in (("eager", CachedModel(loaded.model)), ("compiled", compiled)):
+        positions = len(PROMPT) + max(args.steps, 3)
+        compiled = lone_sequence(loaded.model, positions=positions, compiled=True)
+        compiled.runner.warm((1,))  # the decode step's graph; the prompt runs through it too
+        eager = lone_sequence(load_model(None, precision, cpu, group_size=32).model, positions=positions)
+        for name, runner in (("eager", eager), ("compiled", compiled)):
             split = _split(runner, args.steps)
             label = f"{precision} {name}"
             print(f"{label:<22} {split['step']:>8.1f} {split['linear']:>7.1f} {split['attention']:>6.1f} "

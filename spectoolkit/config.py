@@ -310,9 +310,9 @@ class RuntimeConfig:
 
     ``kernels=auto``: each linear shape gets the fastest row-invariant kernel variant measured on this
     machine (cached per machine fingerprint); ``reference``: the reference variant everywhere.
-    ``compile``: decode and verify steps run compiled over static KV (:mod:`spectoolkit.models.compiled`,
-    Llama-family models, ``kv=auto``), their own row-invariant kernels replacing ``kernels``; false:
-    eager transformers, the reference.
+    ``compile``: steps run compiled over the paged pool (:mod:`spectoolkit.runtime.compiled`, Llama-family
+    models, KV other than int4), their own row-invariant kernels replacing ``kernels``; false: the eager
+    runner (:mod:`spectoolkit.runtime.eager`).
     """
 
     kernels: str = "auto"

@@ -19,13 +19,13 @@ NESTED = ("spectoolkit.bench",)  # bench's sub-packages (protocol, load, report,
 # DESIGN §4's list, adapted where the code differs today:
 # - verify (the chain and tree rules) sits below kernels: the fused kernel's torch reference is
 #   those rules; the verifier that runs the kernel, and the chooser, live in kernels.verifier.
-# - kvcache is the KV formats the attention kernel reads (and the positional cache base); the
-#   quantized-KV layers that run that kernel sit in models.kv_cache, beside their user CachedModel.
-# - models sits above kernels: it still holds the eager and compiled runners (CachedModel, their
-#   KV cache, kernel choice) that runtime/ is absorbing. quant sits above models (its backends load
-#   checkpoints through models) and so above kernels; the RTN weight format the Triton matmul reads
-#   lives beside that kernel (kernels.rtn_format).
-# - engine/ and serving/ (today's engines) sit above drafting, policy and runtime, which they use.
+# - kvcache is the KV formats only (the paged pool that stores them is runtime's).
+# - models sits above kernels: it holds the row-invariant C++ kernels (row_linear), the kernel choice and
+#   the static decoder body the compiled runner compiles — kernels of ours that issue 29 moves to kernels/.
+#   quant sits above models (its backends load checkpoints through models) and so above kernels; the RTN
+#   weight format the Triton matmul reads lives beside that kernel (kernels.rtn_format).
+# - serving/ (the one engine's scheduler, drafters and loop, until it folds into runtime/) sits above
+#   drafting, policy and runtime, which it uses.
 # - wiring (loading models with quantization, building a run's arms) sits below eval, bench and server.
 # - backends sit below bench: the load benchmark measures them; server and the entry points top it off.
 LAYERS: list[tuple[str, ...]] = [
@@ -40,7 +40,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("spectoolkit.runtime",),
     ("spectoolkit.drafting",),
     ("spectoolkit.policy",),
-    ("spectoolkit.engine",),
     ("spectoolkit.serving",),
     ("spectoolkit.metrics",),
     ("spectoolkit.wiring",),

@@ -15,7 +15,7 @@ from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting.base import Proposal
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.drafting.tree_model import grow_tree
-from spectoolkit.models.compiled import make_runner
+from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.sampling import GreedyChooser, RandomChooser
 
 _GREEDY = SamplingConfig(temperature=0.0)
@@ -34,10 +34,8 @@ class ModelDrafter:
         name: str = "model",
         kv_precision: str = "auto",
         stop_below: float | None = None,
-        compiled: bool = False,
     ) -> None:
-        """``compiled``: the draft's steps run compiled (``runtime.compile``, :mod:`spectoolkit.models.compiled`)."""
-        self.runner = make_runner(model, kv_precision, compiled)
+        self.runner = lone_sequence(model, kv_precision)
         self.chooser = chooser
         self.target_vocab_size = target_vocab_size
         self.shared_vocab_size = shared_vocab_size
@@ -86,7 +84,7 @@ class ModelDrafter:
         self.runner.commit_slots(num_prefix, slots)
 
     def kv_bytes(self) -> int:
-        return self.runner.cache.allocated_bytes()
+        return self.runner.kv_bytes()
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
         return align_logits(logits, self.shared_vocab_size, self.target_vocab_size)

@@ -75,3 +75,11 @@ class TokenTree:
             return self
         probs = self.draft_probs[:budget] if self.draft_probs is not None else None
         return TokenTree(self.token_ids[:budget], self.parents[:budget], probs)
+
+
+def tree_depth(tree, gamma: int, drafter_tree: str | None = None) -> int:
+    """How deep a round's tree may grow: ``len(branching)`` (a static model tree), ``max_depth`` or γ (a dynamic
+    tree, or a drafter with its own kind of tree, ``drafter_tree``: the n-gram trie)."""
+    if tree.kind == "static" and not drafter_tree:
+        return len(tree.branching)
+    return tree.max_depth or gamma

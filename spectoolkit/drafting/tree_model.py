@@ -63,7 +63,7 @@ def grow_tree(
 ) -> tuple[TokenTree, list[int | None]]:
     """A tree of at most ``budget`` nodes below the root whose draft logits [V_target] are ``root_logits``.
 
-    ``runner`` (a ``CachedModel``/``CompiledModel``) holds the verified tokens and nothing after them;
+    ``runner`` (a :class:`~spectoolkit.runtime.lone.LoneSequence`) holds the verified tokens and nothing after them;
     expanded nodes are appended to it. Returns the tree and each node's draft cache slot (None: never fed).
     """
     base = runner.num_computed

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from spectoolkit.metrics.summary import first_divergence
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.runtime.lone import LoneSequence
 
 # Largest top-2 logit margin a 1-token vs k-token rounding difference can flip, per target precision.
 TARGET_TIE = {"fp32": 1e-3, "float32": 1e-3, "auto": 1e-3, "bf16": 0.5, "fp16": 0.06}  # bf16 ulp at ~20: 0.125
@@ -129,7 +129,7 @@ def _window(output_ids: Sequence[int], start: int, drafted: int, known_end: int)
 
 @torch.inference_mode()
 def replay_round(
-    runner: CachedModel,
+    runner: LoneSequence,
     prompt_ids: Sequence[int],
     output_ids: Sequence[int],
     draft_lengths: Sequence[int],
@@ -138,7 +138,7 @@ def replay_round(
 ) -> ReplayResult:
     """Recompute, with the target alone, the spec round that emitted ``output_ids[position]``.
 
-    As :class:`~spectoolkit.engine.speculative.SpeculativeEngine` did: prefill the prompt (last row
+    As the engine does: prefill the prompt (last row
     only), then for each earlier round r forward [pending, K_r accepted, k_r - K_r fillers] (width
     k_r + 1) and truncate the KV to prefix + pending + accepted; in the round of ``position`` take the
     row that predicted it. ``draft_lengths`` / ``accept_lengths``: [rounds] k_r proposed, K_r accepted;
@@ -170,7 +170,7 @@ def replay_round(
 
 
 @torch.inference_mode()
-def top2_margin(runner: CachedModel, prompt_ids: Sequence[int], reference_prefix: Sequence[int]) -> float:
+def top2_margin(runner: LoneSequence, prompt_ids: Sequence[int], reference_prefix: Sequence[int]) -> float:
     """Top-1 minus top-2 logit of the target alone after prompt + ``reference_prefix`` (cache reset first)."""
     runner.reset()
     logits = runner.forward(list(prompt_ids) + list(reference_prefix), last_only=True).float()  # [V]
@@ -180,7 +180,7 @@ def top2_margin(runner: CachedModel, prompt_ids: Sequence[int], reference_prefix
 
 
 def divergence(
-    runner: CachedModel,
+    runner: LoneSequence,
     prompt_ids: Sequence[int],
     reference: Sequence[int],
     output: Sequence[int],
@@ -228,7 +228,7 @@ def _replay_fields(replay: ReplayResult | None) -> dict[str, int]:
 
 
 @torch.inference_mode()
-def flip_width(runner: CachedModel, context: Sequence[int], token: int, max_width: int) -> int | None:
+def flip_width(runner: LoneSequence, context: Sequence[int], token: int, max_width: int) -> int | None:
     """The smallest k in 2..``max_width`` for which the target alone, scoring the next position with the
     last k context tokens in one forward (as a verify round does), picks ``token``; None if none does."""
     for width in range(2, min(max_width, len(context) - 1) + 1):

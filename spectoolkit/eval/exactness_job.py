@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from spectoolkit.config import RunConfig, SamplingConfig
-from spectoolkit.engine.tree_round import tree_depth
+from spectoolkit.drafting.tree import tree_depth
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.exactness_section import greedy_exactness
 from spectoolkit.eval.quality_section import quant_quality

@@ -36,7 +36,7 @@ import torch
 from spectoolkit.config import SamplingConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.sampling import RandomChooser, processed_probs
 from spectoolkit.verify.rules import accept_mask as _accept_mask  # module-level names: the seams tests patch
 from spectoolkit.verify.rules import pad_vocab
@@ -126,7 +126,7 @@ def _control_sampling(sampling: SamplingConfig) -> SamplingConfig:
 
 
 def _target_positions(
-    runner: CachedModel, prompt: list[int], sampling: SamplingConfig, count: int, generator, split_last: bool = False
+    runner: LoneSequence, prompt: list[int], sampling: SamplingConfig, count: int, generator, split_last: bool = False
 ):
     """Yield (tokens so far, target logits [V]) at ``count`` positions of a target-alone continuation.
 
@@ -215,7 +215,7 @@ def analytic_exactness(
     """
     if sampling.greedy:
         raise SpecToolkitError("analytic exactness needs sampling.temperature > 0 (greedy is checked token for token)")
-    runner = CachedModel(target)
+    runner = lone_sequence(target)
     vocab = _vocab_size(target)
     recorder = _RecordingChooser(sampling)
     if draft is not None:

@@ -1,7 +1,7 @@
 """Empirical exactness of stochastic speculative decoding: same tokens, same distribution (DESIGN §1).
 
-One prompt is continued ``samples`` times by the target alone (:class:`BaselineEngine`) and by the
-real speculative sampler (:class:`SpeculativeEngine`), each run with its own seed. At every output
+One prompt is continued ``samples`` times by the target alone and by the real speculative sampler
+(batch-1 arms of the one engine), each run with its own seed. At every output
 position the two samples of tokens are compared with a two-sample Pearson chi-square test of
 homogeneity; tokens too rare for the chi-square approximation (expected count < 5 in an arm) are
 pooled into one "other" category. With ``length`` positions each p-value is compared with
@@ -14,14 +14,10 @@ drafter that proposes one token but reports another distribution (:func:`negativ
 drafter proposing the argmax while reporting the softmax; an n-gram drafter reporting a uniform q
 for its deterministic proposal). It must be rejected.
 
-With ``tree=`` (``speculate.tree`` enabled) the speculative arm drafts token trees
-(:mod:`spectoolkit.engine.tree_round`); its negative control is then
+With ``tree=`` (``speculate.tree`` enabled) the speculative arm drafts token trees; its negative
+control is then
 :func:`~spectoolkit.eval.tree_empirical.tree_negative_control` (siblings taken by rank, reported as
 i.i.d. draws), since the chain controls above lie only in ``propose``.
-
-Every generation starts from the same prompt, so its KV (target and draft model) is computed once and
-kept (:class:`PromptKept`): a new generation truncates back to the prompt instead of prefilling it
-again. Truncation is exact for every KV format (DESIGN §2), so the samples are those of fresh runs.
 """
 
 from __future__ import annotations
@@ -34,54 +30,14 @@ import torch
 from scipy import stats
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter, Proposal
-from spectoolkit.engine import BaselineEngine, Engine, SpeculativeEngine
-from spectoolkit.kernels.verifier import make_verifier
-from spectoolkit.models.cached import CachedModel
-from spectoolkit.policy.base import DraftLengthPolicy
+from spectoolkit.drafting import Drafter, Proposal
 from spectoolkit.sampling import processed_probs
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
+from spectoolkit.serving.one import Engine
 
 MIN_EXPECTED = 5.0  # the usual validity condition of the chi-square approximation
 ENDED = -1  # the output stopped (EOS) before this position
 _ARM_SEED_STRIDE = 1_000_003  # arms draw from disjoint seed ranges: independent samples
-
-
-class PromptKept:
-    """A :class:`CachedModel` that keeps the prompt's KV across generations (prefix caching).
-
-    ``reset`` truncates to the prompt (or to what of it is computed); a forward of exactly the prompt
-    on top of its kept KV returns the logits stored when it was first computed. Anything else is the
-    wrapped runner's own behaviour.
-    """
-
-    def __init__(self, runner: CachedModel, prompt_ids: list[int]) -> None:
-        self.runner = runner
-        self.prompt = list(prompt_ids)
-        self.prompt_logits: torch.Tensor | None = None
-        runner.reset()
-
-    def __getattr__(self, name: str):  # device, model, kv_precision, truncate, num_computed, …
-        return getattr(self.runner, name)
-
-    def reset(self) -> None:
-        self.runner.truncate(min(self.runner.num_computed, len(self.prompt)))
-
-    def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
-        kept = self.runner.num_computed == len(self.prompt)
-        if kept and last_only and self.prompt_logits is not None and list(token_ids) == self.prompt:
-            return self.prompt_logits
-        logits = self.runner.forward(token_ids, last_only)
-        if last_only and self.runner.num_computed == len(self.prompt) and list(token_ids) == self.prompt:
-            self.prompt_logits = logits
-        return logits
-
-
-def _keep_prompt(drafter: Drafter, prompt_ids: list[int]) -> Drafter:
-    """``drafter`` with its draft model's prompt KV kept across generations (n-gram: unchanged)."""
-    if isinstance(drafter, ModelDrafter):
-        drafter.runner = PromptKept(drafter.runner, prompt_ids)
-    return drafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,32 +103,6 @@ class ArgmaxReportingSoftmax:
         return int(torch.argmax(logits.float())), processed_probs(logits, self.sampling)
 
 
-class UniformReportingNgram(NgramDrafter):
-    """BUG on purpose (negative control): a deterministic n-gram proposal reported with a uniform q."""
-
-    def propose(self, tokens: list[int], budget: int, generator: torch.Generator | None) -> Proposal:
-        proposal = super().propose(tokens, budget, generator)
-        uniform = torch.full((len(proposal), self.target_vocab_size), 1.0 / self.target_vocab_size)  # [k, V]
-        return Proposal(proposal.draft_ids, uniform)
-
-
-def _argmax_control(drafter: ModelDrafter, sampling: SamplingConfig) -> ModelDrafter:
-    runner = drafter.runner
-    return ModelDrafter(
-        runner.model,
-        ArgmaxReportingSoftmax(sampling),
-        drafter.target_vocab_size,
-        drafter.shared_vocab_size,
-        drafter.eos_ids,
-        name=f"{drafter.name}-argmax-control",
-        kv_precision=runner.kv_precision,
-    )
-
-
-def _uniform_control(drafter: NgramDrafter, sampling: SamplingConfig) -> NgramDrafter:
-    return UniformReportingNgram(drafter.max_n, drafter.min_n, drafter.target_vocab_size, one_hot_probs=True)
-
-
 class BatchUniformReportingNgram(BatchNgramDrafter):
     """BUG on purpose (negative control): batched n-gram proposals reported with a uniform q."""
 
@@ -194,8 +124,6 @@ def _batch_uniform_control(drafter: BatchNgramDrafter, sampling: SamplingConfig)
 
 # The negative control of each drafter kind: same proposals, a reported distribution they were not drawn from.
 NEGATIVE_CONTROLS: dict[type, Callable[[Drafter, SamplingConfig], Drafter]] = {
-    ModelDrafter: _argmax_control,
-    NgramDrafter: _uniform_control,
     BatchModelDrafter: _batch_argmax_control,
     BatchNgramDrafter: _batch_uniform_control,
 }
@@ -235,44 +163,6 @@ def _compare(baseline: list[Counter], other: list[Counter], threshold: float) ->
     return {"positions": positions, "min_p_value": min_p, "rejected": min_p < threshold}
 
 
-def empirical_exactness(
-    target_runner: CachedModel,
-    make_drafter: Callable[[bool], Drafter],
-    sampling: SamplingConfig,
-    gamma: int,
-    eos_ids: frozenset[int],
-    prompt_ids: list[int],
-    samples: int = 400,
-    length: int = 3,
-    seed: int = 0,
-    significance: float = 1e-3,
-    policy_for: Callable[[], DraftLengthPolicy] | None = None,
-    tree: TreeConfig | None = None,
-) -> dict:
-    """Chi-square tests of baseline vs speculative tokens at each of ``length`` output positions.
-
-    ``make_drafter(False)`` is the drafter under test, ``make_drafter(True)`` the negative control
-    (e.g. ``lambda control: negative_control(real, sampling) if control else real``). Each arm runs
-    ``samples`` generations of ``length`` tokens; ``passed`` means no position is rejected at
-    ``significance`` (Bonferroni over positions); ``power_shown`` that the control is rejected.
-    ``policy_for()`` makes each speculative arm's draft-length policy (default: always ``gamma``).
-    ``tree`` (enabled): both speculative arms draft token trees of depth <= ``gamma``.
-    """
-    if sampling.greedy:
-        raise ValueError("empirical exactness compares distributions: it needs sampling.temperature > 0")
-    verifier = make_verifier(sampling)
-    target_runner = PromptKept(target_runner, prompt_ids)
-
-    def engine_for(arm: str):
-        if arm == "baseline":
-            return BaselineEngine(target_runner, verifier, eos_ids)
-        policy = policy_for() if policy_for else None
-        drafter = _keep_prompt(make_drafter(arm == "control"), prompt_ids)
-        return SpeculativeEngine(target_runner, drafter, verifier, gamma, eos_ids, policy, tree)
-
-    return engine_exactness(engine_for, prompt_ids, samples, length, seed, significance, tree)
-
-
 def engine_exactness(
     engine_for: Callable[[str], Engine],
     prompt_ids: list[int],
@@ -282,9 +172,14 @@ def engine_exactness(
     significance: float = 1e-3,
     tree: TreeConfig | None = None,
 ) -> dict:
-    """:func:`empirical_exactness` over any engines: ``engine_for("baseline")`` the target alone,
-    ``engine_for("spec")`` the sampler under test and ``engine_for("control")`` its negative control
-    (batch-1 arms of the one engine: :class:`~spectoolkit.serving.one.OneRequestEngine`)."""
+    """Chi-square tests of baseline vs speculative tokens at each of ``length`` output positions.
+
+    ``engine_for("baseline")`` is the target alone, ``engine_for("spec")`` the sampler under test and
+    ``engine_for("control")`` its negative control (batch-1 arms of the one engine:
+    :class:`~spectoolkit.serving.one.OneRequestEngine`). Each arm runs ``samples`` generations of
+    ``length`` tokens; ``passed`` means no position is rejected at ``significance`` (Bonferroni over
+    positions); ``power_shown`` that the control is rejected. ``tree`` (enabled): the speculative arms
+    draft token trees."""
     threshold = significance / length
     baseline, _ = _position_counts(engine_for("baseline"), prompt_ids, samples, length, seed)
     arms = {}

@@ -12,7 +12,8 @@ exact; for an exact verifier out == p at every node.
 
 The rows are the real code's at real positions of a seeded target-alone continuation: the real tree
 drafter proposes, the target runs the real verify forward (``verify_rows`` + ``forward_masked`` on a
-``CachedModel`` holding the prefix, as ``tree_round`` does) and p is ``processed_probs`` of a row. The
+:class:`~spectoolkit.runtime.lone.LoneSequence` holding the prefix, as the engine's tree rows do) and p
+is ``processed_probs`` of a row. The
 reference is a plain causal forward of the target alone over prefix + the node's path. Every node is
 checked: the root, each expanded node and the leaves (out = p: the bonus token). ``accept_mask`` and
 ``residual_after`` are this module's names (the seams tests patch); ``accept_mask`` is probed just
@@ -41,8 +42,7 @@ import torch.nn.functional as F
 
 from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
-from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.engine.tree_round import tree_depth
+from spectoolkit.drafting.tree import TokenTree, tree_depth
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import (
     _accept_probability,
@@ -54,8 +54,8 @@ from spectoolkit.eval.stochastic_analytic import (
     total_variation,
 )
 from spectoolkit.eval.tree_empirical import rank_siblings
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tree_mask import verify_rows
+from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.sampling import RandomChooser, processed_probs
 from spectoolkit.verify.rules import accept_mask, pad_vocab  # module-level names: the seams tests patch
 from spectoolkit.verify.tree import children_of, residual_after
@@ -103,14 +103,14 @@ def with_earlier_siblings(visible: torch.Tensor, parents: list[int], start: int)
     return wrong
 
 
-def _decode_positions(runner: CachedModel, prompt: list[int], sampling: SamplingConfig, count: int, generator):
+def _decode_positions(runner: LoneSequence, prompt: list[int], sampling: SamplingConfig, count: int, generator):
     """The chain check's target-alone positions, with the prompt's last token fed as a decode step: the tree
     runner builds its prefix with the same calls (one prefill, then decode steps), so both hold bit-identical
     prefix KV."""
     return _target_positions(runner, prompt, sampling, count, generator, split_last=True)
 
 
-def _verify_logits(runner: CachedModel, tokens: list[int], tree: TokenTree, see_siblings: bool) -> torch.Tensor:
+def _verify_logits(runner: LoneSequence, tokens: list[int], tree: TokenTree, see_siblings: bool) -> torch.Tensor:
     """Logits [n+1, V] of the verify forward over [pending, nodes…], ``runner`` holding a prefix of tokens[:-1].
 
     The missing prefix is fed as :func:`_decode_positions` feeds it (one prefill, then decode steps).
@@ -130,7 +130,7 @@ def _verify_logits(runner: CachedModel, tokens: list[int], tree: TokenTree, see_
     return logits.float()
 
 
-def _chain_logits(runner: CachedModel, tokens: list[int], tree: TokenTree, root_logits: torch.Tensor) -> list:
+def _chain_logits(runner: LoneSequence, tokens: list[int], tree: TokenTree, root_logits: torch.Tensor) -> list:
     """Reference logits [V] after tokens + each node's path (root first): plain causal forwards of the target."""
     references = [root_logits]
     for node in range(len(tree)):
@@ -183,7 +183,7 @@ def tree_analytic_exactness(
 
     ``draft`` None means the n-gram trie (``ngram_max``/``ngram_min``); positions where it finds nothing
     count in ``positions_skipped``. Trees have at most ``tree_cfg.max_nodes`` nodes and the depth a round
-    with γ = ``gamma`` grows (:func:`~spectoolkit.engine.tree_round.tree_depth`). Returns max_tv, mean_tv
+    with γ = ``gamma`` grows (:func:`~spectoolkit.drafting.tree.tree_depth`). Returns max_tv, mean_tv
     (raw, over nodes), max_excess_tv (beyond the fp32 normalization gap), max_forward_tv, positions,
     nodes, expanded_nodes, controls {name: {max_tv, mean_tv}}, passed (max_excess_tv < threshold, no
     rule mismatch), threshold, ….
@@ -192,7 +192,7 @@ def tree_analytic_exactness(
         raise SpecToolkitError("analytic exactness needs sampling.temperature > 0 (greedy is checked token for token)")
     if not tree_cfg.enabled:
         raise SpecToolkitError("the tree analytic check needs speculate.tree.kind=static|dynamic")
-    reference_runner, tree_runner = CachedModel(target), CachedModel(target)
+    reference_runner, tree_runner = lone_sequence(target), lone_sequence(target)
     vocab = _vocab_size(target)
     if draft is not None:
         shared = draft_vocab_shared or min(vocab, _vocab_size(draft))

@@ -9,7 +9,7 @@ drafter so that every tree it proposes carries it. For an n-gram trie (children 
 one-hot q each) the same bug reads: its distinct continuations are reported as i.i.d. draws from their
 mean, the uniform distribution over them, and the tokens stay as they are.
 
-:func:`~spectoolkit.eval.stochastic_empirical.empirical_exactness` with ``tree=`` must reject the
+:func:`~spectoolkit.eval.stochastic_empirical.engine_exactness` with ``tree=`` must reject the
 control at the sample size it accepts the real sampler at; :mod:`spectoolkit.eval.tree_analytic`
 uses :func:`rank_siblings` as its ``rank_siblings`` control.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting import Drafter, ModelDrafter, NgramDrafter
+from spectoolkit.drafting import Drafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.eval.stochastic_empirical import control_from
 from spectoolkit.sampling import RandomChooser
@@ -50,45 +50,6 @@ def _top_tokens(reported: torch.Tensor, drawn: list[int], count: int) -> list[in
     """The ``count`` most probable tokens of ``reported`` [V]; ties go to the ``drawn`` tokens, in order."""
     candidates = list(dict.fromkeys(drawn + torch.topk(reported, count).indices.tolist()))
     return sorted(candidates, key=lambda token: -float(reported[token]))[:count]  # stable: drawn first
-
-
-class RankSiblingsModelDrafter(ModelDrafter):
-    """BUG on purpose (negative control): a draft model's trees with :func:`rank_siblings` applied."""
-
-    def propose_tree(
-        self, tokens: list[int], tree: TreeConfig, budget: int, max_depth: int, generator: torch.Generator | None
-    ) -> TokenTree:
-        return rank_siblings(super().propose_tree(tokens, tree, budget, max_depth, generator))
-
-    def commit_path(self, num_prefix: int, path: list[int]) -> None:
-        # The tree's cache slots hold the drawn tokens, not the ranked ones: keep the prefix, the next round
-        # feeds the path.
-        self.rollback(num_prefix)
-
-
-class RankSiblingsNgramDrafter(NgramDrafter):
-    """BUG on purpose (negative control): an n-gram trie whose continuations report their uniform mean."""
-
-    def propose_tree(self, tokens: list[int], tree, budget: int, max_depth: int, generator) -> TokenTree:
-        grown = super().propose_tree(tokens, tree, budget, max_depth, generator)
-        return rank_siblings(grown) if len(grown) else grown
-
-
-def _model_control(drafter: ModelDrafter, sampling: SamplingConfig) -> ModelDrafter:
-    runner = drafter.runner
-    return RankSiblingsModelDrafter(
-        runner.model,
-        RandomChooser(sampling),
-        drafter.target_vocab_size,
-        drafter.shared_vocab_size,
-        drafter.eos_ids,
-        name=f"{drafter.name}-rank-siblings-control",
-        kv_precision=runner.kv_precision,
-    )
-
-
-def _ngram_control(drafter: NgramDrafter, sampling: SamplingConfig) -> NgramDrafter:
-    return RankSiblingsNgramDrafter(drafter.max_n, drafter.min_n, drafter.target_vocab_size, one_hot_probs=True)
 
 
 class BatchRankSiblingsModelDrafter(BatchModelDrafter):
@@ -123,8 +84,6 @@ def _batch_ngram_control(drafter: BatchNgramDrafter, sampling: SamplingConfig) -
 
 # The tree negative control of each drafter kind: the same trees' candidates, reported as i.i.d. draws they are not.
 TREE_NEGATIVE_CONTROLS: dict[type, Callable[[Drafter, SamplingConfig], Drafter]] = {
-    ModelDrafter: _model_control,
-    NgramDrafter: _ngram_control,
     BatchModelDrafter: _batch_model_control,
     BatchNgramDrafter: _batch_ngram_control,
 }

@@ -39,10 +39,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from spectoolkit.models.attention import MAX_ROWWISE_ROWS
-from spectoolkit.models.cached import CachedModel, synchronize
-
-MAX_CHUNKED_ROWS = MAX_ROWWISE_ROWS  # verify windows up to γ = 32; longer calls are prefills
+# Calls with at most this many rows (verify windows up to γ = 32) run row-invariantly, in linears and (in
+# chosen mode) attention alike; longer calls are prefills, which every arm makes identically, so they keep
+# the fast path.
+MAX_CHUNKED_ROWS = 33
 TIE_MARGIN = 0.03  # a variant must beat the reference by more than this share to be chosen
 PROBE_ROWS = (2, 5, 9)  # multi-row calls whose rows must equal the same rows alone
 Timer = Callable[["Variant", int, Callable[[], object]], float]  # (variant, rows, call) -> seconds of one call
@@ -325,8 +325,8 @@ def choose_kernels(
 
     ``mode="reference"`` installs the reference everywhere; ``"auto"`` reads each shape's choice from
     ``cache`` (by default the machine's cache file) or measures it (:func:`choose_variant`; ``step(w)``
-    runs one model forward of width w, e.g. :func:`model_step`). Shapes are measured largest first,
-    the others on their current variant.
+    runs one model forward of width w, e.g. :func:`~spectoolkit.runtime.lone.model_step`). Shapes are measured
+    largest first, the others on their current variant.
     """
     layers = linear_layers(model)
     if not layers:
@@ -351,23 +351,3 @@ def choose_kernels(
             for layer in groups[key]:
                 install(layer, chosen[key])
     return {key: variant.name for key, variant in chosen.items()}
-
-
-def model_step(model: nn.Module, context_len: int = 64) -> Callable[[int], object]:
-    """``step(w)``: one forward of ``w`` tokens on top of a ``context_len``-token context of ``model``
-    (synthetic ids), rolled back after, as a decode step (w = 1) or a verify window does. The context
-    is prefilled at the first call, so a model whose choices are all cached pays nothing."""
-    runners: list[CachedModel] = []
-    vocab = model.get_input_embeddings().num_embeddings
-    context = [(7 + 13 * index) % vocab for index in range(context_len)]
-
-    @torch.inference_mode()
-    def step(width: int) -> object:
-        if not runners:
-            runners.append(CachedModel(model))
-            runners[0].forward(context, last_only=True)
-        runners[0].forward(context[:width])
-        runners[0].truncate(context_len)
-        synchronize(runners[0].device)  # a CUDA step is timed to its end, not to its launch
-
-    return step

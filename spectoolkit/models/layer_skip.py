@@ -4,7 +4,7 @@ Draft & Verify (Zhang et al., 2023), SWIFT (Xia et al., 2024) and LayerSkip (Elh
 draft with a subset of the target's layers. The draft here is a second model object that **shares every
 parameter** with the target (no weight copy) and runs the decoder layers in ``keep`` only; its attention
 modules are its own shallow copies renumbered 0..len(keep)-1, so it has its own KV cache
-(:class:`~spectoolkit.models.cached.CachedModel` or a paged pool) and the target's is never touched.
+(a paged pool) and the target's is never touched.
 Exactness does not depend on the draft: verification is the target's (DESIGN §1).
 """
 

@@ -13,14 +13,14 @@ eight weight rows) that only interleave independent sums, and one output element
 whole by one thread, so neither the row count, the grouping nor the thread split changes a bit. A
 one-row call streams the weights like MKL's gemv (measured equal on the embedded model's shapes);
 4 and 8 rows cost 1.2-1.8x one row here (compute-limited), against k reads of the weights for k
-one-row calls. ``row_attention`` does the same for causal attention over a static KV cache: each
-(query row, head) attends slots [0, its position] with fixed-order sums.
+one-row calls. ``paged_attention`` does the same for attention over the paged KV pool: each (query
+row, head) attends the slots its sequence lists for it, in position order, with fixed-order sums.
 
 Built once per machine with torch's C++ extension loader (gcc; ``-O3 -march=native -fopenmp``, cached
 under torch's extensions directory, named per CPU so a shared home never loads another CPU's build),
-exposed as the custom ops ``torch.ops.spectoolkit.row_linear`` / ``row_attention`` so a compiled
-graph calls them as extern kernels. fp32 activations; fp32 or bf16 weights and caches; fp32 output.
-:func:`reference_row_linear` and :func:`reference_row_attention` are the plain-torch references.
+exposed as the custom ops ``torch.ops.spectoolkit.row_linear`` / ``paged_attention`` so a compiled
+graph calls them as extern kernels. fp32 activations; fp32 or bf16 weights; KV as the pool stores it; fp32 output.
+:func:`reference_row_linear` is the plain-torch reference (the paged attention's is the eager runner's).
 """
 
 from __future__ import annotations
@@ -159,83 +159,12 @@ at::Tensor row_linear(const at::Tensor& x, const at::Tensor& w, const c10::optio
   return out;
 }
 
-// Causal attention one (query row, head) at a time over KV slots [0, pos[row]]: scores by the same
-// fixed-order dot, max-subtracted exp, and the weighted value sum accumulated slot by slot in order.
-// A row's result depends only on its query, its position and the cache, never on the other rows.
-template <typename KV>
-void attend(const float* q, const KV* k, const KV* v, const int64_t* pos, const bool* vis, float* out, int64_t W,
-            int64_t Hq, int64_t Hkv, int64_t cap, int64_t D, float scale) {
-  const int64_t rep = Hq / Hkv;
-  at::parallel_for(0, W * Hq, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores, acc(D);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t row = i / Hq, head = i % Hq, group = head / rep, len = pos[row] + 1;
-      const float* qi = q + (row * Hq + head) * D;
-      const KV* kg = k + group * cap * D;
-      const KV* vg = v + group * cap * D;
-      const bool* seen = vis ? vis + row * cap : nullptr;  // a tree row: only these slots (in slot order)
-      scores.resize(len);
-      float top = -INFINITY;
-      for (int64_t s = 0; s < len; ++s) {
-        if (seen && !seen[s]) continue;
-        block<1, 1>(qi, D, kg + s * D, D, &scores[s], 1);
-        scores[s] *= scale;
-        top = std::max(top, scores[s]);
-      }
-      float total = 0.f;
-      for (int64_t s = 0; s < len; ++s) {
-        if (seen && !seen[s]) continue;
-        scores[s] = std::exp(scores[s] - top);
-        total += scores[s];
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t s = 0; s < len; ++s) {
-        if (seen && !seen[s]) continue;
-        const KV* vs = vg + s * D;
-        for (int64_t d = 0; d < D; ++d) acc[d] += scores[s] * widen(vs[d]);
-      }
-      float* o = out + (row * Hq + head) * D;
-      for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / total;
-    }
-  });
-}
-
-at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos,
-                         double scale, const c10::optional<at::Tensor>& visible) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes(), "row_attention: q [W, Hq, D], k/v [Hkv, cap, D]");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type(), "row_attention: fp32 q, k/v alike");
-  TORCH_CHECK(k.is_contiguous() && v.is_contiguous(), "row_attention: contiguous caches");
-  auto qc = q.contiguous();
-  auto pc = pos.to(at::kLong).contiguous();
-  const int64_t W = qc.size(0), Hq = qc.size(1), D = qc.size(2), Hkv = k.size(0), cap = k.size(1);
-  TORCH_CHECK(pc.numel() == W && Hq % Hkv == 0 && k.size(2) == D, "row_attention: shapes");
-  TORCH_CHECK(W == 0 || (pc.max().item<int64_t>() < cap && pc.min().item<int64_t>() >= 0),
-              "row_attention: position outside the cache");
-  auto out = at::empty_like(qc);
-  const float sc = static_cast<float>(scale);
-  at::Tensor vc;
-  const bool* vis = nullptr;
-  if (visible.has_value()) {
-    vc = visible->to(at::kBool).contiguous();
-    TORCH_CHECK(vc.dim() == 2 && vc.size(0) == W && vc.size(1) == cap, "row_attention: visible [W, cap]");
-    vis = vc.data_ptr<bool>();
-  }
-  if (k.scalar_type() == at::kFloat) {
-    attend(qc.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), pc.data_ptr<int64_t>(), vis,
-           out.data_ptr<float>(), W, Hq, Hkv, cap, D, sc);
-  } else {
-    TORCH_CHECK(k.scalar_type() == at::kBFloat16, "row_attention: fp32 or bf16 caches");
-    attend(qc.data_ptr<float>(), k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>(), pc.data_ptr<int64_t>(),
-           vis, out.data_ptr<float>(), W, Hq, Hkv, cap, D, sc);
-  }
-  return out;
-}
-
 // Paged attention: the step's new keys/values go to their pool slots first (``write`` >= 0), then every
 // (row, head) attends the slots ``key_slots[starts[row] : starts[row + 1]]`` in that order (a sequence's
-// positions [0, row's own], a tree row's prefix and ancestors) by the same fixed-order arithmetic as
-// ``attend``. A stored row widens to fp32 (times its per-row scale for int8/fp8) before the dot, so a row's
-// result depends only on its query and the slots it lists, never on the other rows of the call.
+// positions [0, row's own], a tree row's prefix and ancestors): scores by the linear's fixed-order dot,
+// max-subtracted exp, the weighted value sum accumulated slot by slot in order. A stored row widens to
+// fp32 (times its per-row scale for int8/fp8) before the dot, so a row's result depends only on its query
+// and the slots it lists, never on the other rows of the call.
 inline float widen(c10::Half v) { return static_cast<float>(v); }
 inline float widen(int8_t v) { return static_cast<float>(v); }
 inline float widen(c10::Float8_e4m3fn v) { return static_cast<float>(v); }
@@ -348,14 +277,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
 
 TORCH_LIBRARY(spectoolkit, m) {
   m.def("row_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
-  m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor pos, float scale, Tensor? visible=None) -> Tensor");
   m.def("paged_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor k_scale_new, Tensor v_scale_new, "
         "Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
         "Tensor starts, float scale) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
   m.impl("row_linear", &row_linear);
-  m.impl("row_attention", &row_attention);
   m.impl("paged_attention", &paged_attention);
 }
 """
@@ -383,7 +310,6 @@ def load_row_linear() -> None:
             "install gcc or use runtime.compile=false"
         ) from None
     torch.library.register_fake("spectoolkit::row_linear")(_fake_row_linear)
-    torch.library.register_fake("spectoolkit::row_attention")(_fake_row_attention)
     torch.library.register_fake("spectoolkit::paged_attention")(_fake_paged_attention)
 
 
@@ -398,11 +324,6 @@ def _cpu_tag() -> str:
 def _fake_row_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Shape of the output for tracing: x [M, K], w [N, K] -> [M, N] fp32."""
     return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
-
-
-def _fake_row_attention(q, k, v, pos, scale, visible=None) -> torch.Tensor:
-    """q [W, Hq, D] -> [W, Hq, D] fp32, for tracing."""
-    return torch.empty_like(q)
 
 
 def _fake_paged_attention(q, *args) -> torch.Tensor:
@@ -425,40 +346,3 @@ def reference_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return out.to(x.dtype)
 
 
-def row_attention(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    slots: torch.Tensor,
-    scale: float,
-    visible: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """query [W, Hq, D] whose own KV is at ``slots`` [W], caches [Hkv, cap, D] -> [W, Hq, D] in query's dtype.
-
-    Row i attends slots [0, slots[i]] (causal; later slots are never read) — only those set in
-    ``visible`` [W, cap] bool when given (a token tree: prefix, ancestors, itself), in slot order, so a
-    tree row over prefix + ancestors sums exactly as a decode step over prefix + path does.
-    """
-    out = torch.ops.spectoolkit.row_attention(query.float(), keys, values, slots, scale, visible)
-    return out.to(query.dtype)
-
-
-def reference_row_attention(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    slots: torch.Tensor,
-    scale: float,
-    visible: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Plain-torch SDPA with the same mask (GQA heads repeated), in query's dtype."""
-    rep = query.shape[1] // keys.shape[0]
-    k = keys.float().repeat_interleave(rep, 0)  # [Hq, cap, D]
-    v = values.float().repeat_interleave(rep, 0)
-    mask = torch.arange(keys.shape[1]) <= slots[:, None]  # [W, cap]
-    if visible is not None:
-        mask = mask & visible
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.float().transpose(0, 1), k, v, attn_mask=mask[None], scale=scale
-    )  # [Hq, W, D]
-    return out.transpose(0, 1).to(query.dtype)

@@ -1,19 +1,12 @@
-"""A Llama-family HF model's forward as plain tensor code over static per-layer KV buffers.
+"""A Llama-family HF model's layers as plain tensor code: the body the compiled runner hands to ``torch.compile``.
 
-The body that :mod:`spectoolkit.models.compiled` hands to ``torch.compile``: no transformers
-``Cache``, no mask construction, no Python per-layer objects between kernels — gpt-fast's shape of
-a decode step, on the loaded model's own modules (weights, rotary embedding, norms are shared, not
-copied). Two ways through it:
-
-- :meth:`StaticDecoder.rows` (decode steps and verify windows): every linear and the attention are
-  the row-invariant kernels of :mod:`spectoolkit.models.row_linear`, so a row of a k-token call is
-  bit-identical to the one-token step at that position; linears the kernel does not take (RTN
-  modules with their own kernels) run their module.
-- :meth:`StaticDecoder.prefill` (prompts): BLAS linears and SDPA, fast for many rows; both arms of a
-  comparison prefill through it alike.
-
-Row ``i`` sits at ``positions[i]``; its key/value go to slot ``positions[i]`` and it attends slots
-``[0, positions[i]]``, so padding rows placed after the real ones change nothing the real rows see.
+No transformers ``Cache``, no mask construction, no Python per-layer objects between kernels — gpt-fast's
+shape of a step, on the loaded model's own modules (weights, rotary embedding, norms are shared, not
+copied). :meth:`StaticDecoder.qkv` and :meth:`StaticDecoder.mlp` run every linear through the
+row-invariant kernel of :mod:`spectoolkit.models.row_linear` (:func:`linear_rows`), so a row of a
+k-row call is bit-identical to the one-row step at that position; linears the kernel does not take
+(RTN modules with their own kernels) run their module. The step itself (KV writes and attention over
+the paged pool) is :class:`~spectoolkit.runtime.compiled.CompiledRunner`'s.
 """
 
 from __future__ import annotations
@@ -22,8 +15,7 @@ import torch
 from torch import nn
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.attention import packed_gqa_attention
-from spectoolkit.models.row_linear import WEIGHT_DTYPES, row_attention, row_linear
+from spectoolkit.models.row_linear import WEIGHT_DTYPES, row_linear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -59,72 +51,6 @@ class StaticDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.scale = self.layers[0].self_attn.scaling
         self.dtype = self.embed.weight.dtype
-
-    def rows(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        visible: torch.Tensor,
-        keys: list,
-        values: list,
-    ) -> torch.Tensor:
-        """ids/positions/slots [W], visible [W, cap] bool -> logits [W, V] (the row-invariant path).
-
-        Row i is at rotary position ``positions[i]``, writes its KV to slot ``slots[i]`` and attends the
-        slots up to its own that ``visible[i]`` sets (a chain: all of them; a tree: prefix and ancestors).
-        """  # fmt: skip
-        hidden = self.embed(ids)  # [W, E]
-        cos, sin = self.rotary(hidden[None], positions[None])  # [1, W, D] each
-        for layer, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
-            attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q, k, v = self.qkv(attn, x, cos, sin)  # [W, Hq|Hkv, D]
-            layer_keys[:, slots] = k.transpose(0, 1).to(layer_keys.dtype)  # slots [Hkv, W, D]
-            layer_values[:, slots] = v.transpose(0, 1).to(layer_values.dtype)
-            out = row_attention(q, layer_keys, layer_values, slots, self.scale, visible)  # [W, Hq, D]
-            hidden = hidden + linear_rows(attn.o_proj, out.reshape(out.shape[0], -1))
-            hidden = hidden + self.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
-        return linear_rows(self.head, self.norm(hidden))  # [W, V]
-
-    def prefill(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        keys: list,
-        values: list,
-        last_only: bool,
-        start: int,
-        visible: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """ids [n] written to slots [start, start+n) at rotary ``positions`` [n] -> logits [n, V] ([1, V] when
-        ``last_only``); BLAS + SDPA (:func:`~spectoolkit.models.attention.packed_gqa_attention`), causal or
-        through ``visible`` [n, start+n] bool (a wide token tree)."""  # fmt: skip
-        n = ids.shape[0]
-        end = start + n
-        mask = None if visible is None else visible[None, None]  # [1, 1, n, end]
-        hidden = self.embed(ids)  # [n, E]
-        cos, sin = self.rotary(hidden[None], positions[None])
-        for layer, layer_keys, layer_values in zip(self.layers, keys, values, strict=True):
-            attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q, k, v = self.qkv(attn, x, cos, sin, plain=True)
-            layer_keys[:, start:end] = k.transpose(0, 1).to(layer_keys.dtype)
-            layer_values[:, start:end] = v.transpose(0, 1).to(layer_values.dtype)
-            # The eager path's own GQA attention (causal over slots [0, end), no repeat_kv copy).
-            out, _ = packed_gqa_attention(
-                attn,
-                q.transpose(0, 1)[None],
-                layer_keys[None, :, :end],
-                layer_values[None, :, :end],
-                mask,
-                scaling=self.scale,
-            )  # [1, n, Hq, D]
-            hidden = hidden + attn.o_proj(out[0].reshape(n, -1))
-            hidden = hidden + self.mlp(layer.mlp, layer.post_attention_layernorm(hidden), plain=True)
-        if last_only:
-            hidden = hidden[-1:]
-        return self.head(self.norm(hidden))
 
     def qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plain: bool = False):
         """x [W, E] -> rotated q [W, Hq, D], k [W, Hkv, D] and v [W, Hkv, D]."""

@@ -32,8 +32,8 @@ and both are fixed at load time:
    vectorized decomposition: it reuses bitsandbytes' own kernels, hence is exact by construction.
 2. Rounding activations to int8 (or to bf16 inside the nf4 kernel) turns the ~1e-7 differences
    between the fp32 attention kernels for 1 and k queries into whole quantization steps (nf4:
-   |Δlogit| up to 0.8). Both kinds use :func:`spectoolkit.models.attention.rowwise_gqa_attention`,
-   which computes each query row with the decode step's own kernel call.
+   |Δlogit| up to 0.8). The runners' attention computes each verify row as the decode step's own call
+   (:mod:`spectoolkit.runtime.attention`, ``chosen`` and ``invariant`` row modes).
 
 With attention row-wise and threshold 0, 5-token windows already matched 1-token steps to 4e-5 at
 all 240 positions (3 chat prompts × 80 greedy tokens). At threshold 0 the int8 linears are left
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from spectoolkit.errors import SpecToolkitError, first_line
-from spectoolkit.models.attention import MAX_ROWWISE_ROWS, use_rowwise_attention
+from spectoolkit.models.kernel_choice import MAX_CHUNKED_ROWS
 from spectoolkit.models.paths import resolve_path
 
 BNB_KINDS = ("int8", "nf4")
@@ -127,7 +127,6 @@ def load_bnb(path: str | None, config: BnbConfig, device: torch.device) -> torch
     except (OSError, ValueError) as exc:
         raise SpecToolkitError(f"cannot load model '{location}' for {config.kind}: {first_line(exc)}") from None
     model.eval()
-    use_rowwise_attention(model)  # batch-invariant: a verify row sees the decode step's attention call
     if config.kind == "int8" and config.llm_int8_threshold > 0:
         use_rowwise_int8(model)
     return model
@@ -161,7 +160,7 @@ def rowwise_linear8bit_class() -> type:
         def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
             rows = x.reshape(-1, x.shape[-1])  # [n, in]
             row_forward = super().forward  # bound here: a comprehension is its own scope for super()
-            if rows.shape[0] == 1 or rows.shape[0] > MAX_ROWWISE_ROWS:  # decode step, or a prefill
+            if rows.shape[0] == 1 or rows.shape[0] > MAX_CHUNKED_ROWS:  # decode step, or a prefill
                 return row_forward(x)
             out = torch.cat([row_forward(row) for row in rows.split(1)])  # [n, out]
             return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -41,7 +41,6 @@ import torch
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.attention import use_packed_attention
 from spectoolkit.models.paths import resolve_device, resolve_path
 from spectoolkit.workloads.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, iter_humaneval_tasks, package_data_file
 from spectoolkit.workloads.prompts import load_workload
@@ -142,7 +141,7 @@ def load_quantized(path: str | None, precision: str, device, group_size: int) ->
     A GPTQ checkpoint is loaded as is (its own ``group_size`` applies); a float checkpoint is
     quantized first with ``GptqConfig(bits, group_size)`` (:func:`quantized_checkpoint`, cached).
     The result's ``forward(input_ids=..., cache=..., use_cache=True, logits_to_keep=...)`` is the
-    usual transformers one, so :class:`spectoolkit.models.cached.CachedModel` drives it directly.
+    usual transformers one (the reference); the runners drive its modules (Llama-family decoders).
     """
     if precision not in PRECISION_BITS:
         raise SpecToolkitError(f"precision '{precision}' is not a GPTQ precision ({', '.join(PRECISION_BITS)})")
@@ -152,9 +151,7 @@ def load_quantized(path: str | None, precision: str, device, group_size: int) ->
     backend = _cpu_backend(checkpoint) if device.type == "cpu" else "auto"
     with gptqmodel_quietly() as gptqmodel:
         wrapper = gptqmodel.GPTQModel.load(str(checkpoint), device=str(device), backend=backend, dtype=dtype)
-    model = wrapper.model.eval()  # the transformers model; the wrapper holds nothing it needs at run time
-    use_packed_attention(model)
-    return model
+    return wrapper.model.eval()  # the transformers model; the wrapper holds nothing it needs at run time
 
 
 def activation_dtype(device: torch.device) -> torch.dtype:

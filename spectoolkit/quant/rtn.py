@@ -269,9 +269,8 @@ def load_quantized(
     quantized layers compute in bf16 on the CPU (module docstring). ``quantize_lm_head`` also
     quantizes the output projection (see :func:`quantize_model_rtn` for why it is off by default).
     """
-    # Here, not at the top: the model modules import transformers (through the KV cache), which
+    # Here, not at the top: the model modules import transformers, which
     # ``import spectoolkit.quant.rtn`` (the kernels' tests, the CPU linears) does not need.
-    from spectoolkit.models.attention import use_packed_attention
     from spectoolkit.models.float_model import load_float_model
     from spectoolkit.models.paths import resolve_device, resolve_path
 
@@ -280,6 +279,5 @@ def load_quantized(
     cfg = RtnConfig(PRECISION_BITS[precision], group_size)
     device = resolve_device(device) if isinstance(device, str) else device
     model = load_float_model(resolve_path(path), BASE_PRECISION, device)
-    use_packed_attention(model)  # as load_model does for a float checkpoint
     quantize_model_rtn(model, cfg, skip=() if quantize_lm_head else ("lm_head",))
     return model

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spectoolkit.models.attention import MAX_ROWWISE_ROWS
+from spectoolkit.models.kernel_choice import MAX_CHUNKED_ROWS as MAX_ROWWISE_ROWS
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 

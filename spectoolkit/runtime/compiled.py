@@ -102,23 +102,25 @@ class CompiledRunner:
         states = torch.cat(hidden)[batch.logit_rows]  # [R, E]
         return linear_rows(self.decoder.head, states)  # [R, V]
 
+    @torch.inference_mode()  # as forward runs: grad mode and tensor dispatch keys are part of a graph's guards
     def warm(self, widths: tuple[int, ...] | None = None) -> None:
         """Compile the graph of every width now (outside measured time), narrowed to ``widths`` when given (a
         call pads up to the smallest of them that holds it); writes nothing to the pool."""
         self.widths = tuple(sorted(set(widths))) if widths else self.widths
         for width in self.widths:
-            ids = torch.zeros(width, dtype=torch.long, device=self.device)
+            zeros = [torch.zeros(width, dtype=torch.long, device=self.device) for _ in range(3)]  # ids, positions, keys
             write = torch.full((width,), -1, dtype=torch.long, device=self.device)
             starts = torch.arange(width + 1, dtype=torch.long, device=self.device)
-            self._timed(width, ids, ids, write, torch.zeros(width, dtype=torch.long, device=self.device), starts)
+            self._timed(width, zeros[0], zeros[1], write, zeros[2], starts)
 
     def _call(self, batch: StepBatch, keys: list[torch.Tensor], first: int, last: int) -> torch.Tensor:
         """Rows [first, last) of ``batch`` padded to a width: their final hidden states [last-first, E]."""
         count = last - first
         width = next(w for w in self.widths if w >= count)
         pad = width - count
-        ids, positions = batch.token_ids[first:last], batch.positions[first:last]
-        write = batch.slots[first:last]
+        # Copies made here, under inference mode: a graph's guards include its inputs' dispatch keys.
+        ids, positions = batch.token_ids[first:last].clone(), batch.positions[first:last].clone()
+        write = batch.slots[first:last].clone()
         if pad:
             zeros = torch.zeros(pad, dtype=torch.long, device=self.device)
             ids, positions = torch.cat([ids, zeros]), torch.cat([positions, zeros])

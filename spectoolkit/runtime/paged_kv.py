@@ -116,6 +116,17 @@ class PagedKVPool:
         }
 
 
+def make_pool(model: torch.nn.Module, precision: str, num_slots: int) -> PagedKVPool:
+    """A paged pool shaped for ``model``'s attention layers, storing KV at ``precision``."""
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    parameter = next(model.parameters())
+    dtype = model.get_input_embeddings().weight.dtype
+    compute = dtype if dtype.is_floating_point else torch.float32
+    return PagedKVPool(config.num_hidden_layers, config.num_key_value_heads, head_dim, num_slots, precision,
+                       compute, parameter.device)  # fmt: skip
+
+
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` as raw bytes where torch's CPU index kernels lack its dtype (float8), else itself."""
     return tensor.view(torch.uint8) if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else tensor

@@ -37,3 +37,9 @@ def make_runner(model: torch.nn.Module, pool: PagedKVPool, compiled: bool = Fals
 def run_segments(runner: Runner, segments: list[Segment], mode: str) -> torch.Tensor:
     """``runner.forward`` of ``segments`` in row ``mode``: logits [R, V] of every segment's ``logit_rows``, in order."""
     return runner.forward(build_step(segments, mode, runner.device))
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels so wall-clock timings are honest on CUDA (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

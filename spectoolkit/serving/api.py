@@ -87,3 +87,34 @@ class ServingEngine(Protocol):
 
     def reset(self) -> None:
         """Drop every request and free all KV (between load levels)."""
+
+
+@dataclass
+class GenerationOutput:
+    """Counters follow DESIGN §3; times are wall-clock seconds measured inside the loop."""
+
+    output_ids: list[int] = field(default_factory=list)
+    ttft: float = 0.0  # request start -> first output token available
+    total_time: float = 0.0
+    draft_time: float = 0.0  # proposer work (draft forwards, n-gram lookup, draft KV rollback)
+    verify_time: float = 0.0  # target forwards after the prefill (baseline: decode steps incl. selection)
+    overhead_time: float = 0.0  # the rest: acceptance test, KV commit, loop (total - prefill - draft - verify)
+    prefill_time: float = 0.0
+    verify_rounds: int = 0  # target forwards after the prefill (baseline: decode steps)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    rollback_count: int = 0  # rounds with >= 1 rejected draft token
+    proposed_rounds: int = 0  # rounds in which the drafter proposed >= 1 token
+    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts per round
+    draft_lengths: list[int] = field(default_factory=list)  # proposed drafts per round
+    chosen_lengths: list[int] = field(default_factory=list)  # k the draft-length policy asked for, per round
+    tree_depths: list[int] = field(default_factory=list)  # token trees: each round's tree depth (nodes: draft_lengths)
+
+
+def cut(new_ids: list[int], room: int, eos_ids: frozenset[int]) -> list[int]:
+    """The part of a round's tokens that is emitted: at most ``room`` tokens, up to the first EOS."""
+    kept = new_ids[:room]
+    for index, token in enumerate(kept):
+        if token in eos_ids:
+            return kept[: index + 1]
+    return kept

@@ -23,13 +23,11 @@ import torch
 from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting.base import Proposal
 from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.engine.output import cut
-from spectoolkit.models.cached import synchronize
 from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
-from spectoolkit.runtime.runner import Runner, run_segments
+from spectoolkit.runtime.runner import Runner, run_segments, synchronize
 from spectoolkit.runtime.step import Segment, tree_layout
-from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
+from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats, cut
 from spectoolkit.serving.counters import EngineCounters
 from spectoolkit.serving.scheduler import Plan, Scheduler, SchedulerLimits, Work
 from spectoolkit.serving.sequence import Sequence, new_sequence

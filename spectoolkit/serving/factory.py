@@ -8,16 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from spectoolkit.config import RunConfig, ServeConfig
-from spectoolkit.engine.tree_round import tree_depth
+from spectoolkit.drafting.tree import tree_depth
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.layer_skip import draft_model_name
 from spectoolkit.policy import FixedPolicy, make_policy
 from spectoolkit.runtime.blocks import BlockAllocator
-from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import make_chooser
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
@@ -45,17 +43,6 @@ def kv_slots(serve: ServeConfig, max_positions: int) -> int:
         return serve.max_kv_tokens
     sequences = min(serve.max_num_seqs, max((*serve.concurrency, 16)))
     return sequences * min(max_positions, DEFAULT_SEQ_SLOTS)
-
-
-def make_pool(model: torch.nn.Module, precision: str, num_slots: int) -> PagedKVPool:
-    """A paged pool shaped for ``model``'s attention layers, storing KV at ``precision``."""
-    config = model.config.get_text_config()
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    parameter = next(model.parameters())
-    dtype = model.get_input_embeddings().weight.dtype
-    compute = dtype if dtype.is_floating_point else torch.float32
-    return PagedKVPool(config.num_hidden_layers, config.num_key_value_heads, head_dim, num_slots, precision,
-                       compute, parameter.device)  # fmt: skip
 
 
 def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:

@@ -1,10 +1,10 @@
 """Batch 1 as the special case of continuous batching: one request in flight on the one engine.
 
 The protocol's arms, the exactness and quality jobs decode a request at a time (the
-:class:`~spectoolkit.engine.base.Engine` interface, ``generate``); here that is a
+:class:`Engine` interface, ``generate``); here that is a
 :class:`~spectoolkit.serving.engine.ContinuousEngine` stepped until its only request finishes, so the
 batch-1 arm and a served request run the very same scheduler, drafter, runner forward, verifier and
-KV commit. Its :class:`~spectoolkit.engine.output.GenerationOutput` comes from the engine's step
+KV commit. Its :class:`~spectoolkit.serving.api.GenerationOutput` comes from the engine's step
 statistics: the steps up to the first token are the prefill, and of every later step the drafting
 is draft time, the target forward verify time, and the rest (acceptance test, KV commit, loop) overhead.
 
@@ -15,14 +15,34 @@ what calibration times and what a divergence replays is the forward the arm runs
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
-from spectoolkit.engine.output import GenerationOutput
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.runtime.lone import LoneSequence
-from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
+from spectoolkit.serving.api import FinishedRequest, GenerationOutput, ServeRequest, StepStats
 from spectoolkit.serving.engine import ContinuousEngine
+
+
+class Engine(Protocol):
+    """Decodes one request at a time with a target (and, speculatively, a drafter)."""
+
+    name: str
+    target: LoneSequence  # the target runner: its forward is what calibration times and divergences replay
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        generator: torch.Generator | None,
+        on_token: Callable[[int], None] | None = None,
+    ) -> GenerationOutput:
+        """Decode up to ``max_new_tokens`` tokens after ``prompt_ids``; ``on_token(id)`` streams them."""
+
+    def kv_bytes(self) -> dict[str, int]:
+        """Allocated KV-cache bytes: ``{"target_kv_bytes": …, "draft_kv_bytes": …}``."""
 
 
 class OneRequestEngine:

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import torch
 
 from spectoolkit.errors import SpecToolkitError, first_line
-from spectoolkit.models.attention import use_packed_attention, use_rowwise_attention
 from spectoolkit.models.float_model import DTYPES, load_float_model
-from spectoolkit.models.kernel_choice import choose_kernels, model_step
+from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.paths import resolve_path
 from spectoolkit.quant import QUANT_PRECISIONS
 from spectoolkit.quant.bnb_scales import scale_bytes
 from spectoolkit.quant.registry import HEAD_QUANTIZING, load_quantized
+from spectoolkit.runtime.lone import model_step
 
 
 @dataclass
@@ -77,10 +77,10 @@ def load_model(
 
     Float precisions (fp32/bf16/fp16) load directly; quantized ones (int8, nf4, int4, rtn-int8,
     rtn-int4) go through their backend in :mod:`spectoolkit.quant` (``group_size`` for the
-    group-wise ones). With ``kernels`` (``auto`` | ``reference``) the model decodes row-invariantly:
-    attention row by row (:func:`~spectoolkit.models.attention.rowwise_gqa_attention`) and every
-    linear through the variant :mod:`spectoolkit.models.kernel_choice` picks for its shape, timed at
-    ``widths`` (a decode step and the run's verify width); ``None`` leaves the model as loaded.
+    group-wise ones). With ``kernels`` (``auto`` | ``reference``) every linear runs, on the eager runner,
+    through the variant :mod:`spectoolkit.models.kernel_choice` picks for its shape, timed at ``widths``
+    (a decode step and the run's verify width); ``None`` leaves the model as loaded (the compiled runner
+    brings its own kernels). The model's own forward stays stock: the reference.
     ``quantize_head``: quantize the output projection too (``rtn-int8``/``rtn-int4`` only).
     """
     if quantize_head and precision not in HEAD_QUANTIZING:
@@ -96,9 +96,6 @@ def load_model(
     else:
         model = load_float_model(location, precision, device)
     chosen: dict[str, str] = {}
-    if kernels is None:
-        use_packed_attention(model)
-    else:
-        use_rowwise_attention(model)
+    if kernels is not None:
         chosen = choose_kernels(model, kernels, widths, step=model_step(model))
     return LoadedModel(model, location, precision, model.get_output_embeddings().out_features, chosen)

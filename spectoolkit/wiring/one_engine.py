@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 import torch
 
 from spectoolkit.config import RunConfig, TreeConfig
-from spectoolkit.engine.tree_round import tree_depth
+from spectoolkit.drafting.tree import tree_depth
 from spectoolkit.policy import DraftLengthPolicy, FixedPolicy, make_policy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.compiled import bucket
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner, make_runner
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.factory import batched_drafter, make_pool, sibling_drafter
+from spectoolkit.serving.factory import batched_drafter, sibling_drafter
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify.base import Verifier

@@ -14,13 +14,13 @@ import torch
 
 from spectoolkit.compat import check_pair
 from spectoolkit.config import RunConfig, TreeConfig
-from spectoolkit.engine import Engine
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.layer_skip import kept_layers, layer_skip_model
 from spectoolkit.policy import DraftLengthPolicy, make_policy
 from spectoolkit.precisions import QUANT_PRECISIONS
+from spectoolkit.serving.one import Engine
 from spectoolkit.wiring.loading import LoadedModel, load_model, load_tokenizer
 from spectoolkit.wiring.one_engine import OneEngines
 

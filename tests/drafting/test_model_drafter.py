@@ -9,8 +9,8 @@ import torch
 
 from spectoolkit.config import SamplingConfig
 from spectoolkit.drafting import ModelDrafter
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.sampling import GreedyChooser, make_chooser
 
 VOCAB = 128
@@ -27,8 +27,9 @@ def draft_model() -> torch.nn.Module:
 
 
 def _drafter(model: torch.nn.Module, chooser=None, shared: int = VOCAB) -> tuple[ModelDrafter, list[list[int]]]:
-    """A greedy drafter whose runner records every list of token ids it is fed."""
+    """A greedy drafter whose runner (a lone sequence) records every list of token ids it is fed."""
     drafter = ModelDrafter(model, chooser or GreedyChooser(), VOCAB, shared, EOS_IDS)
+    assert isinstance(drafter.runner, LoneSequence)
     feeds: list[list[int]] = []
     original = drafter.runner.forward
 
@@ -166,5 +167,5 @@ def test_ids_past_the_shared_vocab_are_never_proposed(draft_model):
         if proposal.draft_probs is not None:
             assert proposal.draft_probs.shape == (len(proposal), VOCAB)
             assert (proposal.draft_probs[:, shared:] == 0).all()
-    raw = CachedModel(boosted).forward(PROMPT + [PENDING], last_only=True)  # [V]
+    raw = lone_sequence(boosted).forward(PROMPT + [PENDING], last_only=True)  # [V]
     assert int(torch.argmax(raw)) >= shared  # guard: the mask is what keeps them out

@@ -1,9 +1,10 @@
 """Token trees: TokenTree geometry, the n-gram continuation trie, and trees grown with a draft model.
 
-Model trees are checked against direct forwards: the draft (a tiny Llama switched to row-invariant
-kernels, as ``load_model`` does) run fresh over prefix + a node's path gives exactly the logits the
-tree forward gave that node, so each node's children (greedy: the top-k tokens; sampling: draws
-from the processed distribution) can be recomputed and compared bit for bit.
+Model trees are checked against direct forwards: the draft (a tiny Llama on the reference linears, as
+``load_model`` sets up, run by a lone sequence, whose rows are computed as decode steps) run fresh over
+prefix + a node's path gives exactly the logits the tree forward gave that node, so each node's children
+(greedy: the top-k tokens; sampling: draws from the processed distribution) can be recomputed and compared
+bit for bit.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.drafting.ngram import continuation_trie
 from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.models.attention import use_rowwise_attention
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.sampling import GreedyChooser, RandomChooser, processed_probs
 
 VOCAB = 128
@@ -32,8 +32,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _switched(model: torch.nn.Module) -> torch.nn.Module:
-    """Row-invariant attention and linears: a row's logits do not depend on the other rows of its forward."""
-    use_rowwise_attention(model)
+    """Row-invariant linears (the lone sequence's attention is row-wise already): a row's logits do not depend
+    on the other rows of its forward."""
     choose_kernels(model, "reference")
     return model
 
@@ -47,7 +47,7 @@ def draft_model() -> torch.nn.Module:
 def eos_model() -> torch.nn.Module:
     """The draft with EOS's lm_head row just above the row of its argmax after TOKENS: EOS is a root child."""
     model = tiny_llama(vocab_size=VOCAB, seed=4, scale=4.0)
-    top = int(CachedModel(model).forward(TOKENS, last_only=True).argmax())
+    top = int(lone_sequence(model).forward(TOKENS, last_only=True).argmax())
     with torch.no_grad():
         model.lm_head.weight[EOS] = 1.01 * model.lm_head.weight[top]
     return _switched(model)
@@ -169,8 +169,8 @@ def test_ngram_propose_tree_is_the_trie_with_one_hot_probs():
 
 
 def _logits_after(model: torch.nn.Module, path_ids: list[int]) -> torch.Tensor:
-    """Draft logits [V] fp32 after TOKENS + ``path_ids``, from a fresh cache (the prefill the drafter makes)."""
-    runner = CachedModel(model)
+    """Draft logits [V] fp32 after TOKENS + ``path_ids``, from a fresh sequence (the prefill the drafter makes)."""
+    runner = lone_sequence(model)
     logits = runner.forward(TOKENS, last_only=True)
     if path_ids:
         logits = runner.forward(path_ids)[-1]

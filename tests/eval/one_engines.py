@@ -5,15 +5,15 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.engine.tree_round import tree_depth
+from spectoolkit.drafting.tree import tree_depth
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import make_chooser
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.factory import make_pool
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 

@@ -144,7 +144,7 @@ class _Log:
 
 
 class _Recorder(_Log):
-    """A real CachedModel with the same log: the engine's schedule and the replay's side by side."""
+    """A real LoneSequence with the same log: the engine's schedule and the replay's side by side."""
 
     def __init__(self, runner) -> None:
         super().__init__()

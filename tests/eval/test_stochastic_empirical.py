@@ -1,9 +1,9 @@
 """Empirical exactness (spectoolkit.eval.stochastic_empirical): per-position chi-square tests.
 
 A tiny target with a 12-token vocabulary (spread-out distributions, so 400 samples give the test
-power) is continued by the target alone and by the speculative sampler. The real drafters must not
-be rejected; their negative controls must be, at the same sample size. Seeds are fixed, so the
-outcome is deterministic.
+power) is continued by the target alone and by the speculative sampler: batch-1 arms of the one
+engine (:mod:`tests.eval.one_engines`). The real drafters must not be rejected; their negative
+controls must be, at the same sample size. Seeds are fixed, so the outcome is deterministic.
 """
 
 from __future__ import annotations
@@ -17,22 +17,17 @@ import torch
 from scipy import stats
 
 from spectoolkit.config import SamplingConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
-from spectoolkit.engine import SpeculativeEngine
 from spectoolkit.eval.stochastic_empirical import (
     ENDED,
-    PromptKept,
+    BatchUniformReportingNgram,
     chi_square_homogeneity,
-    empirical_exactness,
     engine_exactness,
     negative_control,
     pooled_table,
     two_sample_test,
 )
-from spectoolkit.kernels.verifier import make_verifier
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.sampling import make_chooser
+from spectoolkit.serving.drafters import BatchModelDrafter
 from tests.eval import one_engines
 
 VOCAB = 12
@@ -40,13 +35,12 @@ EOS_IDS = frozenset({2})
 PROMPT = [1, 5, 7, 3, 9, 4, 11, 6, 8, 10, 0, 3, 5, 7]  # every non-EOS id occurs: n-gram lookup proposes
 SAMPLES, LENGTH, SIGNIFICANCE = 400, 3, 1e-3
 T1 = SamplingConfig(temperature=1.0)
-TOP_K_P = SamplingConfig(temperature=1.0, top_k=5, top_p=0.9)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def target() -> CachedModel:
-    return CachedModel(tiny_llama(vocab_size=VOCAB, seed=0, num_layers=1, hidden=32, scale=3.0))
+def target() -> torch.nn.Module:
+    return tiny_llama(vocab_size=VOCAB, seed=0, num_layers=1, hidden=32, scale=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +48,11 @@ def draft_model() -> torch.nn.Module:
     return tiny_llama(vocab_size=VOCAB, seed=1, num_layers=1, hidden=32, scale=3.0)
 
 
-def _run(target, drafter, sampling: SamplingConfig) -> dict:
-    def make_drafter(control: bool):
-        return negative_control(drafter, sampling) if control else drafter
-
-    return empirical_exactness(target, make_drafter, sampling, 2, EOS_IDS, PROMPT, SAMPLES, LENGTH, 0, SIGNIFICANCE)
+def _run(target, draft_model, kind: str, sampling: SamplingConfig) -> dict:
+    """The chi-square tests of ``kind``'s sampler ("model": the draft model; "ngram") and its negative control."""
+    drafter = one_engines.batched(draft_model if kind == "model" else None, sampling, VOCAB, EOS_IDS)
+    engines = one_engines.arms(target, drafter, negative_control(drafter, sampling), sampling, 2, EOS_IDS)
+    return engine_exactness(engines.__getitem__, PROMPT, SAMPLES, LENGTH, 0, SIGNIFICANCE)
 
 
 def _assert_accepted_and_control_rejected(result: dict) -> None:
@@ -71,19 +65,27 @@ def _assert_accepted_and_control_rejected(result: dict) -> None:
     assert result["control"]["min_p_value"] < 1e-5
 
 
-@pytest.mark.parametrize("sampling", [T1, TOP_K_P], ids=["T1", "top_k5-top_p0.9"])
-def test_model_drafter_accepted_control_rejected(target, draft_model, sampling):
-    drafter = ModelDrafter(draft_model, make_chooser(sampling), VOCAB, VOCAB, EOS_IDS)
-    result = _run(target, drafter, sampling)
+def test_model_drafter_accepted_control_rejected(target, draft_model):
+    """T1; top-k/top-p sampling: tests/serving/test_one_engine_stochastic.py (4 tokens, full γ rounds)."""
+    result = _run(target, draft_model, "model", T1)
     _assert_accepted_and_control_rejected(result)
     assert 0.2 < result["acceptance_rate"] < 0.95  # both acceptances and residual samples happen
 
 
-def test_ngram_drafter_accepted_control_rejected(target):
-    drafter = NgramDrafter(max_n=3, min_n=1, target_vocab_size=VOCAB, one_hot_probs=True)
-    result = _run(target, drafter, T1)
+def test_ngram_drafter_accepted_control_rejected(target, draft_model):
+    result = _run(target, draft_model, "ngram", T1)
     _assert_accepted_and_control_rejected(result)
     assert 0 < result["acceptance_rate"] < 1
+
+
+def test_negative_control_per_drafter_kind(draft_model):
+    model = one_engines.batched(draft_model, T1, VOCAB, EOS_IDS)
+    control = negative_control(model, T1)
+    assert type(control) is BatchModelDrafter and control.runner is model.runner  # same draft model, same pool
+    assert control.name == f"{model.name}-argmax-control"
+    assert isinstance(negative_control(one_engines.batched(None, T1, VOCAB, EOS_IDS), T1), BatchUniformReportingNgram)
+    with pytest.raises(TypeError, match="NEGATIVE_CONTROLS"):
+        negative_control(object(), T1)
 
 
 def test_chi_square_matches_scipy_reference():
@@ -114,32 +116,3 @@ def test_pooling_merges_rare_outcomes():
     assert two_sample_test(common + rare_first, common + rare_second).p_value > 0.5
     shifted = Counter({token: 100 + 100 * (token % 2) for token in range(6)})
     assert two_sample_test(common, shifted).p_value < 1e-3
-
-
-def test_prompt_kept_generations_equal_fresh_ones(target, draft_model):
-    """Prefix caching changes nothing: seeded generations are token for token those of fresh runs."""
-    sampling = TOP_K_P
-    prompt = [3, 1, 4, 1, 5]
-    verifier = make_verifier(sampling)
-    fresh_drafter = ModelDrafter(draft_model, make_chooser(sampling), VOCAB, VOCAB, EOS_IDS)
-    fresh = SpeculativeEngine(target, fresh_drafter, verifier, 2, EOS_IDS)
-    expected = [fresh.generate(prompt, 6, torch.Generator().manual_seed(s)).output_ids for s in range(5)]
-    kept_runner = PromptKept(CachedModel(target.model), prompt)
-    kept_drafter = ModelDrafter(draft_model, make_chooser(sampling), VOCAB, VOCAB, EOS_IDS)
-    kept_drafter.runner = PromptKept(kept_drafter.runner, prompt)
-    kept = SpeculativeEngine(kept_runner, kept_drafter, verifier, 2, EOS_IDS)
-    got = [kept.generate(prompt, 6, torch.Generator().manual_seed(s)).output_ids for s in range(5)]
-    assert got == expected
-    assert kept_runner.prompt_logits is not None and kept_drafter.runner.num_computed >= len(prompt)
-
-
-# ---- the same test through the one engine: batch-1 arms of the continuous-batching engine ----
-
-
-@pytest.mark.parametrize("kind", ["model", "ngram"])
-def test_the_one_engine_sampler_is_accepted_and_its_control_rejected(target, draft_model, kind):
-    drafter = one_engines.batched(draft_model if kind == "model" else None, T1, VOCAB, EOS_IDS)
-    engines = one_engines.arms(target.model, drafter, negative_control(drafter, T1), T1, 2, EOS_IDS)
-    result = engine_exactness(engines.__getitem__, PROMPT, SAMPLES, LENGTH, 0, SIGNIFICANCE)
-    _assert_accepted_and_control_rejected(result)
-    assert 0 < result["acceptance_rate"] < 1

@@ -2,9 +2,10 @@
 
 As in test_stochastic_empirical.py: a tiny target with a 12-token vocabulary (spread-out
 distributions, so 400 samples give the test power) is continued by the target alone and by the
-speculative sampler drafting token trees (:func:`~spectoolkit.eval.stochastic_empirical.empirical_exactness`
-with ``tree=``). The real tree sampler must not be rejected; the rank-siblings control
-(:mod:`spectoolkit.eval.tree_empirical`) must be, at the same sample size. Seeds are fixed.
+speculative sampler drafting token trees (:func:`~spectoolkit.eval.stochastic_empirical.engine_exactness`
+with ``tree=``; batch-1 arms of the one engine, :mod:`tests.eval.one_engines`). The real tree sampler
+must not be rejected; the rank-siblings control (:mod:`spectoolkit.eval.tree_empirical`) must be, at
+the same sample size. Seeds are fixed.
 """
 
 from __future__ import annotations
@@ -13,20 +14,15 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.engine import SpeculativeEngine
-from spectoolkit.eval.stochastic_empirical import empirical_exactness, engine_exactness
+from spectoolkit.eval.stochastic_empirical import engine_exactness
 from spectoolkit.eval.tree_empirical import (
-    RankSiblingsModelDrafter,
-    RankSiblingsNgramDrafter,
+    BatchRankSiblingsModelDrafter,
+    BatchRankSiblingsNgramDrafter,
     rank_siblings,
     tree_negative_control,
 )
-from spectoolkit.kernels.verifier import make_verifier
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.sampling import make_chooser
 from tests.eval import one_engines
 
 VOCAB = 12
@@ -51,8 +47,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def target() -> CachedModel:
-    return CachedModel(tiny_llama(vocab_size=VOCAB, seed=0, num_layers=1, hidden=32, scale=3.0))
+def target() -> torch.nn.Module:
+    return tiny_llama(vocab_size=VOCAB, seed=0, num_layers=1, hidden=32, scale=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -60,13 +56,17 @@ def draft_model() -> torch.nn.Module:
     return tiny_llama(vocab_size=VOCAB, seed=1, num_layers=1, hidden=32, scale=3.0)
 
 
-def _run(target, drafter, sampling: SamplingConfig, tree: TreeConfig, prompt: list[int] = PROMPT) -> dict:
-    def make_drafter(control: bool):
-        return tree_negative_control(drafter, sampling) if control else drafter
+def _arms(target, draft_model, kind: str, sampling: SamplingConfig, tree: TreeConfig) -> dict:
+    """Batch-1 one-engine arms: the target alone, ``kind``'s tree sampler ("model" or "ngram"), its rank control."""
+    drafter = one_engines.batched(draft_model if kind == "model" else None, sampling, VOCAB, EOS_IDS)
+    control = tree_negative_control(drafter, sampling)
+    return one_engines.arms(target, drafter, control, sampling, GAMMA, EOS_IDS, tree)
 
-    return empirical_exactness(
-        target, make_drafter, sampling, GAMMA, EOS_IDS, prompt, SAMPLES, LENGTH, 0, SIGNIFICANCE, tree=tree
-    )
+
+def _run(target, draft_model, kind: str, sampling: SamplingConfig, tree: TreeConfig) -> dict:
+    engines = _arms(target, draft_model, kind, sampling, tree)
+    prompt = PROMPT if kind == "model" else NGRAM_PROMPT
+    return engine_exactness(engines.__getitem__, prompt, SAMPLES, LENGTH, 0, SIGNIFICANCE, tree)
 
 
 def _assert_accepted_and_control_rejected(result: dict, tree: TreeConfig) -> None:
@@ -80,40 +80,28 @@ def _assert_accepted_and_control_rejected(result: dict, tree: TreeConfig) -> Non
 
 @pytest.mark.parametrize(
     ("tree_name", "sampling"),
-    [
-        ("static-2x2", T1),
-        pytest.param("static-3x1", T1, marks=pytest.mark.slow),  # the default run keeps one static, one dynamic
-        ("dynamic-top3", T1),
-        pytest.param("static-2x2", TOP_K_P, marks=pytest.mark.slow),
-    ],
+    [("static-2x2", T1), ("static-3x1", T1), ("dynamic-top3", T1), ("static-2x2", TOP_K_P)],
     ids=["static-2x2-T1", "static-3x1-T1", "dynamic-top3-T1", "static-2x2-top_k5-top_p0.9"],
 )
 def test_model_trees_accepted_rank_control_rejected(target, draft_model, tree_name, sampling):
-    drafter = ModelDrafter(draft_model, make_chooser(sampling), VOCAB, VOCAB, EOS_IDS)
     tree = TREES[tree_name]
-    _assert_accepted_and_control_rejected(_run(target, drafter, sampling, tree), tree)
+    _assert_accepted_and_control_rejected(_run(target, draft_model, "model", sampling, tree), tree)
 
 
-def test_ngram_trie_accepted_rank_control_rejected(target):
-    drafter = NgramDrafter(max_n=3, min_n=1, target_vocab_size=VOCAB, one_hot_probs=True)
+def test_ngram_trie_accepted_rank_control_rejected(target, draft_model):
     tree = TREES["static-2x2"]
-    _assert_accepted_and_control_rejected(_run(target, drafter, T1, tree, NGRAM_PROMPT), tree)
+    _assert_accepted_and_control_rejected(_run(target, draft_model, "ngram", T1, tree), tree)
 
 
 @pytest.mark.parametrize("tree_name", [*TREES, "ngram"])
 def test_first_rounds_draft_two_deep_trees(target, draft_model, tree_name):
     """What the chi-square tests see: the first round verifies a branching tree of depth γ = 2."""
-    if tree_name == "ngram":
-        drafter, tree, prompt = NgramDrafter(3, 1, VOCAB, one_hot_probs=True), TREES["static-2x2"], NGRAM_PROMPT
-    else:
-        drafter, tree, prompt = (
-            ModelDrafter(draft_model, make_chooser(T1), VOCAB, VOCAB, EOS_IDS),
-            TREES[tree_name],
-            PROMPT,
-        )
-    engine = SpeculativeEngine(target, drafter, make_verifier(T1), GAMMA, EOS_IDS, tree=tree)
-    first_rounds = [engine.generate(prompt, LENGTH, torch.Generator().manual_seed(seed)) for seed in range(5)]
-    assert all(out.tree_depths[0] == GAMMA and out.draft_lengths[0] > GAMMA for out in first_rounds)
+    kind, tree = ("ngram", TREES["static-2x2"]) if tree_name == "ngram" else ("model", TREES[tree_name])
+    arms = _arms(target, draft_model, kind, T1, tree)
+    prompt = PROMPT if kind == "model" else NGRAM_PROMPT
+    for arm in ("spec", "control"):  # the control drafts the same trees (then reports them wrongly)
+        first_rounds = [arms[arm].generate(prompt, LENGTH, torch.Generator().manual_seed(seed)) for seed in range(5)]
+        assert all(out.tree_depths[0] == GAMMA and out.draft_lengths[0] > GAMMA for out in first_rounds), arm
 
 
 def test_rank_siblings_takes_the_top_tokens_of_q():
@@ -137,20 +125,10 @@ def test_rank_siblings_reports_an_ngram_trie_as_uniform():
 
 
 def test_tree_negative_control_per_drafter_kind(draft_model):
-    model = ModelDrafter(draft_model, make_chooser(T1), VOCAB, VOCAB, EOS_IDS, name="d")
-    assert isinstance(tree_negative_control(model, T1), RankSiblingsModelDrafter)
-    ngram = NgramDrafter(3, 1, VOCAB, one_hot_probs=True)
-    assert isinstance(tree_negative_control(ngram, T1), RankSiblingsNgramDrafter)
+    model = one_engines.batched(draft_model, T1, VOCAB, EOS_IDS)
+    control = tree_negative_control(model, T1)
+    assert isinstance(control, BatchRankSiblingsModelDrafter) and control.runner is model.runner  # same draft pool
+    ngram = one_engines.batched(None, T1, VOCAB, EOS_IDS)
+    assert isinstance(tree_negative_control(ngram, T1), BatchRankSiblingsNgramDrafter)
     with pytest.raises(TypeError, match="TREE_NEGATIVE_CONTROLS"):
         tree_negative_control(object(), T1)
-
-
-@pytest.mark.parametrize("kind", ["model", "ngram"])
-def test_one_engine_trees_accepted_rank_control_rejected(target, draft_model, kind):
-    """The same test through the one engine (batch-1 arms of the continuous-batching engine)."""
-    tree = TREES["static-2x2"]
-    drafter = one_engines.batched(draft_model if kind == "model" else None, T1, VOCAB, EOS_IDS)
-    engines = one_engines.arms(target.model, drafter, tree_negative_control(drafter, T1), T1, GAMMA, EOS_IDS, tree)
-    prompt = PROMPT if kind == "model" else NGRAM_PROMPT
-    result = engine_exactness(engines.__getitem__, prompt, SAMPLES, LENGTH, 0, SIGNIFICANCE, tree)
-    _assert_accepted_and_control_rejected(result, tree)

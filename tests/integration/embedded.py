@@ -7,17 +7,17 @@ from functools import cache
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.engine.tree_round import tree_depth
+from spectoolkit.drafting.tree import tree_depth
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.compiled import CompiledRunner
 from spectoolkit.runtime.eager import EagerRunner
 from spectoolkit.runtime.lone import LoneSequence
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner
 from spectoolkit.sampling import GreedyChooser, make_chooser
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.factory import make_pool
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier

@@ -1,12 +1,11 @@
-"""``runtime.compile`` on the embedded SmolLM2-135M: compiled vs eager, and exact speculation compiled.
+"""``runtime.compile`` on the embedded SmolLM2-135M: the compiled runner against the stock transformers forward.
 
-- Compiled fp32 steps give the eager (transformers) target's greedy tokens, logits within
-  ``LOGIT_TOLERANCE``.
-- With a compiled target, speculative output (n-gram; the rtn-int4 self-draft, itself compiled)
-  equals the compiled target alone, token for token — verify rows are the decode steps' bits.
-- Graphs: one decode width and one verify bucket per model, none after warm-up.
+Compiled fp32 steps (a lone sequence on the session's compiled runner, :mod:`tests.integration.embedded`) give
+the stock forward's greedy tokens, logits within ``LOGIT_TOLERANCE``, and compile no graph beyond the runner's
+widths. That speculation with a compiled target (n-gram; the rtn-int4 self-draft, itself compiled) equals the
+compiled target alone is tests/integration/test_one_engine_exact.py's ``compiled`` cases.
 
-Slow: the two embedded-model graphs take ~50 s each to compile on 2 cores with a cold inductor cache.
+Slow: the embedded model's graphs take ~50 s each to compile on 2 cores with a cold inductor cache.
 """
 
 from __future__ import annotations
@@ -14,15 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
-from spectoolkit.engine import BaselineEngine, SpeculativeEngine
-from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.compiled import LOGIT_TOLERANCE, CompiledModel
-from spectoolkit.sampling import GreedyChooser
-from spectoolkit.verify import GreedyVerifier
-from spectoolkit.wiring.loading import load_model
-from spectoolkit.wiring.setup import eos_ids_of
-from tests.integration.embedded import encoded, tokenizer
+from spectoolkit.runtime.lone import LoneSequence
+from tests.integration import embedded
+from tests.reference import stock_greedy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,59 +24,32 @@ PROMPTS = (
     "List three facts about the Moon, as a JSON array of strings.",
 )
 MAX_NEW = 24
-GAMMA = 4
+LOGIT_TOLERANCE = 1e-3  # |compiled - stock| logits, fp32 (different summation orders, same math)
 
 
-@pytest.fixture(scope="module")
-def models():
-    cpu = torch.device("cpu")
-    fp32 = load_model(None, "fp32", cpu, kernels=None)
-    int4 = load_model(None, "rtn-int4", cpu, group_size=32, kernels=None)
-    target = CompiledModel(fp32.model)
-    target.warm(GAMMA + 1)
-    return fp32, int4, target
+@torch.inference_mode()
+def _greedy(sequence: LoneSequence, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """The prompt, then one-token greedy steps: (``steps`` tokens, the logits [steps, V] that chose them)."""
+    sequence.reset()
+    rows = [sequence.forward(prompt, last_only=True)]
+    tokens = [int(rows[-1].argmax())]
+    while len(tokens) < steps:
+        rows.append(sequence.forward([tokens[-1]], last_only=True))
+        tokens.append(int(rows[-1].argmax()))
+    sequence.reset()
+    return tokens, torch.stack(rows)
 
 
-def _greedy(runner, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    runner.reset()
-    logits = runner.forward(prompt, last_only=True)
-    tokens, rows = [], []
-    for _ in range(steps):
-        tokens.append(int(logits.argmax()))
-        logits = runner.forward([tokens[-1]])[0]
-        rows.append(logits)
-    return tokens, rows
-
-
-def test_compiled_steps_match_eager_transformers(models):
-    fp32, _, target = models
-    eager = CachedModel(fp32.model)
-    for prompt in encoded(PROMPTS):
-        compiled_tokens, compiled_rows = _greedy(target, list(prompt), MAX_NEW)
-        eager_tokens, eager_rows = _greedy(eager, list(prompt), MAX_NEW)
-        assert compiled_tokens == eager_tokens
-        worst = max((a - b).abs().max().item() for a, b in zip(compiled_rows, eager_rows, strict=True))
+@torch.inference_mode()
+def test_compiled_steps_match_the_stock_forward():
+    fp32 = embedded.model("fp32", True)
+    runner, allocator = embedded.runner("fp32", "auto", compiled=True)
+    sequence = LoneSequence(runner, allocator)
+    for prompt in embedded.encoded(PROMPTS):
+        tokens, rows = _greedy(sequence, list(prompt), MAX_NEW)
+        assert tokens == stock_greedy(fp32.model, list(prompt), MAX_NEW)
+        stock = fp32.model(torch.tensor([list(prompt) + tokens[:-1]])).logits[0, len(prompt) - 1 :]  # [MAX_NEW, V]
+        worst = (rows - stock).abs().max().item()
         assert worst < LOGIT_TOLERANCE, worst
-
-
-@pytest.mark.parametrize("drafter_kind", ["ngram", "rtn-int4"])
-def test_compiled_speculation_is_exact(models, drafter_kind):
-    fp32, int4, target = models
-    eos = eos_ids_of(tokenizer(), fp32.model)
-    if drafter_kind == "ngram":
-        drafter = NgramDrafter(3, 1, fp32.vocab_size, False)
-    else:
-        drafter = ModelDrafter(int4.model, GreedyChooser(), fp32.vocab_size, fp32.vocab_size, eos, compiled=True)
-        drafter.runner.warm(2)
-    baseline = BaselineEngine(target, GreedyVerifier(), eos)
-    spec = SpeculativeEngine(target, drafter, GreedyVerifier(), GAMMA, eos)
-    accepted = 0
-    for prompt in encoded(PROMPTS):
-        alone = baseline.generate(list(prompt), MAX_NEW, None)
-        out = spec.generate(list(prompt), MAX_NEW, None)
-        assert out.output_ids == alone.output_ids
-        accepted += out.accepted_tokens
-    assert accepted > 0  # verify windows were exercised, not only single steps
-    assert target.compile_stats.widths == (1, 8)  # the decode step and the γ+1 bucket, nothing more
-    if drafter_kind != "ngram":
-        assert drafter.runner.compile_stats.widths == (1, 2)
+    assert set(runner.compile_stats.widths) <= set(embedded.COMPILED_WIDTHS)  # a prompt chunks, no new width
+    assert allocator.num_free == allocator.num_blocks

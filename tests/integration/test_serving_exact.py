@@ -6,9 +6,9 @@ The built-in workload prompts (chat-templated) run 4 at a time with the n-gram d
   drafter) — no row's numerics may depend on the batch;
 - default mode (one padded attention call per layer, plain linears): a token may differ from the batch-1
   output only at a near-tie of the target alone — the top-2 logit gap of the batch-1 logits there,
-  recomputed with CachedModel over prompt + the shared prefix, below 1e-3 relative — with the two
+  recomputed by a lone sequence over prompt + the shared prefix, below 1e-3 relative — with the two
   diverging tokens being those top two. The engine's batch-1 baseline is held to the same rule against
-  the toolkit's batch-1 reference (BaselineEngine over CachedModel).
+  the toolkit's batch-1 reference (the target alone on a lone sequence, :func:`tests.reference.alone_greedy`).
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ import pytest
 import torch
 
 from spectoolkit.config import WorkloadConfig
-from spectoolkit.engine import BaselineEngine
 from spectoolkit.metrics.summary import first_divergence
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.lone import LoneSequence, lone_sequence
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.factory import make_pool
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
 from spectoolkit.wiring.setup import eos_ids_of
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
 from tests.integration import embedded
+from tests.reference import alone_greedy
 
 pytestmark = pytest.mark.integration
 MAX_NEW = 24
@@ -87,19 +87,19 @@ def _batched(eng: ContinuousEngine, prompts: list[list[int]]) -> tuple[list[list
 
 @pytest.mark.parametrize("invariant", [pytest.param(True, marks=pytest.mark.slow), False], ids=["invariant", "default"])
 def test_batched_speculation_against_batch1_baseline(setup, invariant):
-    target, _, prompts = setup
+    target, eos, prompts = setup
     references = _batch1(_engine(setup, 0, invariant), prompts)
     outputs, done = _batched(_engine(setup, GAMMA, invariant), prompts)
     if invariant:
         assert outputs == references, "batch-invariant mode must be token-identical to batch 1"
         return
-    runner = CachedModel(target.model)
+    runner = lone_sequence(target.model)
     _assert_only_near_ties(runner, prompts, references, outputs)
-    alone = BaselineEngine(runner, GreedyVerifier(), setup[1])  # the toolkit's batch-1 reference arm
-    _assert_only_near_ties(runner, prompts, [alone.generate(p, MAX_NEW, None).output_ids for p in prompts], references)
+    alone = [alone_greedy(target.model, p, MAX_NEW, eos) for p in prompts]  # the toolkit's batch-1 reference
+    _assert_only_near_ties(runner, prompts, alone, references)
 
 
-def _assert_only_near_ties(runner: CachedModel, prompts, references, outputs) -> None:
+def _assert_only_near_ties(runner: LoneSequence, prompts, references, outputs) -> None:
     """Every first divergence of ``outputs`` from ``references`` is a near-tie of the target alone there."""
     for prompt, reference, output in zip(prompts, references, outputs, strict=True):
         position = first_divergence(reference, output)

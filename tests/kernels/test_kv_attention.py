@@ -1,7 +1,7 @@
 """kv_attention (Triton) against dequantize + fp32 SDPA, over formats, head shapes, windows and dtypes.
 
 Stored KV comes from the real formats.py quantizers applied to random states, in buffers larger than
-the valid prefix (as the cache layer keeps them). Tolerances per query dtype, because kernel and
+the attended prefix, or straight from a paged pool's stored fields. Tolerances per query dtype, because kernel and
 reference dequantize the same codes and differ only in rounding:
 
 - fp32: scores and P·V in fp32 on both sides (``ieee`` dots); only summation order differs -> 2e-5.
@@ -18,6 +18,10 @@ import pytest
 import torch
 
 from spectoolkit.kvcache.formats import KV_FORMATS
+from spectoolkit.runtime.attention import packed_attention, paged_attention
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.runtime.step import Segment, build_step
 
 FORMATS = ("fp8", "int8", "int4", "bf16")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -34,7 +38,7 @@ def kva():
 
 
 def _stored(fmt: str, states: torch.Tensor) -> dict[str, torch.Tensor]:
-    """states [B, H_kv, cap, D] -> the fields the cache layer would hold for them."""
+    """states [B, H_kv, cap, D] -> the fields the paged pool stores for them (per token, per kv-head)."""
     if fmt == "bf16":
         return {"data": states.bfloat16()}
     return KV_FORMATS[fmt].quantize(states)
@@ -145,84 +149,34 @@ def test_kernel_supports(kva):
     assert not kva.kernel_supports(64, "nf4")
 
 
-# ---- the pipeline hook: a quantized cache layer attending from its stored codes ---------------------------
+# ---- stored fields of the paged pool ------------------------------------------------------------------------
 
 
-def _layer(fmt: str, attend_from_codes: bool):
-    from spectoolkit.models.kv_cache import QuantizedKVLayer
-
-    return QuantizedKVLayer(KV_FORMATS[fmt], attend_from_codes=attend_from_codes)
-
-
-@pytest.mark.parametrize("fmt", ["fp8", "int8", "int4"])
-def test_layer_attends_from_codes_after_prefill_rejection_and_commit(device, fmt):
-    """After a prefill, a verify window rolled back to 2 accepted, and a new window: attend == dequantize + SDPA."""
-    from spectoolkit.models.attention import packed_gqa_attention
-    from spectoolkit.models.stored_kv import StoredKV
-
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "int4", "bf16"])
+def test_kernel_over_a_pools_stored_fields_equals_the_runners_attention(kva, device, fmt):
+    """A sequence in scattered pool blocks: prefill, a verify window rolled back to 2 accepted, a new window over
+    the rejected slots. The kernel over the sequence's stored fields (codes, scales, zeros as the pool holds them)
+    equals the eager runner's attention of that window (dequantize, then packed-GQA SDPA)."""
     gen = torch.Generator().manual_seed(1)
-    layer = _layer(fmt, attend_from_codes=True)
-    for n in (40, 5):  # prefill, then a γ = 4 verify window
-        keys, values = layer.update(*(torch.randn(1, 2, n, 64, generator=gen).to(device) for _ in range(2)))
-    assert isinstance(keys, StoredKV) and keys.shape == (1, 2, 45, 64)
-    layer.truncate(42)  # 2 of 4 drafts accepted: slots 42..44 are rejected and overwritten next
-    keys, values = layer.update(*(torch.randn(1, 2, 5, 64, generator=gen).to(device) for _ in range(2)))
-    query = torch.randn(1, 8, 5, 64, generator=gen).to(device)  # the new window, slots [42, 47)
-    out = layer.attend(query, scaling=0.125)  # [1, 8, 5, 64]
-    committed_keys, committed_values = layer.valid()  # [1, 2, 47, 64], dequantized
-    torch.testing.assert_close(keys.materialize(), committed_keys)
-    module = torch.nn.Module().eval()
-    ref, _ = packed_gqa_attention(module, query, committed_keys, committed_values, None, scaling=0.125)
-    torch.testing.assert_close(out.transpose(1, 2), ref, atol=2e-5, rtol=2e-5)
-    via_stand_in, _ = packed_gqa_attention(module, query, keys, values, None, scaling=0.125)  # the kernel path
-    torch.testing.assert_close(via_stand_in, out.transpose(1, 2))
+    pool = PagedKVPool(1, 2, 64, 64, fmt, torch.float32, device)
+    allocator = BlockAllocator(8, 8)
+    table, other = BlockTable(allocator), BlockTable(allocator)
+    table.ensure(8)
+    other.ensure(8)  # another sequence's block between: the table's slots are not one span
+    table.ensure(47)
 
+    def states(n: int) -> torch.Tensor:  # [H_kv, n, D]
+        return torch.randn(2, n, 64, generator=gen).to(device)
 
-def _runner(model, fmt: str, attend_from_codes: bool):
-    from functools import partial
-
-    from spectoolkit.kvcache import PositionalKVCache
-    from spectoolkit.models.cached import CachedModel
-    from spectoolkit.models.kv_cache import QuantizedKVLayer
-
-    runner = CachedModel(model, kv_precision=fmt)
-    make_layer = partial(QuantizedKVLayer, KV_FORMATS[fmt], attend_from_codes=attend_from_codes)
-    runner.cache = PositionalKVCache(runner.num_layers, make_layer)
-    return runner
-
-
-@pytest.mark.parametrize("use", ["packed", "rowwise", "sdpa"])
-def test_model_logits_with_kernel_path_match_torch_path(use, monkeypatch):
-    """A tiny GQA Llama (D = 16) through prefill, decode, verify, rollback: kernel path vs dequantize + SDPA.
-
-    Our packed / row-wise attention run the kernel; transformers' own sdpa is unaware of the stand-ins
-    and gets them dequantized, so it must match bit for bit. CPU only: the interpreter runs the kernel.
-    """
-    from spectoolkit.models.attention import use_packed_attention, use_rowwise_attention
-    from spectoolkit.models.kv_cache import QuantizedKVLayer
-    from spectoolkit.models.tiny import tiny_llama
-
-    calls = []
-    attend = QuantizedKVLayer.attend
-
-    def counting_attend(self, query, *args, **kwargs):
-        calls.append(query.shape[2])  # window length of each kernel call
-        return attend(self, query, *args, **kwargs)
-
-    monkeypatch.setattr(QuantizedKVLayer, "attend", counting_attend)
-
-    model = tiny_llama(vocab_size=128, seed=1)
-    {"packed": use_packed_attention, "rowwise": use_rowwise_attention, "sdpa": lambda m: True}[use](model)
-    kernel, torch_path = _runner(model, "int4", True), _runner(model, "int4", False)
-    tol = 0 if use == "sdpa" else 1e-4
-    for chunk in ([*range(3, 40)], [5], [6, 7, 8, 9, 11], [10]):  # prefill, decode, verify window, decode
-        torch.testing.assert_close(kernel.forward(chunk), torch_path.forward(chunk), atol=tol, rtol=tol)
-    for runner in (kernel, torch_path):
-        runner.truncate(41)  # reject the tail of the window
-    torch.testing.assert_close(kernel.forward([1, 2, 3]), torch_path.forward([1, 2, 3]), atol=tol, rtol=tol)
-    layers = model.config.num_hidden_layers  # the prefill dequantizes; decode steps and windows run the kernel
-    per_forward = {"packed": [1, 5, 1, 3], "rowwise": [1, 5 * [1], 1, 3 * [1]], "sdpa": []}[use]
-    assert calls == [q for qs in per_forward for _ in range(layers) for q in (qs if isinstance(qs, list) else [qs])]
+    pool.write(0, torch.tensor(table.slots(0, 45), device=device), states(45), states(45))  # prefill + window
+    query = torch.randn(8, 5, 64, generator=gen).to(device)  # the new window at positions [42, 47): [Hq, 5, D]
+    batch = build_step([Segment(table, [0] * 5, 42, list(range(5)))], "plain", device)
+    assert batch.spans == [None]  # guard: the keys are gathered from scattered slots
+    expected = paged_attention(pool, 0, batch, query, states(5), states(5), 0.125)  # [5, Hq, D]; writes the window
+    slots = torch.tensor(table.slots(0, 47), device=device)
+    fields = [{name: stored[None] for name, stored in pool.stored(0, kind, slots).items()} for kind in ("key", "value")]
+    out = kva.kv_attention(query[None], *fields, fmt, 42, softmax_scale=0.125)  # [1, Hq, 5, D]
+    torch.testing.assert_close(out[0].transpose(0, 1), expected, atol=2e-5, rtol=2e-5)
 
 
 def test_bench_cases_run_and_agree(kva, device):
@@ -237,14 +191,14 @@ def test_bench_cases_run_and_agree(kva, device):
     assert int8_decode.bytes_moved == 2 * 8 * 1024 * (128 + 4) + 2 * 32 * 128 * 2
 
 
-def test_bench_torch_path_is_the_models_packed_attention(kva):
-    """The benchmark's restated torch path is ``spectoolkit.models.attention.packed_gqa_attention``, bit for bit."""
-    from spectoolkit.models.attention import packed_gqa_attention
-
+def test_bench_torch_path_is_the_runners_packed_attention(kva):
+    """The benchmark's restated torch path is ``spectoolkit.runtime.attention.packed_attention``, bit for bit."""
     gen = torch.Generator().manual_seed(0)
-    module = torch.nn.Module().eval()
     for q_len in (1, 5):  # a decode step, a verify window (causal within it)
         query = torch.randn(2, 8, q_len, 16, generator=gen)  # [B, H, Q, D]
         keys, values = (torch.randn(2, 2, 12, 16, generator=gen) for _ in range(2))  # [B, H_kv, L, D]
-        expected = packed_gqa_attention(module, query, keys, values, None)[0].transpose(1, 2)  # [B, H, Q, D]
+        mask = None if q_len == 1 else torch.ones(q_len, 12, dtype=torch.bool).tril(12 - q_len)  # [Q, L]
+        expected = torch.stack(
+            [packed_attention(query[b], keys[b], values[b], mask, 16**-0.5).transpose(0, 1) for b in range(2)]
+        )  # [B, H, Q, D]
         torch.testing.assert_close(kva._packed_gqa_sdpa(query, keys, values), expected, atol=0, rtol=0)

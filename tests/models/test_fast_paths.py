@@ -1,4 +1,5 @@
-"""The CPU fast paths against their references: linear kernel variants vs F.linear, packed/row-wise GQA vs SDPA."""
+"""The CPU fast paths against their references: linear kernel variants vs F.linear, the runners' attention over
+the paged pool vs the stock transformers forward, row-wise rows vs single-row (decode-step) calls."""
 
 from __future__ import annotations
 
@@ -6,15 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spectoolkit.models.attention import (
-    ATTN_NAME,
-    ROWWISE_ATTN_NAME,
-    packed_gqa_attention,
-    rowwise_gqa_attention,
-    use_packed_attention,
-    use_rowwise_attention,
-)
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.kernel_choice import (
     BY_NAME,
     ChoiceCache,
@@ -24,6 +16,15 @@ from spectoolkit.models.kernel_choice import (
     linear_layers,
 )
 from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.runtime.attention import paged_attention
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.eager import EagerRunner
+from spectoolkit.runtime.lone import lone_sequence
+from spectoolkit.runtime.paged_kv import PagedKVPool, make_pool
+from spectoolkit.runtime.runner import run_segments
+from spectoolkit.runtime.step import ROW_MODES, Segment, build_step, tree_layout
+
+CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
@@ -59,64 +60,135 @@ def test_kernel_variant_model_logits_match_reference():
         torch.testing.assert_close(fast(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("use, name", [(use_packed_attention, ATTN_NAME), (use_rowwise_attention, ROWWISE_ATTN_NAME)])
-def test_fast_attention_matches_transformers_sdpa_through_a_rollback(use, name):
-    reference, fast = tiny_llama(vocab_size=128, seed=1), tiny_llama(vocab_size=128, seed=1)
-    assert use(fast) and fast.config._attn_implementation == name
-    assert reference.config.num_attention_heads > reference.config.num_key_value_heads  # GQA is exercised
-    ref_runner, fast_runner = CachedModel(reference), CachedModel(fast)
-    chunks = [list(range(3, 40)), [5], [6, 7, 8, 9], [10]]
-    for chunk in chunks:  # prefill, decode, verify-width, decode
-        torch.testing.assert_close(fast_runner.forward(chunk), ref_runner.forward(chunk), rtol=1e-5, atol=1e-6)
-    for runner in (ref_runner, fast_runner):
-        runner.truncate(30)  # reject the tail: the next multi-token forward sees a shorter prefix
-    torch.testing.assert_close(fast_runner.forward([1, 2, 3]), ref_runner.forward([1, 2, 3]), rtol=1e-5, atol=1e-6)
+# ---- the runners' attention over the paged pool vs the stock forward ---------------------------------------
 
 
-def test_packed_attention_is_skipped_for_non_sdpa_models():
-    model = tiny_llama(vocab_size=64)
-    model.set_attn_implementation("eager")
-    assert not use_packed_attention(model)
-    assert model.config._attn_implementation == "eager"
+@pytest.mark.parametrize("mode", ROW_MODES)
+@torch.inference_mode()
+def test_paged_attention_matches_the_stock_forward_through_a_rollback(mode):
+    """Prefill, decode, a verify-width chunk, decode; then a rollback and a 3-token chunk after a shorter prefix."""
+    model = tiny_llama(vocab_size=128, seed=1)
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # GQA is exercised
+    runner, table = EagerRunner(model, make_pool(model, "auto", 64)), BlockTable(BlockAllocator(8, 8))
+    ids: list[int] = []
+
+    def forward(chunk: list[int]) -> torch.Tensor:  # [len(chunk), V]
+        table.ensure(len(ids) + len(chunk))
+        logits = run_segments(runner, [Segment(table, chunk, len(ids), list(range(len(chunk))))], mode)
+        ids.extend(chunk)
+        return logits
+
+    def stock(count: int) -> torch.Tensor:  # the stock forward over the whole sequence: its last ``count`` rows
+        return model(torch.tensor([ids])).logits[0, -count:]
+
+    for chunk in (list(range(3, 40)), [5], [6, 7, 8, 9], [10]):
+        torch.testing.assert_close(forward(chunk), stock(len(chunk)), rtol=1e-5, atol=1e-5)
+    del ids[30:]  # reject the tail: the next multi-token forward sees a shorter prefix
+    table.truncate(30)
+    torch.testing.assert_close(forward([1, 2, 3]), stock(3), rtol=1e-5, atol=1e-5)
 
 
-def test_rowwise_attention_is_kept_by_use_packed_attention():
-    model = tiny_llama(vocab_size=64)
-    assert use_packed_attention(model) and use_rowwise_attention(model)  # packed -> rowwise is allowed
-    assert not use_packed_attention(model)  # ... but never back: load_model must not undo a rowwise choice
-    assert model.config._attn_implementation == ROWWISE_ATTN_NAME
+def test_runners_leave_the_stock_attention_alone():
+    """The stock forward stays the reference: building and running a runner swaps no attention in."""
+    model = tiny_llama(vocab_size=64, seed=2)
+    implementation = model.config._attn_implementation
+    ids = torch.arange(3, 20)[None]
+    with torch.inference_mode():
+        before = model(ids).logits
+        lone_sequence(model).forward(ids[0].tolist())
+        after = model(ids).logits
+    assert model.config._attn_implementation == implementation
+    assert all("forward" not in layer.self_attn.__dict__ for layer in model.model.layers)
+    assert torch.equal(before, after)
 
 
-def _causal_mask(q_len: int, kv_len: int) -> torch.Tensor:  # [1, 1, q, L], what sdpa_mask builds for batch 1
-    return torch.ones(q_len, kv_len, dtype=torch.bool).tril(kv_len - q_len)[None, None]
+# ---- row-wise rows are decode-step calls -------------------------------------------------------------------
+
+HEADS, KV_HEADS, DIM, CONTEXT = 6, 2, 16, 18
 
 
-@pytest.mark.parametrize("masked", [False, True])
-def test_rowwise_attention_rows_equal_single_row_calls(masked):
-    """Each row of a q-row call is bit-identical to the decode-step call at its position."""
-    torch.manual_seed(0)
-    module = torch.nn.Module().eval()
-    q_len, kv_len = 5, 23
-    query = torch.randn(1, q_len, 6, 16).transpose(1, 2)  # [B, Hq, q, D], strided like a real model's
-    key, value = torch.randn(1, 2, kv_len, 16), torch.randn(1, 2, kv_len, 16)  # [B, Hkv, L, D]
-    mask = _causal_mask(q_len, kv_len) if masked else None
-    batch, _ = rowwise_gqa_attention(module, query, key, value, mask, scaling=0.25)  # [B, q, Hq, D]
-    packed, _ = packed_gqa_attention(module, query, key, value, mask, scaling=0.25)
-    torch.testing.assert_close(batch, packed, rtol=1e-5, atol=1e-6)
-    for i in range(q_len):
-        end = kv_len - q_len + i + 1
-        row, _ = rowwise_gqa_attention(
-            module, query[:, :, i : i + 1], key[:, :, :end], value[:, :, :end], None, scaling=0.25
-        )
-        assert torch.equal(batch[:, i : i + 1], row)
+def _states(n: int, heads: int, seed: int) -> torch.Tensor:
+    """[heads, n, D] random states, strided as a real model's (a transpose of [n, heads, D])."""
+    return torch.randn(n, heads, DIM, generator=torch.Generator().manual_seed(seed)).transpose(0, 1)
 
 
-def test_rowwise_attention_keeps_a_non_causal_mask():
-    torch.manual_seed(0)
-    module = torch.nn.Module().eval()
-    query, key, value = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
-    mask = _causal_mask(3, 10).clone()
-    mask[..., :2] = False  # left padding
-    rowwise, _ = rowwise_gqa_attention(module, query, key, value, mask)
-    packed, _ = packed_gqa_attention(module, query, key, value, mask)
-    torch.testing.assert_close(rowwise, packed, rtol=1e-5, atol=1e-6)
+def _attend(pool, table, start, query, keys, values, mode, tree=None) -> torch.Tensor:
+    """One layer-0 attention call of q rows at positions [start, start+q) of ``table``: [q, Hq, D]."""
+    count = query.shape[1]
+    batch = build_step([Segment(table, [0] * count, start, list(range(count)), tree)], mode, CPU)
+    return paged_attention(pool, 0, batch, query, keys, values, 0.25)
+
+
+def _context(slots: int = 64) -> tuple[PagedKVPool, BlockTable]:
+    """A pool whose sequence holds CONTEXT positions of random keys/values."""
+    pool = PagedKVPool(1, KV_HEADS, DIM, slots, "auto", torch.float32, CPU)
+    table = BlockTable(BlockAllocator(slots // 8, 8))
+    table.ensure(CONTEXT)
+    pool.write(0, torch.tensor(table.slots(0, CONTEXT)), _states(CONTEXT, KV_HEADS, 1), _states(CONTEXT, KV_HEADS, 2))
+    return pool, table
+
+
+@pytest.mark.parametrize("mode", ["chosen", "invariant"])
+def test_rowwise_rows_equal_single_row_calls(mode):
+    """Each row of a q-row call is bit-identical to the decode-step call at its position; plain mode is close."""
+    pool, table = _context()
+    q = 5
+    table.ensure(CONTEXT + q)
+    query, keys, values = _states(q, HEADS, 3), _states(q, KV_HEADS, 4), _states(q, KV_HEADS, 5)
+    rows = _attend(pool, table, CONTEXT, query, keys, values, mode)  # [q, Hq, D]
+    assert rows.shape == (q, HEADS, DIM)
+    for i in range(q):
+        step = _attend(pool, table, CONTEXT + i, query[:, i : i + 1], keys[:, i : i + 1], values[:, i : i + 1], mode)
+        assert torch.equal(rows[i : i + 1], step), f"row {i}"
+    plain = _attend(pool, table, CONTEXT, query, keys, values, "plain")  # one masked SDPA call
+    torch.testing.assert_close(plain, rows, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["chosen", "invariant"])
+def test_rowwise_tree_rows_equal_decode_steps_over_their_paths(mode):
+    """A tree row equals the decode step of a chain holding the context, its ancestors and itself."""
+    parents = [-1, 0, 0, 1, -1]  # rows 1 and 2 are siblings; row 4 hangs off the context
+    pool, table = _context()
+    q = len(parents)
+    table.ensure(CONTEXT + q)
+    query, keys, values = _states(q, HEADS, 3), _states(q, KV_HEADS, 4), _states(q, KV_HEADS, 5)
+    rows = _attend(pool, table, CONTEXT, query, keys, values, mode, tree_layout(parents, CONTEXT))  # [q, Hq, D]
+    for row in range(q):
+        path = [row]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        chain = BlockTable(table.allocator)  # the context's keys, then the path's, at slots of their own
+        chain.ensure(CONTEXT + len(path))
+        context = torch.tensor(table.slots(0, CONTEXT))
+        pool.write(0, torch.tensor(chain.slots(0, CONTEXT)), pool.gather(0, "key", context),
+                   pool.gather(0, "value", context))  # fmt: skip
+        if len(path) > 1:
+            pool.write(0, torch.tensor(chain.slots(CONTEXT, CONTEXT + len(path) - 1)), keys[:, path[:-1]],
+                       values[:, path[:-1]])  # fmt: skip
+        start = CONTEXT + len(path) - 1
+        step = _attend(pool, chain, start, query[:, row : row + 1], keys[:, row : row + 1], values[:, row : row + 1],
+                       mode)  # fmt: skip
+        assert torch.equal(rows[row : row + 1], step), f"row {row}"
+        chain.release()
+
+
+def test_a_padded_batched_call_is_close_to_each_sequence_alone():
+    """Plain mode pads B sequences (different contexts and row counts) into one SDPA call; the padding is masked."""
+    pool = PagedKVPool(1, KV_HEADS, DIM, 96, "auto", torch.float32, CPU)
+    allocator = BlockAllocator(12, 8)
+    lengths = ((3, 2), (21, 4), (9, 1))  # (context, rows) per sequence
+    segments, tables = [], []
+    for index, (context, count) in enumerate(lengths):
+        table = BlockTable(allocator)
+        table.ensure(context + count)
+        slots = torch.tensor(table.slots(0, context))
+        pool.write(0, slots, _states(context, KV_HEADS, 10 + index), _states(context, KV_HEADS, 20 + index))
+        segments.append(Segment(table, [0] * count, context, list(range(count))))
+        tables.append(table)
+    total = sum(count for _, count in lengths)
+    query, keys, values = _states(total, HEADS, 3), _states(total, KV_HEADS, 4), _states(total, KV_HEADS, 5)
+    batch = build_step(segments, "plain", CPU)
+    assert batch.padded is not None
+    padded = paged_attention(pool, 0, batch, query, keys, values, 0.25)  # [T, Hq, D]
+    invariant = paged_attention(pool, 0, build_step(segments, "invariant", CPU), query, keys, values, 0.25)
+    torch.testing.assert_close(padded, invariant, rtol=1e-5, atol=1e-6)

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from spectoolkit.models import kernel_choice as kc
-from spectoolkit.models.cached import CachedModel
-from spectoolkit.models.tiny import save_tiny_llama
+from spectoolkit.models.tiny import save_tiny_llama, tiny_llama
+from spectoolkit.runtime.lone import lone_sequence, model_step
 from spectoolkit.wiring.loading import load_model
 
 PROMPT = list(range(3, 20))
@@ -111,8 +111,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def verify_and_steps(model: nn.Module, kv: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits [k, V] of one k-token forward after the prompt, and of k one-token forwards."""
-    runner = CachedModel(model, kv)
+    """Logits [k, V] of one k-token forward after the prompt, and of k one-token forwards (a lone sequence)."""
+    runner = lone_sequence(model, kv)
     with torch.inference_mode():
         runner.reset()
         runner.forward(PROMPT, last_only=True)
@@ -133,10 +133,8 @@ def test_a_verify_forward_equals_decode_steps_bit_for_bit(checkpoint: Path, prec
 
 
 def test_whole_model_steps_decide_when_a_step_is_given():
-    from spectoolkit.models.tiny import tiny_llama
-
     model = tiny_llama(vocab_size=64).eval()
-    real_step = kc.model_step(model)
+    real_step = model_step(model)
     widths_seen: list[int] = []
 
     def step(width: int) -> object:

@@ -1,9 +1,10 @@
 """Tree attention rows: positions and masks, and a tree forward that equals one chain forward per node.
 
 SpecInfer's tree attention: a node sees the prefix, its ancestors and itself, at position prefix +
-depth. With row-invariant kernels (rowwise attention + reference linears, what ``load_model`` installs)
-a tree row is the very computation a chain forward over prefix + that node's path makes, so the
-comparison is ``torch.equal``; a mask that leaks a sibling must fail the same comparison.
+depth. A lone sequence computes each verify row as a decode step (``chosen`` row mode); with the
+reference linears (what ``load_model`` installs) a tree row is then the very computation a chain forward
+over prefix + that node's path makes, so the comparison is ``torch.equal``; a mask that leaks a sibling
+must fail the same comparison.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectoolkit.models.attention import use_rowwise_attention
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.models.tree_mask import tree_rows, verify_rows
+from spectoolkit.runtime.lone import lone_sequence
 
 VOCAB = 512
 PREFIX = [1, 17, 93, 250, 7, 41, 300, 12]
@@ -103,21 +103,20 @@ def test_verify_rows_of_a_chain_and_of_no_nodes():
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
     model = tiny_llama(vocab_size=VOCAB, seed=0, scale=4.0)
-    assert use_rowwise_attention(model)
     choose_kernels(model, "reference")
     return model
 
 
 def _chain_logits(model: torch.nn.Module, node: int, kv_precision: str = "auto") -> torch.Tensor:
-    """Logits [V] after PREFIX + ROOT + the path to ``node`` (-1: the root), from a fresh cache."""
-    runner = CachedModel(model, kv_precision)
+    """Logits [V] after PREFIX + ROOT + the path to ``node`` (-1: the root), from a fresh sequence."""
+    runner = lone_sequence(model, kv_precision)
     runner.forward(PREFIX)
     return runner.forward([ROOT] + [NODE_IDS[i] for i in _path(PARENTS, node)])[-1]
 
 
 def _tree_logits(model: torch.nn.Module, visible: torch.Tensor | None = None, kv_precision: str = "auto"):
     """Verify-forward logits [n+1, V] over ROOT + the tree after PREFIX (``visible``: a mask to use instead)."""
-    runner = CachedModel(model, kv_precision)
+    runner = lone_sequence(model, kv_precision)
     runner.forward(PREFIX)
     positions, rows = verify_rows(PARENTS, len(PREFIX))
     logits = runner.forward_masked([ROOT] + NODE_IDS, positions, rows if visible is None else visible)
@@ -148,7 +147,7 @@ def test_a_mask_that_leaks_a_sibling_is_detected(target):
 
 def test_a_tree_forward_after_earlier_tree_slots_sees_only_its_base(target):
     """Draft-side rows (base < start): stale slots between the prefix and the new tokens are never attended."""
-    runner = CachedModel(target)
+    runner = lone_sequence(target)
     runner.forward(PREFIX + [ROOT])
     runner.forward([40, 41])  # slots 9, 10: tokens of an earlier depth, not ancestors of the new ones
     positions, visible = tree_rows([[], []], base=len(PREFIX) + 1, start=runner.num_computed)
@@ -157,12 +156,9 @@ def test_a_tree_forward_after_earlier_tree_slots_sees_only_its_base(target):
     assert torch.equal(logits[1], _chain_logits(target, 1))
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "rowwise"])
-def test_tree_rows_are_close_to_chains_without_row_invariant_linears(attention):
-    """transformers' sdpa (draft models in tests) or rowwise attention alone: same rows up to fp32 rounding."""
+def test_tree_rows_are_close_to_chains_without_row_invariant_linears():
+    """Plain linears (draft models in tests): row-wise attention alone gives the same rows up to fp32 rounding."""
     model = tiny_llama(vocab_size=VOCAB, seed=0, scale=4.0)
-    if attention == "rowwise":
-        assert use_rowwise_attention(model)
     logits = _tree_logits(model)
     for row in range(len(NODE_IDS) + 1):
         torch.testing.assert_close(logits[row], _chain_logits(model, row - 1), rtol=1e-5, atol=1e-5)

@@ -1,4 +1,5 @@
-"""bitsandbytes LLM.int8 / NF4 on a tiny random Llama: loading, size, accuracy, cached forwards, batch invariance."""
+"""bitsandbytes LLM.int8 / NF4 on a tiny random Llama: loading, size, accuracy, lone-sequence forwards, batch
+invariance."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 import torch
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.attention import ROWWISE_ATTN_NAME
+from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.quant.bnb import BnbConfig, load_bnb, load_quantized, rowwise_linear8bit_class
 from spectoolkit.quant.bnb_scales import scale_bytes
+from spectoolkit.runtime.lone import lone_sequence
 
 bnb = pytest.importorskip("bitsandbytes")
 
@@ -89,12 +91,12 @@ def test_logits_close_to_fp32(
     assert agreement >= MIN_TOP1_AGREEMENT[kind]
 
 
-def test_cached_forwards_of_1_and_5_tokens(quantized: tuple[str, torch.nn.Module], token_ids: torch.Tensor) -> None:
-    from spectoolkit.models.cached import CachedModel
-
+def test_lone_sequence_forwards_of_1_and_5_tokens(
+    quantized: tuple[str, torch.nn.Module], token_ids: torch.Tensor
+) -> None:
     _, model = quantized
     ids = token_ids[0].tolist()
-    runner = CachedModel(model)
+    runner = lone_sequence(model)
     prompt_last = runner.forward(ids[:20], last_only=True)  # [V]
     assert prompt_last.shape == (VOCAB,) and runner.num_computed == 20
     verify = runner.forward(ids[20:25])  # [5, V]
@@ -106,7 +108,8 @@ def test_cached_forwards_of_1_and_5_tokens(quantized: tuple[str, torch.nn.Module
     steps = torch.stack([runner.forward([token], last_only=True) for token in ids[20:25]])  # [5, V]
     assert runner.num_computed == 25
     # One-token and five-token forwards agree up to the float kernels' summation order (GEMMs of the
-    # float head); attention and int8 outliers are row-wise (see the next tests).
+    # float head: no row-invariant kernels installed here); attention and int8 outliers are row-wise (see
+    # the tests below).
     torch.testing.assert_close(steps, verify, rtol=1e-4, atol=1e-4)
     assert torch.equal(steps.argmax(-1), verify.argmax(-1))
 
@@ -155,8 +158,29 @@ def test_int8_outlier_in_one_row_leaves_the_others_alone(
     assert (batch - exact).abs().max() < 0.05 * scale and (stock - exact).abs().max() < 0.05 * scale
 
 
-def test_bnb_models_use_rowwise_attention(quantized: tuple[str, torch.nn.Module]) -> None:
-    assert quantized[1].config._attn_implementation == ROWWISE_ATTN_NAME
+def test_bnb_models_keep_the_stock_attention(quantized: tuple[str, torch.nn.Module]) -> None:
+    """Nothing is swapped in at load: the stock forward stays the reference; the runners bring their attention."""
+    model = quantized[1]
+    assert model.config._attn_implementation == "sdpa"
+    assert all("forward" not in layer.self_attn.__dict__ for layer in model.model.layers)
+
+
+@pytest.mark.parametrize("kind", ["int8", "nf4"])
+def test_a_verify_window_equals_decode_steps_on_a_lone_sequence(checkpoint: Path, token_ids: torch.Tensor,
+                                                                 kind: str) -> None:  # fmt: skip
+    """What the swapped-in row-wise attention used to guarantee, now the runner's: a lone sequence (eager runner,
+    ``chosen`` rows) computes each verify row as the decode step at its position, so rounding activations to
+    int8 / bf16 cannot amplify a difference between the two (float linears on the reference kernels)."""
+    model = load_quantized(str(checkpoint), kind, CPU, 64)
+    choose_kernels(model, "reference")  # the float head (bitsandbytes int8 layers keep their row-wise forward)
+    ids = token_ids[0].tolist()
+    runner = lone_sequence(model)
+    with torch.inference_mode():
+        runner.forward(ids[:20], last_only=True)
+        window = runner.forward(ids[20:25])  # [5, V]
+        runner.truncate(20)
+        steps = torch.cat([runner.forward([token]) for token in ids[20:25]])  # [5, V]
+    assert torch.equal(window, steps), (window - steps).abs().max()
 
 
 def test_int8_without_outliers_keeps_stock_linears(checkpoint: Path) -> None:

@@ -215,10 +215,10 @@ def test_cpu_backend_falls_back_to_plain_torch_where_aten_cannot(tmp_path: Path)
 
 
 def test_cached_model_decodes_and_truncates(tiny_model: torch.nn.Module) -> None:
-    from spectoolkit.models.cached import CachedModel
+    from spectoolkit.runtime.lone import lone_sequence
 
     prompt = list(range(100, 120))
-    cached = CachedModel(tiny_model)
+    cached = lone_sequence(tiny_model)
     cached.forward(prompt, last_only=True)
     one = cached.forward([7])  # [1, V]
     five = cached.forward([8, 9, 10, 11, 12])  # [5, V]
@@ -289,7 +289,7 @@ def test_float_path_is_quantized_then_loaded(
 def test_embedded_model_int4_agrees_with_fp32() -> None:
     """Real GPTQ of SmolLM2-135M (minutes on 2 cores the first time, then cached)."""
     from spectoolkit.config import WorkloadConfig
-    from spectoolkit.models.cached import CachedModel
+    from spectoolkit.runtime.lone import lone_sequence
     from spectoolkit.wiring.loading import load_model, load_tokenizer
     from spectoolkit.workloads.prompts import load_workload
 
@@ -297,8 +297,8 @@ def test_embedded_model_int4_agrees_with_fp32() -> None:
     chats = load_workload(WorkloadConfig(kind="sharegpt", num_prompts=10))  # the start: not calibration text
     held = [r.prompt + "\n" + (r.reference or "") for r in chats]
     ids = [row for row in (tokenizer(text).input_ids[:100] for text in held) if len(row) == 100][:3]
-    reference = CachedModel(load_model(None, "fp32", torch.device("cpu")).model)
-    quantized = CachedModel(load_quantized(None, "int4", torch.device("cpu"), 64))
+    reference = lone_sequence(load_model(None, "fp32", torch.device("cpu")).model)
+    quantized = lone_sequence(load_quantized(None, "int4", torch.device("cpu"), 64))
     agree = []
     for row in ids:
         reference.reset()

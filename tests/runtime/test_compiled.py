@@ -12,9 +12,9 @@ from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.compiled import CompiledRunner, bucket, compiled_runners
 from spectoolkit.runtime.eager import EagerRunner
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner, run_segments
 from spectoolkit.runtime.step import Segment, tree_layout
-from spectoolkit.serving.factory import make_pool
 
 BLOCK, BLOCKS = 4, 64
 WIDTHS = (1, 8)  # two graphs for the whole module (~25 s on 2 cores); a 9-row call chunks as 8 + 1

@@ -9,9 +9,9 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.eager import EagerRunner
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import run_segments
 from spectoolkit.runtime.step import ROW_MODES, Segment, build_step, tree_layout
-from spectoolkit.serving.factory import make_pool
 
 BLOCK = 4
 

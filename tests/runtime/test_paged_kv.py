@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from spectoolkit.kvcache import formats
+from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.precisions import KV_PRECISIONS
-from spectoolkit.runtime.paged_kv import KINDS, PagedKVPool
+from spectoolkit.runtime.paged_kv import KINDS, PagedKVPool, make_pool
 from tests.serving.helpers import assert_same_bits, bits
 
 LAYERS, HEADS, DIM, SLOTS = 2, 2, 16, 48
@@ -142,3 +143,52 @@ def test_slot_bytes_follow_the_format():
                "int4": DIM // 2 + 2 * 4 * (DIM // formats.int4_group_size(DIM))}  # fmt: skip
     for precision, row in per_row.items():
         assert _pool(precision).slot_bytes() == LAYERS * len(KINDS) * HEADS * row, precision
+
+
+def _snapshot(pool: PagedKVPool) -> dict[tuple[int, str, str], torch.Tensor]:
+    """Every stored buffer's bits over all slots (unwritten slots included: they must not change either)."""
+    return {(index, kind, name): bits(buf).clone() for index, layer in enumerate(pool.layers)
+            for kind, fields in layer.items() for name, buf in fields.items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("precision", KV_PRECISIONS)
+def test_moved_slots_read_back_bit_for_bit(precision):
+    """A tree's accepted path moved next to its prefix: targets get the sources' stored bytes, nothing re-encoded;
+    the sources keep theirs (a move may overlap: source 3 is also a target) and no other slot changes."""
+    slots = torch.tensor([2, 3, 5, 6, 30, 12])
+    pool = _pool(precision)
+    for layer in range(LAYERS):
+        pool.write(layer, slots, *_states(len(slots), seed=6 + layer))
+    sources, targets = [3, 5, 6, 30], [2, 3, 4, 40]
+    before = _snapshot(pool)
+    stored = {(layer, kind): pool.stored(layer, kind, torch.tensor(sources)) for layer in range(LAYERS)
+              for kind in KINDS}  # fmt: skip
+    pool.move(sources, targets)
+    for layer in range(LAYERS):
+        for kind in KINDS:
+            assert_same_bits(pool.stored(layer, kind, torch.tensor(targets)), stored[layer, kind], f"{layer} {kind}")
+    after = _snapshot(pool)
+    untouched = [slot for slot in range(SLOTS) if slot not in targets]
+    for key, buf in before.items():
+        assert torch.equal(after[key][:, untouched], buf[:, untouched]), f"{key}: a slot that was not a target"
+
+
+def test_a_move_onto_itself_or_of_nothing_changes_nothing():
+    pool = _pool("int4")
+    pool.write(0, torch.tensor([4, 9]), *_states(2, seed=7))
+    before = _snapshot(pool)
+    pool.move([4, 9], [4, 9])
+    pool.move([], [])
+    after = _snapshot(pool)
+    assert all(torch.equal(after[key], buf) for key, buf in before.items())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_make_pool_is_shaped_for_the_model(dtype):
+    model = tiny_llama(vocab_size=64).to(dtype)
+    config = model.config
+    pool = make_pool(model, "int8", 24)
+    head_dim = config.hidden_size // config.num_attention_heads
+    assert len(pool.layers) == config.num_hidden_layers and pool.num_slots == 24 and pool.compute_dtype == dtype
+    assert pool.layers[0]["value"]["data"].shape == (config.num_key_value_heads, 24, head_dim)
+    assert pool.layers[0]["value"]["scale"].shape == (config.num_key_value_heads, 24, 1)

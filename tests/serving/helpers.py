@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from spectoolkit.engine import BaselineEngine
-from spectoolkit.models.attention import use_rowwise_attention
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.eager import EagerRunner
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner, run_segments
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
 from spectoolkit.serving.drafters import BatchModelDrafter
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.factory import make_pool
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
 from tests.noise import noisy_copy
+from tests.reference import alone_greedy
 
 VOCAB = 512
 EOS = 2
@@ -29,7 +27,6 @@ MAX_POSITIONS = 1024
 
 def switched(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` decoding row-invariantly with the reference kernels (what load_model does)."""
-    use_rowwise_attention(model)
     choose_kernels(model, "reference")
     return model
 
@@ -120,10 +117,10 @@ def alone(eng: ContinuousEngine, reqs: list[ServeRequest]) -> dict[str, list[int
     return out
 
 
-def baseline_outputs(model: torch.nn.Module, prompt_ids: list[list[int]], max_new: int) -> dict[str, list[int]]:
-    """The batch-1 reference: target alone on a CachedModel, greedy."""
-    base = BaselineEngine(CachedModel(model), GreedyVerifier(), EOS_IDS)
-    return {str(i): base.generate(list(p), max_new, None).output_ids for i, p in enumerate(prompt_ids)}
+def baseline_outputs(model: torch.nn.Module, prompt_ids: list[list[int]], max_new: int,
+                     kv: str = "auto") -> dict[str, list[int]]:  # fmt: skip
+    """The batch-1 reference: the target alone on the one runner (a lone sequence), greedy."""
+    return {str(i): alone_greedy(model, list(p), max_new, EOS_IDS, kv) for i, p in enumerate(prompt_ids)}
 
 
 class StepLog:

@@ -1,7 +1,7 @@
 """Greedy exactness under continuous batching (DESIGN §1, §6) on a tiny model.
 
 A batch of mixed prompt lengths with drafters whose k_i differ per sequence and step must emit, per
-request, exactly the batch-1 target-alone output (BaselineEngine over CachedModel). In batch-invariant
+request, exactly the batch-1 target-alone output (a lone sequence on the same runner). In batch-invariant
 mode no row depends on the others, so for every KV precision the batch outputs must be identical to
 the engine's own concurrency-1 outputs, with and without speculation. ``reset`` between runs (and in
 the middle of one) must give the same outputs again.
@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from spectoolkit.engine import BaselineEngine
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchNgramDrafter
-from spectoolkit.verify import GreedyVerifier
 from tests.serving import helpers
-from tests.serving.helpers import EOS_IDS, VOCAB
+from tests.serving.helpers import VOCAB
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MAX_NEW = 24
@@ -82,8 +79,7 @@ def test_invariant_batch_equals_its_own_concurrency_one(target, batch, kv):
     plain = helpers.engine(target, kv=kv, invariant=True, max_num_tokens=48)
     assert outputs == helpers.alone(plain, requests), f"kv={kv}: batch spec != concurrency-1 baseline arm"
     assert outputs == helpers.outputs(helpers.run(plain, requests)), f"kv={kv}: batch spec != batch baseline arm"
-    alone = BaselineEngine(CachedModel(target, kv), GreedyVerifier(), EOS_IDS)  # same per-token KV format
-    assert outputs == {str(i): alone.generate(p, MAX_NEW, None).output_ids for i, p in enumerate(batch)}
+    assert outputs == helpers.baseline_outputs(target, batch, MAX_NEW, kv)  # a lone sequence, same KV format
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model-noisy"])

@@ -3,8 +3,8 @@
 Many requests (several prompts x many per-request seeds) are decoded together at temperature 1 by the
 continuous engine with the :class:`StochasticVerifier`, speculating with a draft model (RandomChooser:
 q is the distribution each draft was drawn from) or with n-gram lookup (one-hot q). At each of the first
-``LENGTH`` output positions, each prompt's tokens are compared with the target alone's (BaselineEngine
-over CachedModel, its own seeds) by the two-sample chi-square of :mod:`spectoolkit.eval.stochastic_empirical`
+``LENGTH`` output positions, each prompt's tokens are compared with the target alone's (a batch-1 arm
+of the one engine, its own seeds) by the two-sample chi-square of :mod:`spectoolkit.eval.stochastic_empirical`
 (rare tokens pooled, Bonferroni over prompts x positions). A negative control — a verifier that accepts
 every draft, so its tokens follow q — must be rejected by the same test at the same sample size. With
 n-gram drafts in batch-invariant mode, a request's sampled output depends on its seed alone: the batch
@@ -21,19 +21,17 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig
-from spectoolkit.engine import BaselineEngine
-from spectoolkit.eval.stochastic_empirical import ENDED, ArgmaxReportingSoftmax, PromptKept, two_sample_test
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.eval.stochastic_empirical import ENDED, ArgmaxReportingSoftmax, two_sample_test
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import RandomChooser, processed_probs, sample_from
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
+from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.verify.base import VerifyResult
 from spectoolkit.verify.rules import draw_uniforms
 from spectoolkit.verify.stochastic import StochasticVerifier
 from tests.serving import helpers
-from tests.serving.helpers import EOS_IDS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SAMPLING = SamplingConfig(temperature=1.0)
@@ -71,10 +69,10 @@ def _counts_of(outputs: list[list[int]]) -> list[Counter]:
 
 
 def _target_alone(target, prompts: list[list[int]], samples: int) -> list[list[Counter]]:
-    """Per prompt, per position counts of the target alone (its prompt KV kept across samples: PromptKept)."""
+    """Per prompt, per position counts of the target alone (batch-1 arm of the one engine)."""
     seed, counts = ARM_SEEDS["target"], []
+    engine = OneRequestEngine(helpers.engine(target, verifier=StochasticVerifier(SAMPLING), stochastic=True), "alone")
     for prompt in prompts:
-        engine = BaselineEngine(PromptKept(CachedModel(target), prompt), StochasticVerifier(SAMPLING), EOS_IDS)
         outputs = [engine.generate(prompt, LENGTH, torch.Generator().manual_seed(seed + s)).output_ids
                    for s in range(samples)]  # fmt: skip
         counts.append(_counts_of(outputs))

@@ -14,12 +14,12 @@ import torch
 
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
+from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.factory import make_pool
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
 from tests.serving import helpers

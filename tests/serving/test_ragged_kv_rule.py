@@ -23,10 +23,9 @@ import torch
 from spectoolkit.drafting.base import Proposal
 from spectoolkit.precisions import KV_PRECISIONS
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
-from spectoolkit.runtime.paged_kv import KINDS
+from spectoolkit.runtime.paged_kv import KINDS, make_pool
 from spectoolkit.runtime.step import Segment
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.factory import make_pool
 from spectoolkit.verify.base import VerifyResult
 from tests.serving import helpers
 from tests.serving.helpers import BLOCK, EOS, VOCAB

@@ -1,7 +1,7 @@
 """Token trees under continuous batching (DESIGN §1, §2, §6): tree segments, the accepted path's KV, exactness.
 
 - **Segments:** one ragged forward over a tree segment, a chain, a plain decode and a prefill chunk gives
-  every row the logits a batch-1 ``CachedModel`` gets for prefix + that row's path (bit for bit in
+  every row the logits a batch-1 lone sequence gets for prefix + that row's path (bit for bit in
   batch-invariant mode, within 1e-5 padded); a mask that lets a node see its sibling is caught.
 - **KV:** with random trees and random accepted paths, after every commit a sequence's stored KV of
   [0, num_computed) equals, bit for bit and for every KV precision, a fresh pool fed only the committed
@@ -22,26 +22,24 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.engine import BaselineEngine
-from spectoolkit.engine.tree_round import tree_depth
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.drafting.tree import TokenTree, tree_depth
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.precisions import KV_PRECISIONS
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
-from spectoolkit.runtime.paged_kv import KINDS
+from spectoolkit.runtime.lone import lone_sequence
+from spectoolkit.runtime.paged_kv import KINDS, make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.runtime.step import Segment, tree_layout
 from spectoolkit.sampling import GreedyChooser, RandomChooser
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.factory import make_pool
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.serving.sequence import new_sequence
 from spectoolkit.verify import GreedyVerifier, StochasticVerifier
 from spectoolkit.verify.tree import TreeVerifyResult, children_of
+from tests.reference import alone_greedy
 from tests.serving import helpers
 from tests.serving.helpers import BLOCK, EOS_IDS, MAX_POSITIONS, VOCAB
 
@@ -156,7 +154,8 @@ def _path(tokens: list[int], parents: list[int], row: int) -> list[int]:
 
 def _mixed_step(target, mode: str, sees_sibling: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Prefill four sequences, then one ragged forward of a tree, a chain, a decode and a prefill chunk
-    (``lone``: the tree alone); (its logits [R, V], the batch-1 CachedModel logits of each row)."""
+    (``lone``: the tree alone); (its logits [R, V], the batch-1 logits of each row: a lone sequence fed its
+    prefix + path)."""
     gen = torch.Generator().manual_seed(3)
     rand = lambda n: torch.randint(3, VOCAB, (n,), generator=gen).tolist()  # noqa: E731
     prefixes = [rand(11), rand(9), rand(13), rand(7)]
@@ -179,7 +178,7 @@ def _mixed_step(target, mode: str, sees_sibling: bool) -> tuple[torch.Tensor, li
     logits = helpers.paged_forward(target, pool, segments, invariant=mode == "invariant")
     paths = [prefixes[0] + _path(fed[0], PARENTS, row) for row in range(len(PARENTS))]
     paths += [p + ids[: i + 1] for p, ids in zip(prefixes[1:], fed[1:], strict=True) for i in range(len(ids))]
-    expected = [CachedModel(target).forward(ids)[-1] for ids in paths[: len(logits)]]
+    expected = [lone_sequence(target).forward(ids)[-1] for ids in paths[: len(logits)]]
     return logits, expected
 
 
@@ -543,13 +542,11 @@ class OracleTreeDrafter:
 
 @pytest.mark.parametrize("invariant", [False, True], ids=["padded", "invariant"])
 def test_a_stop_token_inside_an_accepted_path_ends_the_request_there(target, batch, invariant):
-    unstopped = BaselineEngine(CachedModel(target), GreedyVerifier(), frozenset())
-    long = {str(i): p + unstopped.generate(list(p), MAX_NEW, None).output_ids for i, p in enumerate(batch)}
+    long = {str(i): p + alone_greedy(target, list(p), MAX_NEW) for i, p in enumerate(batch)}
     first = long["0"][len(batch[0]) :]
     # A stop token mid-output; rounds accepting every node emit outputs [1 + 5r, 5 + 5r]: not the path's last.
     stop = next(t for i, t in enumerate(first) if i % (GAMMA + 1) in (1, 2) and i > 1 and t not in first[:i])
-    stopped = BaselineEngine(CachedModel(target), GreedyVerifier(), frozenset({stop}))
-    expected = {str(i): stopped.generate(list(p), MAX_NEW, None).output_ids for i, p in enumerate(batch)}
+    expected = {str(i): alone_greedy(target, list(p), MAX_NEW, frozenset({stop})) for i, p in enumerate(batch)}
     assert expected["0"][-1] == stop and len(expected["0"]) < MAX_NEW
     tree = TreeConfig(kind="dynamic", max_nodes=12)
     eng = tree_engine(target, tree, OracleTreeDrafter(long), invariant=invariant, eos_ids=frozenset({stop}))
@@ -573,9 +570,7 @@ def test_int8_target_kv_with_trees_equals_batch1_target_alone_at_int8(target, dr
     drafter = _drafter("model", draft)
     eng = tree_engine(target, tree, drafter, invariant=True, kv="int8")
     done = helpers.run(eng, helpers.requests(batch, MAX_NEW))
-    alone = BaselineEngine(CachedModel(target, "int8"), GreedyVerifier(), EOS_IDS)  # the same per-token format
-    assert helpers.outputs(done) == {str(i): alone.generate(list(p), MAX_NEW, None).output_ids
-                                     for i, p in enumerate(batch)}  # fmt: skip
+    assert helpers.outputs(done) == helpers.baseline_outputs(target, batch, MAX_NEW, "int8")  # the same format
     assert drafter.branched() > 0 and helpers.all_free(eng)
 
 

@@ -1,7 +1,7 @@
 """Classify divergences under batching by replaying the position with the target alone (issue 15 §8).
 
 A request's output at some load level differs from its batch-1 target-alone output at ``position``.
-The target alone (batch 1, :class:`~spectoolkit.models.cached.CachedModel` on the same model and KV
+The target alone (batch 1, a :class:`~spectoolkit.runtime.lone.LoneSequence` on the same model and KV
 precision) recomputes that position over prompt + the reference prefix, and its top-2 logit margin
 there says whether a last-bit difference could have flipped the token:
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from spectoolkit.eval.exactness import near_tie_threshold, top2_margin
 from spectoolkit.metrics.records import RequestRecord
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.runtime.lone import lone_sequence
 
 MAX_REPLAYS = 64  # further divergences stay unexplained until examined
 
@@ -39,7 +39,7 @@ def classify_divergences(
     """``section`` (``serving_exactness``) with each divergence classified and a verdict added."""
     threshold = near_tie_threshold(precision, kv)
     outputs = {(r.arm, r.load_level, r.case_id, r.repeat_idx): r.output_ids for r in records if not r.error}
-    runner = CachedModel(model, kv) if section["divergent"] else None
+    runner = lone_sequence(model, kv) if section["divergent"] else None
     for index, item in enumerate(section["divergent"]):
         reference = references.get(item["case_id"], [])
         output = outputs.get((item["arm"], item["level"], item["case_id"], item["repeat"]), [])

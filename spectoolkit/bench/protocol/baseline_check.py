@@ -24,7 +24,7 @@ import torch
 from spectoolkit.bench.protocol.stock_models import StockUnavailable, load_stock
 from spectoolkit.config import RunConfig
 from spectoolkit.errors import first_line
-from spectoolkit.models.cached import synchronize
+from spectoolkit.runtime.runner import synchronize
 from spectoolkit.wiring.setup import Arm, RunSetup
 
 MAX_PROMPTS = 3  # runnable prompts of the run that are timed

@@ -13,7 +13,8 @@ import statistics
 import time
 from collections.abc import Iterable, Sequence
 
-from spectoolkit.models.cached import CachedModel, synchronize
+from spectoolkit.runtime.lone import LoneSequence
+from spectoolkit.runtime.runner import synchronize
 
 DEFAULT_MAX_WIDTH = 17  # verify width of γ = 16, the largest γ the cost model predicts for
 
@@ -48,7 +49,7 @@ def _cycled(context_ids: list[int], start: int, width: int) -> list[int]:
     return [context_ids[(start + offset) % len(context_ids)] for offset in range(width)]
 
 
-def _time_forward(runner: CachedModel, token_ids: list[int], context_len: int) -> float:
+def _time_forward(runner: LoneSequence, token_ids: list[int], context_len: int) -> float:
     """Seconds for one forward of ``token_ids`` on top of the context; the cache is rolled back after."""
     synchronize(runner.device)  # nothing queued earlier is charged to this forward
     start = time.perf_counter()
@@ -60,7 +61,7 @@ def _time_forward(runner: CachedModel, token_ids: list[int], context_len: int) -
 
 
 def measure_verify_costs(
-    runner: CachedModel, context_ids: list[int], widths: Sequence[int], repeats: int = 5
+    runner: LoneSequence, context_ids: list[int], widths: Sequence[int], repeats: int = 5
 ) -> dict[int, float]:
     """Median seconds of one target forward of each width in ``widths`` after ``context_ids``.
 

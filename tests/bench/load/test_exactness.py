@@ -9,8 +9,8 @@ from spectoolkit.bench.load.exactness import classify_divergences
 from spectoolkit.eval.exactness import top2_margin
 from spectoolkit.metrics.records import RequestRecord
 from spectoolkit.metrics.summary import first_divergence
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.runtime.lone import lone_sequence
 
 PROMPT = [5, 9, 13, 17, 21]
 
@@ -59,5 +59,5 @@ def test_the_replay_is_the_target_alone_margin_at_the_reference_prefix() -> None
     model = tiny_llama()
     section = classify_divergences(_section(2), [_record([1, 2, 7, 8])], {"c": PROMPT}, {"c": [1, 2, 3, 4]},
                                    model, "fp32", "auto", False)  # fmt: skip
-    expected = top2_margin(CachedModel(model), PROMPT, [1, 2])
+    expected = top2_margin(lone_sequence(model), PROMPT, [1, 2])
     assert section["divergent"][0]["margin"] == pytest.approx(expected) and expected > 0

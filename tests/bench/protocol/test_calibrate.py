@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 
 from spectoolkit.bench.protocol.calibrate import calibration_context, calibration_widths, measure_verify_costs
-from spectoolkit.models.cached import CachedModel
 from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 
 VOCAB = 512
 
 
 @pytest.fixture(scope="module")
-def runner(one_thread) -> CachedModel:
-    return CachedModel(tiny_llama(vocab_size=VOCAB))
+def runner(one_thread) -> LoneSequence:
+    return lone_sequence(tiny_llama(vocab_size=VOCAB))
 
 
-def _recording(runner: CachedModel, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int, list[int]]]:
+def _recording(runner: LoneSequence, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int, list[int]]]:
     """Wrap ``runner.forward``; each call logs (cache length before, tokens fed, logits rows, ids)."""
     calls = []
     original = runner.forward

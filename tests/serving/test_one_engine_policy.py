@@ -1,11 +1,12 @@
-"""Draft-length policies in the batch-1 engine (spectoolkit.policy + SpeculativeEngine).
+"""Draft-length policies at batch 1 on the one engine (spectoolkit.policy + OneRequestEngine).
 
-Whatever k a policy picks per round, greedy speculation must emit the target-alone tokens and
-sampled speculation the target's distribution (DESIGN §1). The adaptive policy must learn γ for a
-drafter that is always right and 0 for one that is always wrong; the confidence policy's draft
-model must stop after its first token below the threshold. Tiny-model timings are noise, not a cost
-curve, so where a test asserts *which* k is chosen the policy's costs are pinned to a realistic
-seeded curve (:class:`PinnedCosts`); the exactness tests also run the policy as shipped.
+Whatever k a policy picks per round, greedy speculation must emit the target-alone tokens and sampled
+speculation the target's distribution (DESIGN §1); every round's k stays within min(γ, room − 1). The
+adaptive policy must learn γ for a drafter that is always right and 0 for one that is always wrong (probing
+it rarely, ever more rarely); the confidence policy's draft model must stop after its first token below the
+threshold. Tiny-model timings are noise, not a cost curve, so where a test asserts *which* k is chosen the
+policy's costs are pinned to a realistic seeded curve (:class:`PinnedCosts`); the exactness tests also run the
+policy as shipped. The batched counterparts (k_i per sequence of a step) live in test_policy_serving.py.
 """
 
 from __future__ import annotations
@@ -17,18 +18,29 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter, Proposal
-from spectoolkit.engine import BaselineEngine, GenerationOutput, SpeculativeEngine
-from spectoolkit.eval.stochastic_empirical import empirical_exactness, negative_control
-from spectoolkit.models.cached import CachedModel
+from spectoolkit.drafting.base import Proposal
+from spectoolkit.eval.stochastic_empirical import engine_exactness, negative_control
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy
+from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.lone import lone_sequence
+from spectoolkit.runtime.paged_kv import make_pool
+from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser, make_chooser
+from spectoolkit.serving.api import GenerationOutput, ServeRequest
+from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
+from spectoolkit.serving.engine import ContinuousEngine
+from spectoolkit.serving.one import OneRequestEngine
+from spectoolkit.serving.scheduler import SchedulerLimits
+from spectoolkit.serving.sequence import new_sequence
 from spectoolkit.verify import GreedyVerifier
+from tests.eval import one_engines
 from tests.noise import noisy_copy
+from tests.reference import alone_greedy
+from tests.serving import helpers
+from tests.serving.helpers import BLOCK, EOS_IDS, MAX_POSITIONS, VOCAB
 
-VOCAB = 512
-EOS_IDS = frozenset({2})
 GAMMA = 4
 MAX_NEW = 24
 LONG = 64  # generations long enough to see the policy settle
@@ -66,32 +78,43 @@ class ReferenceDrafter:
 
     name = "reference"
 
-    def __init__(self, prompt: list[int], reference: list[int], wrong: bool) -> None:
-        self.prompt_len, self.reference, self.wrong = len(prompt), reference, wrong
+    def __init__(self, reference: list[int], wrong: bool) -> None:
+        self.reference, self.wrong = reference, wrong
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        assert len(prompt_ids) == self.prompt_len
+    def propose(self, seqs, budgets: list[int]) -> list[Proposal]:
+        out = []
+        for seq, budget in zip(seqs, budgets, strict=True):
+            emitted = len(seq.tokens) - seq.prompt_len
+            draft_ids = self.reference[emitted : emitted + budget]
+            if self.wrong:
+                draft_ids = [(token + 1) % VOCAB for token in draft_ids]
+            out.append(Proposal(draft_ids, None))
+        return out
 
-    def propose(self, tokens: list[int], budget: int, generator: torch.Generator | None) -> Proposal:
-        emitted = len(tokens) - self.prompt_len
-        draft_ids = self.reference[emitted : emitted + budget]
-        if self.wrong:
-            draft_ids = [(token + 1) % VOCAB for token in draft_ids]
-        return Proposal(draft_ids, None)
-
-    def rollback(self, num_kept: int) -> None:
+    def rollback(self, seq, num_kept: int) -> None:
         pass
+
+    def release(self, seq) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def runners(self) -> dict:
+        return {}
+
+    def kv_bytes(self) -> int:
+        return 0
 
 
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
-    return tiny_llama(vocab_size=VOCAB, seed=0, scale=4.0)
+    return helpers.switched(tiny_llama(vocab_size=VOCAB, seed=0, scale=4.0))
 
 
 @pytest.fixture(scope="module")
 def references(target) -> dict[tuple[int, ...], list[int]]:
-    engine = BaselineEngine(CachedModel(target), GreedyVerifier(), EOS_IDS)
-    return {tuple(prompt): engine.generate(prompt, LONG, None).output_ids for prompt in PROMPTS}
+    return {tuple(prompt): alone_greedy(target, prompt, LONG, EOS_IDS) for prompt in PROMPTS}
 
 
 @pytest.fixture(scope="module")
@@ -104,17 +127,31 @@ def draft_models(target) -> dict[str, torch.nn.Module]:
     }
 
 
+def _model_drafter(draft: torch.nn.Module, stop_below: float | None = None, chooser=None) -> BatchModelDrafter:
+    pool, allocator = make_pool(draft, "auto", 200 * BLOCK), BlockAllocator(200, BLOCK)
+    return BatchModelDrafter(make_runner(draft, pool), chooser or GreedyChooser(), allocator, VOCAB, VOCAB, EOS_IDS,
+                             "model", stop_below)  # fmt: skip
+
+
 def _drafter(name: str, draft_models, stop_below: float | None = None):
     if name == "ngram":
-        return NgramDrafter(max_n=3, min_n=1, target_vocab_size=VOCAB, one_hot_probs=False)
-    return ModelDrafter(draft_models[name], GreedyChooser(), VOCAB, VOCAB, EOS_IDS, name, stop_below=stop_below)
+        return BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False)
+    return _model_drafter(draft_models[name], stop_below)
 
 
-def _caps(out: GenerationOutput, max_new: int) -> list[int]:
+def _one(target: torch.nn.Module, drafter, policy) -> OneRequestEngine:
+    """The spec arm as the wiring builds it: γ = the policy's max, one request in flight."""
+    limits = SchedulerLimits(64, 1, policy.max_gamma, None, None)
+    runner = make_runner(target, make_pool(target, "auto", 200 * BLOCK))
+    return OneRequestEngine(ContinuousEngine("spec", runner, BlockAllocator(200, BLOCK), GreedyVerifier(), limits,
+                                             EOS_IDS, MAX_POSITIONS, drafter, policy=policy), "spec")  # fmt: skip
+
+
+def _caps(out: GenerationOutput, max_new: int, gamma: int = GAMMA) -> list[int]:
     """Each round's cap min(γ, room − 1), from what the rounds before it emitted."""
     caps, emitted = [], 1  # the prefill's token
     for accepted in out.accept_lengths:
-        caps.append(min(GAMMA, max_new - emitted - 1))
+        caps.append(min(gamma, max_new - emitted - 1))
         emitted += accepted + 1
     return caps
 
@@ -138,13 +175,13 @@ POLICIES = {
 
 @pytest.mark.parametrize("drafter_name", ["bf16-copy", "noisy-copy", "other-seed", "ngram"])
 @pytest.mark.parametrize("policy_name", POLICIES)
-def test_greedy_output_equals_baseline(target, draft_models, references, policy_name, drafter_name):
+def test_greedy_output_equals_the_target_alone(target, draft_models, references, policy_name, drafter_name):
     policy = POLICIES[policy_name]()
-    drafter = _drafter(drafter_name, draft_models, policy.stop_below)
-    engine = SpeculativeEngine(CachedModel(target), drafter, GreedyVerifier(), GAMMA, EOS_IDS, policy)
+    one = _one(target, _drafter(drafter_name, draft_models, policy.stop_below), policy)
+    assert one.policy is policy
     outs = []
     for prompt in PROMPTS:
-        out = engine.generate(prompt, MAX_NEW, None)
+        out = one.generate(prompt, MAX_NEW, None)
         assert out.output_ids == references[tuple(prompt)][:MAX_NEW], f"prompt {prompt}: diverged from the target"
         _check_rounds(out, MAX_NEW)
         outs.append(out)
@@ -164,9 +201,8 @@ def test_greedy_output_equals_baseline(target, draft_models, references, policy_
 def test_adaptive_learns_gamma_or_zero_from_constructed_drafters(target, references, right):
     prompt = PROMPTS[0]
     reference = references[tuple(prompt)]
-    drafter = ReferenceDrafter(prompt, reference, wrong=not right)
-    engine = SpeculativeEngine(CachedModel(target), drafter, GreedyVerifier(), GAMMA, EOS_IDS, PinnedCosts())
-    out = engine.generate(prompt, LONG, None)
+    one = _one(target, ReferenceDrafter(reference, wrong=not right), PinnedCosts())
+    out = one.generate(prompt, LONG, None)
     assert out.output_ids == reference
     _check_rounds(out, LONG)
     tail = out.chosen_lengths[WARMUP:]
@@ -185,12 +221,9 @@ def test_adaptive_learns_gamma_or_zero_from_constructed_drafters(target, referen
 
 @pytest.mark.parametrize(("drafter_name", "expected"), [("copy", GAMMA), ("other-seed", 0)])
 def test_adaptive_learns_gamma_or_zero_from_draft_models(target, draft_models, references, drafter_name, expected):
-    policy = PinnedCosts()
-    engine = SpeculativeEngine(
-        CachedModel(target), _drafter(drafter_name, draft_models), GreedyVerifier(), GAMMA, EOS_IDS, policy
-    )
+    one = _one(target, _drafter(drafter_name, draft_models), PinnedCosts())
     for prompt in PROMPTS:
-        out = engine.generate(prompt, LONG, None)
+        out = one.generate(prompt, LONG, None)
         assert out.output_ids == references[tuple(prompt)]
         _check_rounds(out, LONG)
         tail = list(zip(out.chosen_lengths, _caps(out, LONG), strict=True))[WARMUP:]
@@ -202,18 +235,24 @@ def test_adaptive_learns_gamma_or_zero_from_draft_models(target, draft_models, r
 
 
 def _top_probs_along(draft: torch.nn.Module, prompt: list[int], draft_ids: list[int]) -> list[float]:
-    """The draft's top probability at each of ``draft_ids``' positions (one full forward, no cache)."""
-    logits = CachedModel(draft).forward(prompt + draft_ids[:-1])  # [P + k - 1, V]
+    """The draft's top probability at each of ``draft_ids``' positions (the draft alone, one forward)."""
+    logits = lone_sequence(draft).forward(prompt + draft_ids[:-1])  # [P + k - 1, V]
     probs = torch.softmax(logits[len(prompt) - 1 :].float(), dim=-1)  # [k, V]
     return probs.max(dim=-1).values.tolist()
+
+
+def _propose(drafter: BatchModelDrafter, prompt: list[int], budget: int, generator=None) -> Proposal:
+    """One round of ``drafter`` for a fresh sequence whose tokens are ``prompt``."""
+    request = ServeRequest("0", list(prompt), MAX_NEW, generator=generator)
+    seq = new_sequence(request, BlockTable(BlockAllocator(1, BLOCK)), 0, stochastic=generator is not None)
+    (proposal,) = drafter.propose([seq], [budget])
+    return proposal
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
 def test_model_drafter_stops_after_its_first_unsure_token(draft_models, prompt):
     draft, budget = draft_models["noisy-copy"], 8
-    free = ModelDrafter(draft, GreedyChooser(), VOCAB, VOCAB, EOS_IDS)
-    free.begin(prompt)
-    draft_ids = free.propose(prompt, budget, None).draft_ids
+    draft_ids = _propose(_model_drafter(draft), prompt, budget).draft_ids
     assert len(draft_ids) == budget and not EOS_IDS & set(draft_ids)
     tops = _top_probs_along(draft, prompt, draft_ids)
     assert max(tops) < 0.999  # guard: every token is unsure at 0.999
@@ -221,30 +260,26 @@ def test_model_drafter_stops_after_its_first_unsure_token(draft_models, prompt):
     thresholds = [1e-9, 0.999] + [(a + b) / 2 for a, b in zip(ordered, ordered[1:], strict=False) if b - a > 1e-5]
     for threshold in thresholds:
         expected = next((j + 1 for j, top in enumerate(tops) if top < threshold), budget)
-        drafter = ModelDrafter(draft, GreedyChooser(), VOCAB, VOCAB, EOS_IDS, stop_below=threshold)
-        drafter.begin(prompt)
-        got = drafter.propose(prompt, budget, None).draft_ids
+        got = _propose(_model_drafter(draft, stop_below=threshold), prompt, budget).draft_ids
         assert got == draft_ids[:expected], (threshold, tops)
     assert len(thresholds) > 4
 
 
 def test_sampling_drafter_stops_on_the_distribution_it_drew_from(draft_models):
-    prompt, sampling = PROMPTS[0], SamplingConfig(temperature=1.0)
+    prompt, chooser = PROMPTS[0], make_chooser(SamplingConfig(temperature=1.0))
     draft = draft_models["noisy-copy"]
     for stop_below, expected in ((0.999, 1), (1e-9, 6)):
-        drafter = ModelDrafter(draft, make_chooser(sampling), VOCAB, VOCAB, EOS_IDS, stop_below=stop_below)
-        drafter.begin(prompt)
-        proposal = drafter.propose(prompt, 6, torch.Generator().manual_seed(0))
+        drafter = _model_drafter(draft, stop_below, chooser)
+        proposal = _propose(drafter, prompt, 6, torch.Generator().manual_seed(0))
         assert len(proposal.draft_ids) == expected and proposal.draft_probs.shape == (expected, VOCAB)
 
 
 @pytest.mark.parametrize(("stop_below", "per_round"), [(0.999, 1), (1e-9, None)], ids=["always-unsure", "never"])
 def test_confidence_policy_in_the_engine(target, draft_models, references, stop_below, per_round):
     policy = ConfidencePolicy(GAMMA, stop_below)
-    drafter = _drafter("bf16-copy", draft_models, policy.stop_below)
-    engine = SpeculativeEngine(CachedModel(target), drafter, GreedyVerifier(), GAMMA, EOS_IDS, policy)
+    one = _one(target, _drafter("bf16-copy", draft_models, policy.stop_below), policy)
     prompt = PROMPTS[0]
-    out = engine.generate(prompt, MAX_NEW, None)
+    out = one.generate(prompt, MAX_NEW, None)
     assert out.output_ids == references[tuple(prompt)][:MAX_NEW]
     _check_rounds(out, MAX_NEW)
     assert out.chosen_lengths == _caps(out, MAX_NEW)  # the confidence policy asks for γ like fixed
@@ -257,14 +292,31 @@ def test_confidence_policy_in_the_engine(target, draft_models, references, stop_
 TINY_VOCAB, TINY_EOS = 12, frozenset({2})
 STOCHASTIC_PROMPT = [1, 5, 7, 3, 9, 4, 11, 6, 8, 10, 0, 3, 5, 7]
 SAMPLES, LENGTH, SIGNIFICANCE = 400, 5, 1e-3
+POSITIONS = 256
+
+
+def _policy_arms(model, drafter, control, sampling: SamplingConfig, policy_for) -> dict[str, OneRequestEngine]:
+    """{"baseline", "spec", "control"}: stochastic one-request engines over one pool of ``model``; the drafting
+    arms choose k with ``policy_for()`` (spec's policy made first)."""
+    runner = make_runner(model, make_pool(model, "auto", 64 * BLOCK))
+    allocator = BlockAllocator(64, BLOCK)
+
+    def engine(name: str, chosen, policy) -> OneRequestEngine:
+        limits = SchedulerLimits(POSITIONS, 1, policy.max_gamma, None, None)
+        return OneRequestEngine(ContinuousEngine(name, runner, allocator, make_verifier(sampling), limits, TINY_EOS,
+                                                 POSITIONS, chosen, True, False, policy), name)  # fmt: skip
+
+    spec = engine("spec", drafter, policy_for())
+    return {"baseline": engine("baseline", None, FixedPolicy(0)), "spec": spec,
+            "control": engine("control", control, policy_for())}  # fmt: skip
 
 
 def test_adaptive_policy_keeps_the_target_distribution():
     """Chi-square per position (spectoolkit.eval.stochastic_empirical) with k chosen from each round's past."""
     sampling = SamplingConfig(temperature=1.0)
-    target = CachedModel(tiny_llama(vocab_size=TINY_VOCAB, seed=0, num_layers=1, hidden=32, scale=3.0))
+    target = tiny_llama(vocab_size=TINY_VOCAB, seed=0, num_layers=1, hidden=32, scale=3.0)
     draft = tiny_llama(vocab_size=TINY_VOCAB, seed=1, num_layers=1, hidden=32, scale=3.0)
-    drafter = ModelDrafter(draft, make_chooser(sampling), TINY_VOCAB, TINY_VOCAB, TINY_EOS)
+    drafter = one_engines.batched(draft, sampling, TINY_VOCAB, TINY_EOS)
     policies: list[PinnedCosts] = []
 
     def policy_for() -> PinnedCosts:
@@ -272,10 +324,8 @@ def test_adaptive_policy_keeps_the_target_distribution():
         policies.append(PinnedCosts(gamma=3, draft_forward=0.0025))
         return policies[-1]
 
-    result = empirical_exactness(
-        target, lambda control: negative_control(drafter, sampling) if control else drafter, sampling, 3,
-        TINY_EOS, STOCHASTIC_PROMPT, SAMPLES, LENGTH, 0, SIGNIFICANCE, policy_for=policy_for,
-    )  # fmt: skip
+    arms = _policy_arms(target, drafter, negative_control(drafter, sampling), sampling, policy_for)
+    result = engine_exactness(arms.__getitem__, STOCHASTIC_PROMPT, SAMPLES, LENGTH, 0, SIGNIFICANCE)
     assert result["passed"] and result["min_p_value"] > result["threshold"], result["positions"]
     assert result["power_shown"] and result["control"]["min_p_value"] < 1e-5, result["control"]["positions"]
     assert 0.2 < result["acceptance_rate"] < 0.95
