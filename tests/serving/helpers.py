@@ -151,3 +151,22 @@ def assert_same_bits(first: dict[str, torch.Tensor], second: dict[str, torch.Ten
     for name in first:
         assert first[name].dtype == second[name].dtype, f"{what}: field {name} dtype"
         assert torch.equal(bits(first[name]), bits(second[name])), f"{what}: field {name} differs"
+
+
+class StatelessDrafter:
+    """A test drafter holding no per-sequence state: its bookkeeping calls do nothing."""
+
+    def rollback(self, seq, num_kept: int) -> None:
+        pass
+
+    def release(self, seq) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def runners(self) -> dict:
+        return {}
+
+    def kv_bytes(self) -> int:
+        return 0

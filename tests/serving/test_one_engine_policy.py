@@ -73,7 +73,7 @@ class PinnedCosts(AdaptivePolicy):
         pass  # keep the seeded costs
 
 
-class ReferenceDrafter:
+class ReferenceDrafter(helpers.StatelessDrafter):
     """Proposes the target's own continuation (always accepted) or, ``wrong``, one id off (never)."""
 
     name = "reference"
@@ -90,21 +90,6 @@ class ReferenceDrafter:
                 draft_ids = [(token + 1) % VOCAB for token in draft_ids]
             out.append(Proposal(draft_ids, None))
         return out
-
-    def rollback(self, seq, num_kept: int) -> None:
-        pass
-
-    def release(self, seq) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-    def runners(self) -> dict:
-        return {}
-
-    def kv_bytes(self) -> int:
-        return 0
 
 
 @pytest.fixture(scope="module")

@@ -189,7 +189,7 @@ def test_max_new_tokens_is_exact(target, draft_models, references, max_new_token
 # ---- EOS inside the draft ----------------------------------------------------------------------
 
 
-class OracleDrafter:
+class OracleDrafter(helpers.StatelessDrafter):
     """Proposes the reference continuation; with ``overshoot`` it keeps proposing past EOS."""
 
     name = "oracle"
@@ -208,21 +208,6 @@ class OracleDrafter:
             self.proposals.append(draft_ids)
             out.append(Proposal(draft_ids, None))
         return out
-
-    def rollback(self, seq, num_kept: int) -> None:
-        pass
-
-    def release(self, seq) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-    def runners(self) -> dict:
-        return {}
-
-    def kv_bytes(self) -> int:
-        return 0
 
 
 EOS_PROMPT = PROMPTS[0]
