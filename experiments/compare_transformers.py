@@ -21,10 +21,10 @@ import time
 import torch
 
 from spectoolkit.config import WorkloadConfig
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner, make_runner
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -82,7 +82,7 @@ def main() -> None:
     runner, eos_ids = _runner(target.model), frozenset({eos})
     ours = _one(runner, eos_ids)
     ours_plain = _one(_runner(plain), eos_ids)
-    ngram = _one(runner, eos_ids, args.gamma, BatchNgramDrafter(3, 1, target.vocab_size, False))
+    ngram = _one(runner, eos_ids, args.gamma, NgramDrafter(3, 1, target.vocab_size, False))
     _hf_generate(plain, prompts[0], 8, eos)  # warm-up
     ours.generate(prompts[0], 8, None)
     totals = {name: [0, 0.0] for name in ("ours", "ours_plain", "hf", "ngram", "hf_pld")}

@@ -26,6 +26,7 @@ import torch
 from serving_bench import closed_loop, sequential  # experiments/ (this script's directory)
 
 from spectoolkit.config import TreeConfig, WorkloadConfig
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
@@ -33,7 +34,6 @@ from spectoolkit.runtime.compiled import bucket
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner, make_runner
 from spectoolkit.sampling import GreedyChooser
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -52,19 +52,20 @@ def shared_runner(model: torch.nn.Module, compiled: bool) -> tuple[Runner, Block
     return make_runner(model, make_pool(model, "auto", SLOTS), compiled), BlockAllocator(SLOTS // BLOCK, BLOCK)
 
 
-def continuous(target, eos, gamma=0, drafter=None, tree: TreeConfig | None = None, depth: int = 0) -> ContinuousEngine:
-    """An engine on ``target`` (runner, allocator) drafting ``gamma`` tokens (a tree: nodes) with ``drafter``."""
+def continuous(target, eos, gamma=0, drafter=None, tree: TreeConfig | None = None) -> ContinuousEngine:
+    """An engine on ``target`` (runner, allocator) drafting ``gamma`` tokens (``tree``: nodes) with ``drafter``."""
     runner, allocator = target
     limits = SchedulerLimits(CONTEXT, 64, gamma, None, None)
+    drafter = drafter.variant(None, tree, gamma) if drafter is not None and tree is not None else drafter
     return ContinuousEngine("bench", runner, allocator, GreedyVerifier(), limits, eos, CONTEXT, drafter,
-                            policy=FixedPolicy(gamma), tree=tree, tree_depth=depth)  # fmt: skip
+                            policy=FixedPolicy(gamma))  # fmt: skip
 
 
-def batched_self(lm, draft, draft_pool, eos) -> BatchModelDrafter:
+def batched_self(lm, draft, draft_pool, eos) -> ModelDrafter:
     """A self-draft on the draft model's shared runner and pool (``draft_pool``: runner, allocator)."""
     runner, allocator = draft_pool
     shared = min(lm.vocab_size, draft.vocab_size)
-    return BatchModelDrafter(runner, GreedyChooser(), allocator, lm.vocab_size, shared, eos, "self")
+    return ModelDrafter(runner, GreedyChooser(), allocator, lm.vocab_size, shared, eos, "self")
 
 
 def warm(target: Runner, draft: Runner, args) -> None:
@@ -123,7 +124,7 @@ def main() -> None:
     workload = load_workload(WorkloadConfig(kind=args.workload, num_prompts=args.num_prompts))
     prompts = [encode_prompt(tokenizer, request, True) for request in workload]
     new, gamma = args.max_new_tokens, args.gamma
-    ngram = BatchNgramDrafter(3, 2, lm.vocab_size, False)
+    ngram = NgramDrafter(3, 2, lm.vocab_size, False)
     one = {
         "one-base": OneRequestEngine(continuous(target, eos), "baseline"),
         "one-ngram": OneRequestEngine(continuous(target, eos, gamma, ngram), "spec"),
@@ -142,7 +143,7 @@ def main() -> None:
     chain_draft, tree_draft = (batched_self(lm, draft, draft_pool, eos) for _ in range(2))
     level = {
         f"chain-g{gamma}": continuous(target, eos, gamma, chain_draft),
-        f"tree-n{args.max_nodes}": continuous(target, eos, args.max_nodes, tree_draft, tree, len(branching)),
+        f"tree-n{args.max_nodes}": continuous(target, eos, args.max_nodes, tree_draft, tree),
         "base": continuous(target, eos),
     }
     runs = {name: lambda engine=engine: closed_loop(engine, prompts, args.level, new) for name, engine in level.items()}

@@ -30,13 +30,13 @@ import time
 import torch
 
 from spectoolkit.config import WorkloadConfig
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.embedded import gguf_path
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.compiled import bucket
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner, make_runner
 from spectoolkit.sampling import GreedyChooser
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -92,7 +92,7 @@ def _our_arms(args, eos_ids: frozenset[int]) -> dict:
     targets = {name: _pool(m.model, compiled) for name, m in (("fp32", fp32), ("rtn-int4", int4))}
     # The self-draft: its own runner (own KV) over the rtn-int4 weights the rtn-int4 arms use too.
     draft_runner, draft_allocator = _pool(int4.model, compiled)
-    draft = BatchModelDrafter(draft_runner, GreedyChooser(), draft_allocator, fp32.vocab_size, fp32.vocab_size,
+    draft = ModelDrafter(draft_runner, GreedyChooser(), draft_allocator, fp32.vocab_size, fp32.vocab_size,
                               eos_ids, "rtn-int4")  # fmt: skip
     if compiled:  # a decode step and the verify windows of both gammas; the draft's step, catch-up feed, prompt chunk
         verify = {bucket(args.gamma + 1), bucket(args.draft_gamma + 1)}
@@ -100,8 +100,8 @@ def _our_arms(args, eos_ids: frozenset[int]) -> dict:
             runner.warm((1, *verify))
         draft_runner.warm((1, 2, 8))
 
-    def ngram() -> BatchNgramDrafter:
-        return BatchNgramDrafter(3, 1, fp32.vocab_size, False)
+    def ngram() -> NgramDrafter:
+        return NgramDrafter(3, 1, fp32.vocab_size, False)
 
     return {
         "fp32": _one(targets["fp32"], eos_ids),

@@ -30,13 +30,13 @@ import time
 import torch
 
 from spectoolkit.config import WorkloadConfig
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -127,12 +127,12 @@ def main() -> None:
     engines = {"new": engine_for(lm, eos), "new-invariant": engine_for(lm, eos, invariant=True)}
     old = one_request(lm, eos)
     if "ngram" in arms:
-        engines["ngram"] = engine_for(lm, eos, args.gamma, BatchNgramDrafter(3, 2, lm.vocab_size, False),
+        engines["ngram"] = engine_for(lm, eos, args.gamma, NgramDrafter(3, 2, lm.vocab_size, False),
                                       args.spec_max_batch)  # fmt: skip
     if args.self_draft:
         draft = load_model(None, args.self_draft, torch.device("cpu"), kernels="auto", widths=(1, 2))
         pool = make_pool(draft.model, "auto", SLOTS)
-        drafter = BatchModelDrafter(make_runner(draft.model, pool), GreedyChooser(), BlockAllocator(SLOTS // 16, 16),
+        drafter = ModelDrafter(make_runner(draft.model, pool), GreedyChooser(), BlockAllocator(SLOTS // 16, 16),
                                     lm.vocab_size, min(lm.vocab_size, draft.vocab_size), eos)  # fmt: skip
         engines[f"self-{args.self_draft}"] = engine_for(lm, eos, args.gamma, drafter, args.spec_max_batch)
     hf_model = None

@@ -232,9 +232,9 @@ class SpeculateConfig:
         _require(0 < self.decay <= 1, f"speculate.decay={self.decay} must be in (0, 1] (1: never forget)")
         _require(self.probe_every >= 1, f"speculate.probe_every={self.probe_every} must be >= 1")
         _require(
-            not self.tree.enabled or self.policy == "fixed",
-            f"speculate.tree.kind={self.tree.kind} drafts max_nodes nodes per round; speculate.policy={self.policy} "
-            "is not built for trees: use speculate.policy=fixed or speculate.tree.kind=none",
+            not self.tree.enabled or self.policy != "confidence",
+            f"speculate.tree.kind={self.tree.kind} grows whole trees; speculate.policy=confidence stops a chain "
+            "at an unsure token: use speculate.policy=fixed or adaptive (node budgets), or speculate.tree.kind=none",
         )
 
 

@@ -1,7 +1,18 @@
-"""Proposers: a draft model (any precision, incl. a self-draft), n-gram prompt lookup."""
+"""Proposers behind one batched interface: a draft model (any precision, incl. a self-draft), n-gram lookup."""
 
-from spectoolkit.drafting.base import Drafter, Proposal
-from spectoolkit.drafting.model_drafter import ModelDrafter
+from spectoolkit.drafting.base import Budget, Drafter, Drafting, Lone
+from spectoolkit.drafting.model_drafter import ModelDrafter, lone_drafter
 from spectoolkit.drafting.ngram import NgramDrafter, lookup
+from spectoolkit.drafting.tree import TokenTree
 
-__all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "Proposal", "lookup"]
+__all__ = [
+    "Budget",
+    "Drafter",
+    "Drafting",
+    "Lone",
+    "ModelDrafter",
+    "NgramDrafter",
+    "TokenTree",
+    "lone_drafter",
+    "lookup",
+]

@@ -1,41 +1,74 @@
-"""What a proposer hands the engine, and the interface every proposer implements.
+"""The one drafter interface: propose a token tree for each of a set of sequences, then commit what was kept.
 
-Proposers never import the verifier (vLLM v1 layout): they return token ids and, when sampling,
-the exact distribution each token was drawn from.
+Every proposer (n-gram lookup, a draft model, a test's oracle) implements :class:`Drafter`; the engine
+never asks what kind of drafter it holds. A round's proposal is always a
+:class:`~spectoolkit.drafting.tree.TokenTree` — a chain is the tree with one child per node, and the
+engine verifies it on the chain fast path (the fused kernel). Proposers never import the verifier
+(vLLM v1 layout): they return token ids and, when sampling, the distribution each was drawn from.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from spectoolkit.config import TreeConfig
+from spectoolkit.drafting.tree import TokenTree
+
 
 @dataclass(frozen=True)
-class Proposal:
-    """Draft tokens for one verification round."""
+class Budget:
+    """What one sequence may draft this round."""
 
-    draft_ids: list[int]  # [k], k <= the budget asked for; k == 0 means nothing proposed
-    draft_probs: torch.Tensor | None  # [k, V_target] fp32, the distribution each token was drawn from; None if greedy
+    nodes: int  # drafted nodes at most (verify rows past the pending token); 0: nothing
+    depth: int  # tree depth at most: the tokens the sequence may still emit, less the target's own
 
-    def __len__(self) -> int:
-        return len(self.draft_ids)
+
+class Drafting(Protocol):
+    """What a drafter reads of a sequence (the engine's ``Sequence``, or :class:`Lone`)."""
+
+    tokens: list[int]  # prompt + output; the last token is pending (verified, no KV yet)
+    generator: torch.Generator | None  # the sequence's own draws (sampling), else None
+
+
+@dataclass(eq=False)
+class Lone:
+    """A sequence outside any engine (analytic proofs, tests): its tokens and generator."""
+
+    tokens: list[int]
+    generator: torch.Generator | None = field(default=None, repr=False)
 
 
 class Drafter(Protocol):
-    """A proposer. ``tokens`` is always prompt + emitted output; its last token is pending."""
+    """A batched proposer. State is per sequence object; ``tree`` is the tree it grows (None: chains)."""
 
     name: str
+    tree: TreeConfig | None
+    max_depth: int | None  # the deepest tree it grows (None: a chain, as deep as its node budget)
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        """Start a new request (reset any per-request state)."""
+    def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
+        """One tree per sequence within its budget (an empty tree: nothing to propose)."""
 
-    def propose(self, tokens: list[int], budget: int, generator: torch.Generator | None) -> Proposal:
-        """Propose up to ``budget`` (>= 1) tokens to follow ``tokens``."""
+    def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
+        """``seq``'s first ``num_prefix`` tokens and the accepted ``path`` (node indices of the last proposal,
+        root first; a chain's accepted prefix is ``range(K)``) are verified: forget everything else."""
 
-    def rollback(self, num_kept: int) -> None:
-        """Only ``tokens[:num_kept]`` are verified; forget any state past that point."""
+    def release(self, seq: Drafting) -> None:
+        """``seq`` left the engine: free what it held."""
+
+    def reset(self) -> None:
+        """Free every sequence's state."""
+
+    def runners(self) -> dict:
+        """The runners it drives, by role ("draft"); {} for a lookup."""
 
     def kv_bytes(self) -> int:
-        """Bytes of KV cache this proposer holds now (0 for a stateless one)."""
+        """Bytes of KV cache it holds now (0 for a stateless one)."""
+
+    def describe_tree(self) -> str | None:
+        """Its tree for records (``static[3,2,1,1]/8``, ``trie/8``); None for chains."""
+
+    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> Drafter:
+        """A drafter like this one on the same model and pool, with another stop rule or tree (another arm)."""

@@ -1,10 +1,13 @@
-"""Draft-model proposer: another checkpoint, or the target checkpoint at another precision.
+"""Draft-model proposer: another checkpoint, or the target checkpoint at another precision, batched.
 
-KV rule (DESIGN §2): the draft cache holds positions [0, num_computed). ``propose`` first feeds
-every verified token it has not seen (the pending correction/bonus token, and after a fully
-accepted round also the last draft token) in one forward, then drafts one token per forward.
-``rollback`` truncates the cache to the accepted prefix. With ``stop_below`` (``speculate.policy=
-confidence``) a round ends after the first token whose probability under the draft is below it.
+The draft has its own paged KV pool and a block table per sequence (the same KV rule as the target,
+DESIGN §2). Chains: the first ragged forward feeds each sequence's verified tokens the draft has not
+seen (at least the pending one) and drafts one token; each further forward feeds the last draft of
+every sequence still drafting. Trees (``speculate.tree``): one sequence at a time, one draft forward
+per depth (:func:`~spectoolkit.drafting.tree_model.grow_tree`). ``commit`` keeps the verified tokens
+and the accepted path's fed nodes, moved next to them; everything after is forgotten. With
+``stop_below`` (``speculate.policy=confidence``) a chain ends after the first token whose draft
+probability is below it. When the draft pool is full a sequence simply gets no drafts this round.
 """
 
 from __future__ import annotations
@@ -12,82 +15,208 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting.base import Proposal
-from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.drafting.base import Budget, Drafting
+from spectoolkit.drafting.tree import TokenTree, tree_depth
 from spectoolkit.drafting.tree_model import grow_tree
-from spectoolkit.runtime.lone import lone_sequence
-from spectoolkit.sampling import GreedyChooser, RandomChooser
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.paged_kv import make_pool
+from spectoolkit.runtime.runner import Runner, make_runner, run_segments
+from spectoolkit.runtime.step import Segment
 
 _GREEDY = SamplingConfig(temperature=0.0)
+LONE_BLOCK = 16  # block size of a drafter built for lone sequences (:func:`lone_drafter`)
+
+
+class _DraftState:
+    def __init__(self, allocator: BlockAllocator) -> None:
+        self.table = BlockTable(allocator)
+        self.num_computed = 0
+        self.tree_slots: list[int | None] | None = None  # position of each node of the last tree; None: a chain
+
+
+class _TreeFeed:
+    """One sequence's draft KV as the runner :func:`grow_tree` expects (ragged forwards of one segment)."""
+
+    def __init__(self, drafter: ModelDrafter, state: _DraftState) -> None:
+        self.drafter, self.state = drafter, state
+
+    @property
+    def num_computed(self) -> int:
+        return self.state.num_computed
+
+    def forward(self, token_ids: list[int]) -> torch.Tensor:
+        """Feed a chain; the logits [V_draft] after its last token."""
+        return self._run(Segment(self.state.table, token_ids, self.num_computed, [len(token_ids) - 1]))[0]
+
+    def forward_masked(self, token_ids: list[int], positions: list[int], visible: torch.Tensor) -> torch.Tensor:
+        """Feed tree nodes (:func:`~spectoolkit.models.tree_mask.tree_rows`' ``visible``); logits [n, V_draft]."""
+        rows = list(range(len(token_ids)))
+        return self._run(Segment(self.state.table, token_ids, self.num_computed, rows, (positions, visible)))
+
+    def _run(self, segment: Segment) -> torch.Tensor:
+        end = segment.start + len(segment.token_ids)
+        table = self.state.table
+        if table.missing(end) > self.drafter.allocator.num_free:
+            raise _DraftFull
+        table.ensure(end)
+        logits = run_segments(self.drafter.runner, [segment], "plain")
+        self.state.num_computed = end
+        return logits
+
+
+class _DraftFull(Exception):
+    """The draft pool cannot hold a tree's next depth."""
 
 
 class ModelDrafter:
-    """Proposes tokens autoregressively with a (smaller or quantized) causal LM."""
+    """A draft model proposing for many sequences at once through ragged forwards over its own pool."""
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        chooser: GreedyChooser | RandomChooser,
+        runner: Runner,
+        chooser,
+        allocator: BlockAllocator,
         target_vocab_size: int,
         shared_vocab_size: int,
         eos_ids: frozenset[int],
         name: str = "model",
-        kv_precision: str = "auto",
         stop_below: float | None = None,
+        tree: TreeConfig | None = None,
+        gamma: int = 0,
     ) -> None:
-        self.runner = lone_sequence(model, kv_precision)
-        self.chooser = chooser
-        self.target_vocab_size = target_vocab_size
-        self.shared_vocab_size = shared_vocab_size
+        """``tree`` (enabled): trees of its kind, ``len(branching)`` or ``max_depth``/``gamma`` deep."""
+        self.runner, self.model, self.pool = runner, runner.model, runner.pool
+        self.chooser, self.allocator = chooser, allocator
+        self.target_vocab_size, self.shared_vocab_size = target_vocab_size, shared_vocab_size
         self.eos_ids = eos_ids
         self.name = name
-        self.stop_below = stop_below
-        self._tree_slots: list[int | None] = []  # draft cache slot of each node of the last tree (None: not fed)
+        self.stop_below = stop_below  # speculate.policy=confidence: stop a sequence's draft below this top probability
+        self.tree = tree if tree is not None and tree.enabled else None
+        self.gamma = gamma
+        self.max_depth = tree_depth(self.tree, gamma) if self.tree else None
+        self._states: dict[int, _DraftState] = {}
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.runner.reset()
+    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> ModelDrafter:
+        """Another arm's drafter on the same runner and pool (arms never run at once; each starts reset)."""
+        return type(self)(self.runner, self.chooser, self.allocator, self.target_vocab_size, self.shared_vocab_size,
+                          self.eos_ids, self.name, stop_below, tree, gamma)  # fmt: skip
 
-    def propose(self, tokens: list[int], budget: int, generator: torch.Generator | None) -> Proposal:
-        draft_ids: list[int] = []
-        draft_probs: list[torch.Tensor] = []
-        feed = tokens[self.runner.num_computed :]  # >= 1 token: at least the pending one
-        while len(draft_ids) < budget:
-            logits = self._aligned(self.runner.forward(feed, last_only=True))  # [V_target]
-            token, probs = self.chooser.choose(logits, generator)
-            draft_ids.append(token)
-            if probs is not None:
-                draft_probs.append(probs)
-            if token in self.eos_ids or unsure(logits, probs, self.stop_below):  # nothing after EOS is emitted
-                break
-            feed = [token]
-        stacked = torch.stack(draft_probs) if draft_probs else None  # [k, V_target]
-        return Proposal(draft_ids, stacked)
+    def _state(self, seq: Drafting) -> _DraftState:
+        return self._states.setdefault(id(seq), _DraftState(self.allocator))
 
-    def rollback(self, num_kept: int) -> None:
-        self.runner.truncate(num_kept)
+    def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
+        if self.tree is not None:
+            return [self._grow(seq, budget) for seq, budget in zip(seqs, budgets, strict=True)]
+        return self._chains(seqs, [min(budget.nodes, budget.depth) for budget in budgets])
 
-    def propose_tree(
-        self, tokens: list[int], tree: TreeConfig, budget: int, max_depth: int, generator: torch.Generator | None
-    ) -> TokenTree:
-        """A token tree of at most ``budget`` nodes and depth ``max_depth`` after ``tokens`` (:mod:`.tree_model`)."""
-        feed = tokens[self.runner.num_computed :]  # >= 1 token: at least the pending one
-        root = self._aligned(self.runner.forward(feed, last_only=True))  # [V_target]
-        sampling = getattr(self.chooser, "sampling", _GREEDY)
-        grown, self._tree_slots = grow_tree(
-            self.runner, root, self._aligned, tree, sampling, max_depth, budget, self.eos_ids, generator
-        )
+    def _chains(self, seqs: list[Drafting], lengths: list[int]) -> list[TokenTree]:
+        drafts: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        active = [i for i, seq in enumerate(seqs) if lengths[i] > 0 and self._fits(seq, lengths[i])]
+        feeds = {i: seqs[i].tokens[self._state(seqs[i]).num_computed :] for i in active}
+        for i in active:
+            self._state(seqs[i]).tree_slots = None
+        while active:
+            segments = []
+            for i in active:
+                state = self._state(seqs[i])
+                segments.append(Segment(state.table, feeds[i], state.num_computed, [len(feeds[i]) - 1]))
+            logits = run_segments(self.runner, segments, "plain")  # [len(active), V_draft]
+            still = []
+            for row, i in enumerate(active):
+                state = self._state(seqs[i])
+                state.num_computed += len(feeds[i])
+                aligned = self._aligned(logits[row])
+                token, q = self.chooser.choose(aligned, seqs[i].generator)
+                drafts[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+                done = token in self.eos_ids or unsure(aligned, q, self.stop_below)  # nothing after EOS is emitted
+                if len(drafts[i]) < lengths[i] and not done:
+                    feeds[i] = [token]
+                    still.append(i)
+            active = still
+        return [TokenTree.chain(ids, torch.stack(p) if p else None) for ids, p in zip(drafts, probs, strict=True)]
+
+    def _grow(self, seq: Drafting, budget: Budget) -> TokenTree:
+        """A token tree for one sequence, grown over its paged draft KV (depths are not batched across sequences)."""
+        depth = min(self.max_depth, budget.depth)
+        if budget.nodes <= 0 or depth <= 0 or not self._fits(seq, budget.nodes + 1):
+            return TokenTree([], [])
+        state = self._state(seq)
+        feed = _TreeFeed(self, state)
+        sampling = getattr(self.chooser, "sampling", None) or _GREEDY
+        try:
+            root = self._aligned(feed.forward(seq.tokens[state.num_computed :]))
+            grown, state.tree_slots = grow_tree(
+                feed, root, self._aligned, self.tree, sampling, depth, budget.nodes, self.eos_ids, seq.generator
+            )
+        except _DraftFull:  # the draft pool is full: no drafts this round (as for a chain)
+            self._truncate(state, len(seq.tokens) - 1)
+            grown, state.tree_slots = TokenTree([], []), None
         return grown
 
-    def commit_path(self, num_prefix: int, path: list[int]) -> None:
-        """Keep ``tokens[:num_prefix]`` and the accepted ``path``'s nodes that were inputs (a prefix of it)."""
-        slots = [self._tree_slots[node] for node in path if self._tree_slots[node] is not None]
-        self.runner.commit_slots(num_prefix, slots)
+    def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
+        state = self._states.get(id(seq))
+        if state is None:
+            return
+        if state.tree_slots is None or state.num_computed < num_prefix:  # a chain, fed in place, or nothing grown
+            self._truncate(state, num_prefix + len(path))
+            return
+        fed = [state.tree_slots[node] for node in path if state.tree_slots[node] is not None]  # positions
+        self.pool.move(state.table.slots_at(fed), state.table.slots(num_prefix, num_prefix + len(fed)))
+        state.num_computed = num_prefix + len(fed)
+        state.table.truncate(state.num_computed)
+        state.tree_slots = None
 
-    def kv_bytes(self) -> int:
-        return self.runner.kv_bytes()
+    def _truncate(self, state: _DraftState, num_kept: int) -> None:
+        state.num_computed = min(state.num_computed, num_kept)
+        state.table.truncate(state.num_computed)
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
         return align_logits(logits, self.shared_vocab_size, self.target_vocab_size)
+
+    def _fits(self, seq: Drafting, budget: int) -> bool:
+        """Reserve draft blocks for the sequence's tokens and its drafts; False (no drafts) when full."""
+        table = self._state(seq).table
+        needed = len(seq.tokens) + budget - 1  # the last draft is never fed
+        if table.missing(needed) > self.allocator.num_free:
+            return False
+        table.ensure(needed)
+        return True
+
+    def release(self, seq: Drafting) -> None:
+        state = self._states.pop(id(seq), None)
+        if state is not None:
+            state.table.release()
+
+    def reset(self) -> None:
+        for state in self._states.values():
+            state.table.release()
+        self._states.clear()
+
+    def runners(self) -> dict[str, Runner]:
+        return {"draft": self.runner}
+
+    def kv_bytes(self) -> int:
+        used = self.allocator.num_blocks - self.allocator.num_free
+        return used * self.allocator.block_size * self.pool.slot_bytes()
+
+    def describe_tree(self) -> str | None:
+        return self.tree.describe() if self.tree is not None else None
+
+
+def lone_drafter(
+    model: torch.nn.Module, chooser, target_vocab_size: int, shared_vocab_size: int, eos_ids: frozenset[int],
+    positions: int, kv_precision: str = "auto", tree: TreeConfig | None = None, gamma: int = 0,
+) -> ModelDrafter:  # fmt: skip
+    """A drafter with a pool of its own for one sequence of up to ``positions`` tokens at a time (analytic
+    proofs and tests drive it with :class:`~spectoolkit.drafting.base.Lone`)."""
+    blocks = -(-positions // LONE_BLOCK)
+    runner = make_runner(model, make_pool(model, kv_precision, blocks * LONE_BLOCK))
+    allocator = BlockAllocator(blocks, LONE_BLOCK)
+    return ModelDrafter(runner, chooser, allocator, target_vocab_size, shared_vocab_size, eos_ids, "model", None,
+                        tree, gamma)  # fmt: skip
 
 
 def unsure(logits: torch.Tensor, probs: torch.Tensor | None, stop_below: float | None) -> bool:

@@ -2,62 +2,79 @@
 
 Saxena's prompt lookup decoding, as in transformers' ``prompt_lookup_num_tokens``: match the
 trailing n-gram (longest n first) against earlier context and propose the tokens that followed it.
-We take the most recent match, which tracks the text being generated better than the first.
-A proposal is deterministic: when sampling, its distribution q is one-hot at the proposed token,
-which keeps the stochastic acceptance test exact.
+We take the most recent match, which tracks the text being generated better than the first. With a
+tree (``speculate.tree``, any kind) it proposes the trie of the distinct continuations of every
+earlier match instead. A proposal is deterministic: when sampling, its distribution q is one-hot at
+the proposed token, which keeps the stochastic acceptance test exact. Lookup holds no per-sequence
+state: commit, release and reset do nothing.
 """
 
 from __future__ import annotations
 
 import torch
 
-from spectoolkit.drafting.base import Proposal
-from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.config import TreeConfig
+from spectoolkit.drafting.base import Budget, Drafting
+from spectoolkit.drafting.tree import TokenTree, tree_depth
 
 
 class NgramDrafter:
-    """Proposes continuations found in the prompt and the output so far."""
+    """Proposes continuations found in each sequence's prompt and output so far."""
 
-    def __init__(self, max_n: int, min_n: int, target_vocab_size: int, one_hot_probs: bool) -> None:
-        self.max_n = max_n
-        self.min_n = min_n
-        self.target_vocab_size = target_vocab_size
-        self.one_hot_probs = one_hot_probs
+    def __init__(
+        self, max_n: int, min_n: int, target_vocab_size: int, one_hot_probs: bool,
+        tree: TreeConfig | None = None, gamma: int = 0,
+    ) -> None:  # fmt: skip
+        """``tree`` (enabled): tries ``max_depth`` or ``gamma`` deep (:func:`~spectoolkit.drafting.tree.tree_depth`)."""
+        self.max_n, self.min_n = max_n, min_n
+        self.target_vocab_size, self.one_hot_probs = target_vocab_size, one_hot_probs
         self.name = "ngram"
-        self.tree_kind = "trie"  # its trees are tries of continuations, whatever speculate.tree.kind says
+        self.tree = tree if tree is not None and tree.enabled else None
+        self.gamma = gamma
+        self.max_depth = tree_depth(self.tree, gamma, trie=True) if self.tree else None
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        pass
+    def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
+        return [self._one(torch.tensor(seq.tokens), budget) for seq, budget in zip(seqs, budgets, strict=True)]
 
-    def rollback(self, num_kept: int) -> None:
-        pass  # stateless: the next lookup reads the verified tokens only
-
-    def kv_bytes(self) -> int:
-        return 0  # no model, no cache
-
-    def propose_tree(self, tokens: list[int], tree, budget: int, max_depth: int, generator) -> TokenTree:
-        """The distinct continuations (depth <= ``max_depth``) of every earlier match of the suffix, as a trie.
-
-        Matches of the longest suffix come first, the most recent first; shorter suffixes add theirs
-        while ``budget`` nodes remain. Children are deterministic, so each node's q is one-hot.
-        """
-        token_ids, parents = continuation_trie(torch.tensor(tokens), self.max_n, self.min_n, max_depth, budget)
+    def _one(self, tokens: torch.Tensor, budget: Budget) -> TokenTree:
+        if budget.nodes <= 0 or budget.depth <= 0:
+            return TokenTree([], [])
+        if self.tree is None:
+            token_ids = lookup(tokens, self.max_n, self.min_n, min(budget.nodes, budget.depth))
+            parents = list(range(-1, len(token_ids) - 1))
+        else:
+            depth = min(self.max_depth, budget.depth)
+            token_ids, parents = continuation_trie(tokens, self.max_n, self.min_n, depth, budget.nodes)
         probs = None
         if self.one_hot_probs:
             probs = torch.zeros(len(token_ids), self.target_vocab_size)  # [n, V]
             probs[torch.arange(len(token_ids)), token_ids] = 1.0
         return TokenTree(token_ids, parents, probs)
 
-    def commit_path(self, num_prefix: int, path: list[int]) -> None:
-        pass  # stateless
+    def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
+        pass  # stateless: the next lookup reads the verified tokens only
 
-    def propose(self, tokens: list[int], budget: int, generator: torch.Generator | None) -> Proposal:
-        draft_ids = lookup(torch.tensor(tokens), self.max_n, self.min_n, budget)
-        probs = None
-        if self.one_hot_probs:
-            probs = torch.zeros(len(draft_ids), self.target_vocab_size)  # [k, V]
-            probs[torch.arange(len(draft_ids)), draft_ids] = 1.0
-        return Proposal(draft_ids, probs)
+    def release(self, seq: Drafting) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def runners(self) -> dict:
+        return {}  # a lookup: no model runs
+
+    def kv_bytes(self) -> int:
+        return 0
+
+    def describe_tree(self) -> str | None:
+        return f"trie/{self.tree.max_nodes}" if self.tree is not None else None
+
+    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> NgramDrafter:
+        """``stop_below`` is a draft model's rule: lookup has no probabilities to stop on."""
+        same_tree = (tree if tree is not None and tree.enabled else None) == self.tree and gamma == self.gamma
+        if same_tree:
+            return self
+        return type(self)(self.max_n, self.min_n, self.target_vocab_size, self.one_hot_probs, tree, gamma)
 
 
 def lookup(tokens: torch.Tensor, max_n: int, min_n: int, budget: int) -> list[int]:
@@ -76,7 +93,11 @@ def lookup(tokens: torch.Tensor, max_n: int, min_n: int, budget: int) -> list[in
 def continuation_trie(
     tokens: torch.Tensor, max_n: int, min_n: int, depth: int, budget: int
 ) -> tuple[list[int], list[int]]:
-    """(token_ids, parents) of a trie of what followed earlier occurrences of the suffix of ``tokens`` [L]."""
+    """(token_ids, parents) of a trie of what followed earlier occurrences of the suffix of ``tokens`` [L].
+
+    Matches of the longest suffix come first, the most recent first; shorter suffixes add theirs while
+    ``budget`` nodes remain.
+    """
     length = tokens.shape[0]
     token_ids: list[int] = []
     parents: list[int] = []

@@ -77,9 +77,9 @@ class TokenTree:
         return TokenTree(self.token_ids[:budget], self.parents[:budget], probs)
 
 
-def tree_depth(tree, gamma: int, drafter_tree: str | None = None) -> int:
-    """How deep a round's tree may grow: ``len(branching)`` (a static model tree), ``max_depth`` or γ (a dynamic
-    tree, or a drafter with its own kind of tree, ``drafter_tree``: the n-gram trie)."""
-    if tree.kind == "static" and not drafter_tree:
+def tree_depth(tree, gamma: int, trie: bool = False) -> int:
+    """How deep a round's tree may grow: ``len(branching)`` (a static model tree), else ``max_depth`` or γ (a
+    dynamic tree; an n-gram ``trie`` of continuations, whatever the tree kind)."""
+    if tree.kind == "static" and not trie:
         return len(tree.branching)
     return tree.max_depth or gamma

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from spectoolkit.config import RunConfig, SamplingConfig
-from spectoolkit.drafting.tree import tree_depth
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.exactness_section import greedy_exactness
 from spectoolkit.eval.quality_section import quant_quality
@@ -145,10 +144,9 @@ def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling
 def _length(cfg: RunConfig, drafter) -> int:
     """Output positions compared: ``eval.length``, or room for a whole tree after the first token (else only
     shallow trees are tested)."""
-    tree = cfg.speculate.tree
-    if not tree.enabled:
+    if drafter.max_depth is None:
         return cfg.eval.length
-    return max(cfg.eval.length, tree_depth(tree, cfg.speculate.gamma, getattr(drafter, "tree_kind", None)) + 2)
+    return max(cfg.eval.length, drafter.max_depth + 2)
 
 
 def _passed(result: dict[str, Any]) -> bool | None:

@@ -34,7 +34,7 @@ import dataclasses
 import torch
 
 from spectoolkit.config import SamplingConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
+from spectoolkit.drafting import Budget, Lone, NgramDrafter, lone_drafter
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.sampling import RandomChooser, processed_probs
@@ -220,17 +220,20 @@ def analytic_exactness(
     recorder = _RecordingChooser(sampling)
     if draft is not None:
         shared = draft_vocab_shared or min(vocab, _vocab_size(draft))
-        drafter = ModelDrafter(draft, recorder, vocab, shared, frozenset(), name="analytic")
+        positions = max(map(len, prompts), default=0) + positions_per_prompt + 2
+        drafter = lone_drafter(draft, recorder, vocab, shared, frozenset(), positions)
     else:
         drafter = NgramDrafter(ngram_max, ngram_min, vocab, one_hot_probs=True)
     control_sampling = _control_sampling(sampling)
     real_tvs, excess_tvs, gaps, control_tvs, mismatches, skipped = [], [], [], {}, 0, 0
     target_gen, draft_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     for prompt in prompts:
-        drafter.begin(prompt)
+        drafter.reset()  # one prompt at a time
+        seq = Lone([], draft_gen)
         for tokens, target_logits in _target_positions(runner, prompt, sampling, positions_per_prompt, target_gen):
-            proposal = drafter.propose(tokens, 1, draft_gen)
-            drafter.rollback(len(tokens))  # the draft token is never kept: the next position feeds the target's
+            seq.tokens = tokens
+            (proposal,) = drafter.propose([seq], [Budget(1, 1)])
+            drafter.commit(seq, len(tokens), [])  # the draft token is never kept: the next position feeds the target's
             if len(proposal) == 0:
                 skipped += 1
                 continue

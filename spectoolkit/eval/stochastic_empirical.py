@@ -30,9 +30,8 @@ import torch
 from scipy import stats
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting import Drafter, Proposal
+from spectoolkit.drafting import Budget, Drafter, ModelDrafter, NgramDrafter, TokenTree
 from spectoolkit.sampling import processed_probs
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.one import Engine
 
 MIN_EXPECTED = 5.0  # the usual validity condition of the chi-square approximation
@@ -103,29 +102,30 @@ class ArgmaxReportingSoftmax:
         return int(torch.argmax(logits.float())), processed_probs(logits, self.sampling)
 
 
-class BatchUniformReportingNgram(BatchNgramDrafter):
-    """BUG on purpose (negative control): batched n-gram proposals reported with a uniform q."""
+class UniformReportingNgram(NgramDrafter):
+    """BUG on purpose (negative control): n-gram proposals reported with a uniform q."""
 
-    def propose(self, seqs, budgets: list[int]) -> list[Proposal]:
-        vocab = self.single.target_vocab_size
-        return [Proposal(p.draft_ids, torch.full((len(p), vocab), 1.0 / vocab)) for p in super().propose(seqs, budgets)]
-
-
-def _batch_argmax_control(drafter: BatchModelDrafter, sampling: SamplingConfig) -> BatchModelDrafter:
-    return BatchModelDrafter(drafter.runner, ArgmaxReportingSoftmax(sampling), drafter.allocator,
-                             drafter.target_vocab_size, drafter.shared_vocab_size, drafter.eos_ids,
-                             f"{drafter.name}-argmax-control")  # fmt: skip
+    def propose(self, seqs, budgets: list[Budget]) -> list[TokenTree]:
+        vocab = self.target_vocab_size
+        return [TokenTree(t.token_ids, t.parents, torch.full((len(t), vocab), 1.0 / vocab))
+                for t in super().propose(seqs, budgets)]  # fmt: skip
 
 
-def _batch_uniform_control(drafter: BatchNgramDrafter, sampling: SamplingConfig) -> BatchNgramDrafter:
-    single = drafter.single
-    return BatchUniformReportingNgram(single.max_n, single.min_n, single.target_vocab_size, one_hot_probs=True)
+def _argmax_control(drafter: ModelDrafter, sampling: SamplingConfig) -> ModelDrafter:
+    return ModelDrafter(drafter.runner, ArgmaxReportingSoftmax(sampling), drafter.allocator, drafter.target_vocab_size,
+                        drafter.shared_vocab_size, drafter.eos_ids, f"{drafter.name}-argmax-control", None,
+                        drafter.tree, drafter.gamma)  # fmt: skip
+
+
+def _uniform_control(drafter: NgramDrafter, sampling: SamplingConfig) -> NgramDrafter:
+    return UniformReportingNgram(drafter.max_n, drafter.min_n, drafter.target_vocab_size, True, drafter.tree,
+                                 drafter.gamma)  # fmt: skip
 
 
 # The negative control of each drafter kind: same proposals, a reported distribution they were not drawn from.
 NEGATIVE_CONTROLS: dict[type, Callable[[Drafter, SamplingConfig], Drafter]] = {
-    BatchModelDrafter: _batch_argmax_control,
-    BatchNgramDrafter: _batch_uniform_control,
+    ModelDrafter: _argmax_control,
+    NgramDrafter: _uniform_control,
 }
 
 

@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
-from spectoolkit.drafting.tree import TokenTree, tree_depth
+from spectoolkit.drafting import Budget, Lone, NgramDrafter, lone_drafter
+from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_analytic import (
     _accept_probability,
@@ -196,20 +196,24 @@ def tree_analytic_exactness(
     vocab = _vocab_size(target)
     if draft is not None:
         shared = draft_vocab_shared or min(vocab, _vocab_size(draft))
-        drafter = ModelDrafter(draft, RandomChooser(sampling), vocab, shared, frozenset(), name="tree-analytic")
+        positions = max(map(len, prompts), default=0) + positions_per_prompt + tree_cfg.max_nodes + 2
+        drafter = lone_drafter(draft, RandomChooser(sampling), vocab, shared, frozenset(), positions, tree=tree_cfg,
+                               gamma=gamma)  # fmt: skip
     else:
-        drafter = NgramDrafter(ngram_max, ngram_min, vocab, one_hot_probs=True)
-    depth = tree_depth(tree_cfg, gamma, getattr(drafter, "tree_kind", None))  # as tree_round: a trie is γ deep
+        drafter = NgramDrafter(ngram_max, ngram_min, vocab, True, tree_cfg, gamma)  # a trie is max_depth or γ deep
+    budget = Budget(tree_cfg.max_nodes, drafter.max_depth)
     stats, positions, skipped, expanded = defaultdict(list), 0, 0, 0
     target_gen, draft_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     for prompt in prompts:
-        drafter.begin(prompt)
+        drafter.reset()  # one prompt at a time
+        seq = Lone([], draft_gen)
         tree_runner.reset()
         for tokens, root_logits in _decode_positions(
             reference_runner, prompt, sampling, positions_per_prompt, target_gen
         ):
-            tree = drafter.propose_tree(tokens, tree_cfg, tree_cfg.max_nodes, depth, draft_gen)
-            drafter.rollback(len(tokens))  # the tree is never kept: the next position feeds the target's token
+            seq.tokens = tokens
+            (tree,) = drafter.propose([seq], [budget])
+            drafter.commit(seq, len(tokens), [])  # the tree is never kept: the next position feeds the target's token
             if len(tree) == 0:
                 skipped += 1
                 continue

@@ -20,12 +20,11 @@ from collections.abc import Callable
 
 import torch
 
-from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting import Drafter
+from spectoolkit.config import SamplingConfig
+from spectoolkit.drafting import Budget, Drafter, ModelDrafter, NgramDrafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.eval.stochastic_empirical import control_from
 from spectoolkit.sampling import RandomChooser
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.verify.tree import children_of
 
 
@@ -52,40 +51,39 @@ def _top_tokens(reported: torch.Tensor, drawn: list[int], count: int) -> list[in
     return sorted(candidates, key=lambda token: -float(reported[token]))[:count]  # stable: drawn first
 
 
-class BatchRankSiblingsModelDrafter(BatchModelDrafter):
-    """BUG on purpose (negative control): a batched draft model's trees with :func:`rank_siblings` applied."""
+class RankSiblingsModelDrafter(ModelDrafter):
+    """BUG on purpose (negative control): a draft model's trees with :func:`rank_siblings` applied."""
 
-    def propose_tree(self, seqs, budgets: list[int], tree: TreeConfig, depths: list[int]) -> list[TokenTree]:
-        return [rank_siblings(grown) if len(grown) else grown for grown in super().propose_tree(seqs, budgets, tree,
-                                                                                                depths)]  # fmt: skip
+    def propose(self, seqs, budgets: list[Budget]) -> list[TokenTree]:
+        return [rank_siblings(grown) if len(grown) else grown for grown in super().propose(seqs, budgets)]
 
-    def commit_path(self, seq, num_prefix: int, path: list[int]) -> None:
-        self.rollback(seq, num_prefix)  # the tree's slots hold the drawn tokens, not the ranked ones
-
-
-class BatchRankSiblingsNgramDrafter(BatchNgramDrafter):
-    """BUG on purpose (negative control): batched n-gram tries whose continuations report their uniform mean."""
-
-    def propose_tree(self, seqs, budgets: list[int], tree: TreeConfig, depths: list[int]) -> list[TokenTree]:
-        return [rank_siblings(grown) if len(grown) else grown for grown in super().propose_tree(seqs, budgets, tree,
-                                                                                                depths)]  # fmt: skip
+    def commit(self, seq, num_prefix: int, path: list[int]) -> None:
+        super().commit(seq, num_prefix, [])  # the tree's slots hold the drawn tokens, not the ranked ones
 
 
-def _batch_model_control(drafter: BatchModelDrafter, sampling: SamplingConfig) -> BatchModelDrafter:
-    return BatchRankSiblingsModelDrafter(drafter.runner, RandomChooser(sampling), drafter.allocator,
-                                         drafter.target_vocab_size, drafter.shared_vocab_size, drafter.eos_ids,
-                                         f"{drafter.name}-rank-siblings-control")  # fmt: skip
+class RankSiblingsNgramDrafter(NgramDrafter):
+    """BUG on purpose (negative control): n-gram tries whose continuations report their uniform mean."""
+
+    def propose(self, seqs, budgets: list[Budget]) -> list[TokenTree]:
+        return [rank_siblings(grown) if len(grown) else grown for grown in super().propose(seqs, budgets)]
 
 
-def _batch_ngram_control(drafter: BatchNgramDrafter, sampling: SamplingConfig) -> BatchNgramDrafter:
-    single = drafter.single
-    return BatchRankSiblingsNgramDrafter(single.max_n, single.min_n, single.target_vocab_size, one_hot_probs=True)
+def _model_control(drafter: ModelDrafter, sampling: SamplingConfig) -> ModelDrafter:
+    name = f"{drafter.name}-rank-siblings-control"
+    return RankSiblingsModelDrafter(drafter.runner, RandomChooser(sampling), drafter.allocator,
+                                    drafter.target_vocab_size, drafter.shared_vocab_size, drafter.eos_ids, name, None,
+                                    drafter.tree, drafter.gamma)  # fmt: skip
+
+
+def _ngram_control(drafter: NgramDrafter, sampling: SamplingConfig) -> NgramDrafter:
+    return RankSiblingsNgramDrafter(drafter.max_n, drafter.min_n, drafter.target_vocab_size, True, drafter.tree,
+                                    drafter.gamma)  # fmt: skip
 
 
 # The tree negative control of each drafter kind: the same trees' candidates, reported as i.i.d. draws they are not.
 TREE_NEGATIVE_CONTROLS: dict[type, Callable[[Drafter, SamplingConfig], Drafter]] = {
-    BatchModelDrafter: _batch_model_control,
-    BatchNgramDrafter: _batch_ngram_control,
+    ModelDrafter: _model_control,
+    NgramDrafter: _ngram_control,
 }
 
 

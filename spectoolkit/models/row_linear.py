@@ -344,5 +344,3 @@ def reference_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if bias is not None:
         out = out + bias.double()
     return out.to(x.dtype)
-
-

@@ -7,12 +7,16 @@ from spectoolkit.policy.adaptive import AdaptivePolicy
 from spectoolkit.policy.base import ConfidencePolicy, DraftLengthPolicy, FixedPolicy
 
 
-def make_policy(speculate: SpeculateConfig, kind: str | None = None, max_gamma: int | None = None) -> DraftLengthPolicy:
-    """The policy ``kind`` (default ``speculate.policy``), drafting at most ``max_gamma`` (default γ)."""
+def make_policy(
+    speculate: SpeculateConfig, kind: str | None = None, max_gamma: int | None = None, tree: bool | None = None
+) -> DraftLengthPolicy:
+    """The policy ``kind`` (default ``speculate.policy``), drafting at most ``max_gamma`` (default γ; token-tree
+    nodes when ``tree``, default ``speculate.tree`` enabled: then ``max_nodes``)."""
     kind = kind or speculate.policy
-    gamma = max_gamma or speculate.gamma
+    tree = speculate.tree.enabled if tree is None else tree
+    gamma = max_gamma or (speculate.tree.max_nodes if tree else speculate.gamma)
     if kind == "adaptive":
-        return AdaptivePolicy(gamma, speculate.decay, speculate.probe_every)
+        return AdaptivePolicy(gamma, speculate.decay, speculate.probe_every, tree)
     if kind == "confidence":
         return ConfidencePolicy(gamma, speculate.confidence)
     if kind == "fixed":

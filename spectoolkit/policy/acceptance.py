@@ -17,6 +17,13 @@ so a position a request has not reached yet inherits its own acceptance of the o
 assumption of the cost model's γ extrapolation): a request whose text turns repetitive at k = 1 is
 expected to go on being accepted at k = 2, and drafts deeper to find out. A new request starts from
 the workload so far.
+
+Token trees (:class:`NodeAcceptance`): node j of a k-node tree adds Pr(node j is on the accepted path)
+to the expected emitted tokens (the accepted path's nodes are all among the first k: parents come
+first), so E(k) = 1 + Σ_{j<=k} S_j with S_j that hit rate, shrunk the same way. Unlike a chain's
+survival it need not fall with j (a first node's second sibling may be hit less often than its
+child); the allocator needs non-increasing gains, so S is replaced by the closest non-increasing
+sequence (pool adjacent violators: E(k) stays exact at the ends of each pooled block).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from spectoolkit.policy.costs import monotone_fit
+
 BASE_ACCEPTANCE = 0.5  # before anything is measured
 REQUEST_PRIOR = 1.0  # m: pseudo-rounds of the prior in a request's estimate (its own rounds soon dominate)
 WORKLOAD_PRIOR = 1.0  # m₀: pseudo-rounds of the previous position in the workload estimate
@@ -32,17 +41,18 @@ WORKLOAD_DECAY = 0.995  # per observed round of any request
 
 
 class _Counts:
-    """Decayed reached/accepted counts per draft position [max_gamma]."""
+    """Decayed reached/accepted counts per draft position (a tree: per node) [max_gamma]."""
 
     def __init__(self, max_gamma: int) -> None:
         self.reached = np.zeros(max_gamma)
         self.accepted = np.zeros(max_gamma)
 
-    def add(self, drafted: int, accepted: int, decay: float) -> None:
+    def add(self, reached: int, hits: list[int], decay: float) -> None:
+        """Positions 1..``reached`` were reached, those at indices ``hits`` accepted."""
         self.reached *= decay
         self.accepted *= decay
-        self.reached[: min(drafted, accepted + 1)] += 1.0  # positions 1..min(k, K+1) were reached
-        self.accepted[:accepted] += 1.0
+        self.reached[:reached] += 1.0
+        self.accepted[hits] += 1.0
 
 
 class AcceptanceModel:
@@ -54,15 +64,21 @@ class AcceptanceModel:
         self.workload = _Counts(max_gamma)
         self._requests: dict[Hashable, _Counts] = {}
 
-    def observe(self, key: Hashable, drafted: int, accepted: int) -> None:
-        """A verified round of ``key``: ``drafted`` tokens proposed, the first ``accepted`` kept."""
-        if not 0 <= accepted <= drafted <= self.max_gamma:
-            raise ValueError(f"round (drafted={drafted}, accepted={accepted}) outside 0..{self.max_gamma}")
+    def observe(self, key: Hashable, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+        """A verified round of ``key``: ``drafted`` tokens proposed, ``accepted`` kept (a tree: the nodes of
+        ``path``; a chain's path is its first ``accepted`` nodes)."""
+        path = list(range(accepted)) if path is None else list(path)
+        if not 0 <= accepted == len(path) <= drafted <= self.max_gamma or not all(0 <= n < drafted for n in path):
+            raise ValueError(f"round (drafted={drafted}, path={path}) outside 0..{self.max_gamma}")
         if drafted == 0:
             return  # nothing proposed: nothing learned
-        counts = self._requests.setdefault(key, _Counts(self.max_gamma))
-        counts.add(drafted, accepted, self.decay)
-        self.workload.add(drafted, accepted, WORKLOAD_DECAY)
+        reached = self._reached(drafted, accepted)
+        self._requests.setdefault(key, _Counts(self.max_gamma)).add(reached, path, self.decay)
+        self.workload.add(reached, path, WORKLOAD_DECAY)
+
+    def _reached(self, drafted: int, accepted: int) -> int:
+        """A chain: positions 1..min(k, K+1) were reached."""
+        return min(drafted, accepted + 1)
 
     def workload_acceptance(self) -> np.ndarray:
         """A_1..A_max_gamma [max_gamma]: the prior every request starts from."""
@@ -78,7 +94,9 @@ class AcceptanceModel:
         if cap <= 0:
             return []
         prior = self.workload_acceptance() if prior is None else prior
-        counts = self._requests.get(key)
+        return self._curve(self._requests.get(key), cap, prior)
+
+    def _curve(self, counts: _Counts | None, cap: int, prior: np.ndarray) -> list[float]:
         if counts is None:
             return np.cumprod(prior[:cap]).tolist()
         survival, alive, previous = [], 1.0, float(prior[0])
@@ -90,3 +108,16 @@ class AcceptanceModel:
 
     def release(self, key: Hashable) -> None:
         self._requests.pop(key, None)
+
+
+class NodeAcceptance(AcceptanceModel):
+    """Token trees: per node, how often it is on the accepted path (see the module doc), non-increasing."""
+
+    def _reached(self, drafted: int, accepted: int) -> int:
+        return drafted  # every proposed node could have been on the path
+
+    def _curve(self, counts: _Counts | None, cap: int, prior: np.ndarray) -> list[float]:
+        rates = prior[:cap]
+        if counts is not None:
+            rates = (counts.accepted[:cap] + REQUEST_PRIOR * rates) / (counts.reached[:cap] + REQUEST_PRIOR)
+        return (-monotone_fit(-np.asarray(rates, dtype=float))).tolist()

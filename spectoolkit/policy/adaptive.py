@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 
-from spectoolkit.policy.acceptance import AcceptanceModel
+from spectoolkit.policy.acceptance import AcceptanceModel, NodeAcceptance
 from spectoolkit.policy.allocate import best_lengths
 from spectoolkit.policy.costs import DraftCost, StepCurve
 
@@ -34,9 +34,12 @@ class AdaptivePolicy:
     name = "adaptive"
     stop_below: float | None = None
 
-    def __init__(self, max_gamma: int, decay: float, probe_every: int) -> None:
+    def __init__(self, max_gamma: int, decay: float, probe_every: int, tree: bool = False) -> None:
+        """``tree``: k_i counts token-tree nodes (:class:`~spectoolkit.policy.acceptance.NodeAcceptance`), and a
+        k-node tree costs the draft forwards (its depth) that trees of k nodes took so far."""
         self.max_gamma = max_gamma
-        self.acceptance = AcceptanceModel(max_gamma, decay)
+        self.acceptance = (NodeAcceptance if tree else AcceptanceModel)(max_gamma, decay)
+        self._depths: dict[int, tuple[float, float]] = {}  # trees: drafted nodes -> (depth sum, rounds)
         self.curve = StepCurve()  # every decode step, whatever its batch
         self.curves: dict[int, StepCurve] = {}  # by the step's sequence count
         self.draft_cost = DraftCost()
@@ -50,10 +53,11 @@ class AdaptivePolicy:
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
         curve, draft_forward = self.step_curve(len(keys)), self.draft_cost.per_forward
-        lengths = best_lengths(survival, fixed_tokens, budget, curve, draft_forward)
+        forwards = self.forwards(max(caps, default=0))
+        lengths = best_lengths(survival, fixed_tokens, budget, curve, draft_forward, forwards)
         if budget > 0 and not any(lengths):
             perfect = [[1.0] * cap for cap in caps]
-            if not any(best_lengths(perfect, fixed_tokens, budget, curve, draft_forward)):
+            if not any(best_lengths(perfect, fixed_tokens, budget, curve, draft_forward, forwards)):
                 return lengths  # even drafts that are always accepted would not pay: a probe cannot find a gain
         return self._probe(keys, caps, lengths, budget - sum(lengths))
 
@@ -71,8 +75,19 @@ class AdaptivePolicy:
             self._idle[key] = idle
         return lengths
 
-    def observe(self, key: Hashable, chosen: int, drafted: int, accepted: int) -> None:
-        self.acceptance.observe(key, drafted, accepted)
+    def forwards(self, cap: int) -> list[float]:
+        """Draft forwards of a k-node draft, k = 0..cap: k for a chain; a tree, the mean depth of the trees of k
+        nodes seen so far (k until one is seen)."""
+        return [k if k not in self._depths else self._depths[k][0] / self._depths[k][1] for k in range(cap + 1)]
+
+    def observe(
+        self, key: Hashable, chosen: int, drafted: int, accepted: int, path: list[int] | None = None,
+        depth: int | None = None,
+    ) -> None:  # fmt: skip
+        self.acceptance.observe(key, drafted, accepted, path)
+        if isinstance(self.acceptance, NodeAcceptance) and depth is not None and drafted:
+            total, rounds = self._depths.get(drafted, (0.0, 0.0))
+            self._depths[drafted] = (total + depth, rounds + 1)
         if key in self._probing:
             self._probing.discard(key)  # a probe the drafter had nothing for (an n-gram miss) says nothing
             if not drafted:

@@ -31,17 +31,21 @@ def best_lengths(
     budget: int,
     step_time: Callable[[np.ndarray], np.ndarray],
     draft_forward: float = 0.0,
+    forwards: Sequence[float] | None = None,
 ) -> list[int]:
     """k_i per request maximising goodput; ``survival[i]`` = [S_i1..S_i,cap_i] (its length is cap_i).
 
-    ``step_time(n)`` maps token counts [M] -> seconds [M] (non-decreasing). Ties keep the shorter drafts.
+    ``step_time(n)`` maps token counts [M] -> seconds [M] (non-decreasing). ``forwards[k]``: the sequential
+    draft forwards of a k-token draft (default k; a token tree of k nodes: its depth). Ties keep the
+    shorter drafts.
     """
     deepest = max((len(s) for s in survival), default=0)
     if deepest == 0 or budget <= 0:
         return [0] * len(survival)
+    forwards = list(forwards) if forwards is not None else list(range(deepest + 1))
     times = step_time(np.arange(fixed_tokens, fixed_tokens + min(budget, deepest * len(survival)) + 1)).tolist()
     if len(survival) == 1:  # batch 1: k itself is the depth
-        return [_best_single(survival[0], budget, times, draft_forward)]
+        return [_best_single(survival[0], budget, times, draft_forward, forwards)]
     base = float(len(survival))  # every request emits one token even with k = 0
     best_value, best = base / times[0], (0, 0)  # (L, m)
     for depth in range(1 if draft_forward else deepest, deepest + 1):  # without a draft cost only L = deepest
@@ -49,18 +53,20 @@ def best_lengths(
         emitted = base
         for m, gain in enumerate(gains[:budget], start=1):
             emitted += gain
-            value = emitted / (times[m] + draft_forward * depth)
+            value = emitted / (times[m] + draft_forward * forwards[depth])
             if value > best_value * (1 + 1e-12):
                 best_value, best = value, (depth, m)
     return _take(survival, *best)
 
 
-def _best_single(survival: Sequence[float], budget: int, times: list[float], draft_forward: float) -> int:
+def _best_single(
+    survival: Sequence[float], budget: int, times: list[float], draft_forward: float, forwards: Sequence[float]
+) -> int:
     """The k <= min(len(survival), budget) of one request with the best (1 + Σ_{j<=k} S_j) / (T(n0+k) + d·k)."""
     best_k, best_value, emitted = 0, 1.0 / times[0], 1.0
     for k, gain in enumerate(survival[:budget], start=1):
         emitted += gain
-        value = emitted / (times[k] + draft_forward * k)
+        value = emitted / (times[k] + draft_forward * forwards[k])
         if value > best_value * (1 + 1e-12):
             best_k, best_value = k, value
     return best_k

@@ -27,8 +27,12 @@ class DraftLengthPolicy(Protocol):
     def choose(self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int) -> list[int]:
         """k_i <= caps[i] with Σ k_i <= ``budget`` for requests ``keys`` in a step with ``fixed_tokens`` others."""
 
-    def observe(self, key: Hashable, chosen: int, drafted: int, accepted: int) -> None:
-        """``key``'s verified round: asked for ``chosen``, ``drafted`` proposed, ``accepted`` kept."""
+    def observe(
+        self, key: Hashable, chosen: int, drafted: int, accepted: int, path: list[int] | None = None,
+        depth: int | None = None,
+    ) -> None:  # fmt: skip
+        """``key``'s verified round: asked for ``chosen``, ``drafted`` proposed, ``accepted`` kept; a token
+        tree's accepted ``path`` (node indices) and ``depth`` (its draft forwards)."""
 
     def observe_step(
         self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
@@ -60,7 +64,10 @@ class FixedPolicy:
             budget -= k
         return lengths
 
-    def observe(self, key: Hashable, chosen: int, drafted: int, accepted: int) -> None:
+    def observe(
+        self, key: Hashable, chosen: int, drafted: int, accepted: int, path: list[int] | None = None,
+        depth: int | None = None,
+    ) -> None:  # fmt: skip
         pass
 
     def observe_step(

@@ -148,10 +148,11 @@ class CompiledRunner:
             attn = layer.self_attn
             q, k, v = dec.qkv(attn, layer.input_layernorm(hidden), cos, sin)  # [W, Hq|Hkv, D]
             k_new, v_new = encode(k), encode(v)  # field -> [W, Hkv, width]
-            out = torch.ops.spectoolkit.paged_attention(
-                q.float(), k_new["data"], v_new["data"], _scale(k_new, k_scales), _scale(v_new, v_scales),
-                k_store, v_store, k_scales, v_scales, write, key_slots, starts, dec.scale,
-            )  # fmt: skip  [W, Hq, D] fp32
+            k_scale, v_scale = _scale(k_new, k_scales), _scale(v_new, v_scales)
+            out = torch.ops.spectoolkit.paged_attention(  # [W, Hq, D] fp32
+                q.float(), k_new["data"], v_new["data"], k_scale, v_scale, k_store, v_store, k_scales, v_scales, write,
+                key_slots, starts, dec.scale,
+            )  # fmt: skip
             hidden = hidden + linear_rows(attn.o_proj, out.to(hidden.dtype).reshape(out.shape[0], -1))
             hidden = hidden + dec.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return dec.norm(hidden)

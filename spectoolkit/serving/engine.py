@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting.base import Proposal
+from spectoolkit.config import SamplingConfig
+from spectoolkit.drafting.base import Budget, Drafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
@@ -34,7 +34,7 @@ from spectoolkit.serving.sequence import Sequence, new_sequence
 from spectoolkit.verify.base import Verifier
 from spectoolkit.verify.tree import TreeVerifier
 
-_NO_DRAFTS = Proposal([], None)
+_NO_DRAFTS = TokenTree([], [])
 NON_FINITE = "the target produced non-finite logits for this request (NaN/inf)"
 
 
@@ -50,22 +50,20 @@ class ContinuousEngine:
         limits: SchedulerLimits,
         eos_ids: frozenset[int],
         max_positions: int,
-        drafter=None,
+        drafter: Drafter | None = None,
         stochastic: bool = False,
         invariant: bool = False,
         policy: DraftLengthPolicy | None = None,
-        tree: TreeConfig | None = None,
-        tree_depth: int = 0,
     ) -> None:
-        """``tree`` (enabled, with a drafter that has ``propose_tree``): decoding sequences draft token trees of
-        at most the planned drafts nodes and ``tree_depth`` depth, verified in the same ragged forward."""
+        """Decoding sequences draft up to the planned drafts nodes (a tree drafter: within its depth and the
+        sequence's room), verified in the same ragged forward as everything else of the step."""
         self.runner, self.model, self.pool = runner, runner.model, runner.pool
         self.name, self.allocator = name, allocator
         self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
         self.max_positions, self.stochastic, self.invariant = max_positions, stochastic, invariant
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
-        tree = tree if tree is not None and tree.enabled and drafter is not None else None
-        self.scheduler = Scheduler(dataclasses.replace(limits, tree=tree is not None), allocator, policy)
+        self.trees = drafter is not None and drafter.tree is not None  # drafts are tree nodes, not a chain
+        self.scheduler = Scheduler(dataclasses.replace(limits, tree=self.trees), allocator, policy)
         self.policy = self.scheduler.policy
         self.on_step: Callable[[StepStats], None] | None = None
         self.on_emit: Callable[[str, list[int]], None] | None = None  # (request id, new output ids) per step
@@ -74,8 +72,6 @@ class ContinuousEngine:
         self._steps = 0
         self.peak_kv_tokens = 0  # the most KV slots the running sequences held at once (a shared prefix per holder)
         self.peak_draft_kv_bytes = 0  # the most bytes the drafter's KV held at a target forward
-        self.tree = tree
-        self.tree_depth = tree_depth
         self.tree_verifier = TreeVerifier(getattr(verifier, "sampling", None) or SamplingConfig(temperature=0.0))
 
     # ---- the ServingEngine protocol ------------------------------------------------------------
@@ -166,40 +162,37 @@ class ContinuousEngine:
         self._report(plan, reserved, prefill, started, draft_time, forward_time, len(finished))
         return finished
 
-    def _learn(self, works: list[Work], proposals: list[Proposal], started: float, draft_time: float) -> None:
-        """Tell the draft-length policy what this step cost: its tokens, draft forwards and times."""
+    def _learn(self, works: list[Work], proposals: list[TokenTree], started: float, draft_time: float) -> None:
+        """Tell the draft-length policy what this step cost: its tokens, draft forwards (one per depth) and times."""
         tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
-        forwards = max((len(proposal) for proposal in proposals), default=0)
+        forwards = max((max(proposal.depths(), default=0) for proposal in proposals), default=0)
         elapsed = time.perf_counter() - started
         self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time, len(works))
 
     # ---- the parts of a step ------------------------------------------------------------------
 
-    def _draft(self, plan: Plan) -> list[Proposal]:
+    def _draft(self, plan: Plan) -> list[TokenTree]:
         proposals = [_NO_DRAFTS] * len(plan.work)
         asked = [i for i, work in enumerate(plan.work) if work.drafts > 0]
         if asked and self.drafter is not None:
-            seqs, budgets = [plan.work[i].seq for i in asked], [plan.work[i].drafts for i in asked]
-            if self.tree is not None:
-                depths = [min(self.tree_depth, seq.room - 1) for seq in seqs]
-                made = self.drafter.propose_tree(seqs, budgets, self.tree, depths)
-            else:
-                made = self.drafter.propose(seqs, budgets)
+            seqs = [plan.work[i].seq for i in asked]
+            budgets = [Budget(plan.work[i].drafts, plan.work[i].seq.room - 1) for i in asked]
+            made = self.drafter.propose(seqs, budgets)
             for i, proposal in zip(asked, made, strict=True):
                 proposals[i] = proposal
         return proposals
 
-    def _forward(self, works: list[Work], proposals: list[Proposal]) -> torch.Tensor:
+    def _forward(self, works: list[Work], proposals: list[TokenTree]) -> torch.Tensor:
         segments = []
         for work, proposal in zip(works, proposals, strict=True):
             seq = work.seq
             feed = seq.tokens[seq.num_computed : seq.num_computed + work.feed]
             rows, tree = [], None
             if seq.num_computed + work.feed == len(seq.tokens):  # its last token is fed: logits wanted
-                if isinstance(proposal, TokenTree) and not proposal.is_chain():  # rows: a chain, then the tree
+                if not proposal.is_chain():  # rows: a chain, then the tree
                     parents = list(range(-1, work.feed - 1)) + [work.feed + p for p in proposal.parents]
                     tree = tree_layout(parents, seq.num_computed)
-                feed = feed + _ids(proposal)
+                feed = feed + proposal.token_ids
                 rows = list(range(work.feed - 1, len(feed)))
             segments.append(Segment(seq.table, feed, seq.num_computed, rows, tree))
         logits = run_segments(self.runner, segments, self._row_mode(len(segments)))
@@ -213,42 +206,39 @@ class ContinuousEngine:
             return "invariant"
         return "chosen" if num_seqs == 1 else "plain"
 
-    def _commit(self, seq: Sequence, work: Work, proposal: Proposal, rows: torch.Tensor, now: float):
-        """Verify ``seq``'s rows [k+1, V], emit and keep its accepted prefix; its result when it is done."""
+    def _commit(self, seq: Sequence, work: Work, proposal: TokenTree, rows: torch.Tensor, now: float):
+        """Verify ``seq``'s rows [k+1, V], emit and keep its accepted path; its result when it is done."""
         first = len(seq.tokens) == seq.prompt_len
-        prefix, path = len(seq.tokens), None
-        if isinstance(proposal, TokenTree) and len(proposal):
+        prefix = len(seq.tokens)
+        if not len(proposal):
+            path, next_token = [], self.verifier.select(rows[0], seq.generator)
+        elif proposal.is_chain():  # the fast path: the chain rule (the fused kernel), no KV moves
+            draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long, device=rows.device)
+            result = self.verifier.verify(draft_ids, rows, proposal.draft_probs, seq.generator)
+            path, next_token = list(range(result.num_accepted)), result.next_token
+        else:
             result = self.tree_verifier.verify_tree(
                 proposal.token_ids, proposal.parents, rows, proposal.draft_probs, seq.generator
             )
             path, next_token = result.path, result.next_token
-            accepted, accepted_ids = len(path), [proposal.token_ids[node] for node in path]
             # The path's KV moves next to the pending token (node i was written at position prefix + i).
             sources = seq.table.slots_at([prefix + node for node in path])
-            self.pool.move(sources, seq.table.slots(prefix, prefix + accepted))
-        elif not isinstance(proposal, TokenTree) and proposal.draft_ids:
-            draft_ids = torch.tensor(proposal.draft_ids, dtype=torch.long, device=rows.device)
-            result = self.verifier.verify(draft_ids, rows, proposal.draft_probs, seq.generator)
-            accepted, next_token = result.num_accepted, result.next_token
-            accepted_ids = proposal.draft_ids[:accepted]
-        else:
-            accepted, next_token, accepted_ids = 0, self.verifier.select(rows[0], seq.generator), []
+            self.pool.move(sources, seq.table.slots(prefix, prefix + len(path)))
+        accepted, accepted_ids = len(path), [proposal.token_ids[node] for node in path]
         kept = prefix + accepted  # prefix + pending + accepted drafts have KV
         emitted = cut(accepted_ids + [next_token], seq.room, self.eos_ids)
         seq.tokens.extend(emitted)
         seq.num_computed = kept
         seq.table.truncate(kept)
         seq.table.publish_committed(seq.tokens, min(kept, len(seq.tokens)))
-        if self.drafter is not None and path is not None:
-            self.drafter.commit_path(seq, prefix, path)
-        elif self.drafter is not None:
-            self.drafter.rollback(seq, kept)
-        self._count(seq, first, work, proposal, accepted, emitted, now)
+        if self.drafter is not None:
+            self.drafter.commit(seq, prefix, path)
+        self._count(seq, first, work, proposal, path, emitted, now)
         if seq.room <= 0 or emitted[-1] in self.eos_ids:
             return self._finish(seq, now)
         return None
 
-    def _count(self, seq: Sequence, first: bool, work: Work, proposal: Proposal, accepted, emitted, now) -> None:
+    def _count(self, seq: Sequence, first: bool, work: Work, proposal: TokenTree, path, emitted, now) -> None:
         result = seq.result
         result.token_times.extend([now] * len(emitted))
         self.counters.generation_tokens += len(emitted)
@@ -258,9 +248,10 @@ class ContinuousEngine:
             self.counters.prompt_tokens += seq.prompt_len
             return  # the prefill's token: not a verify round
         result.verify_rounds += 1
+        accepted = len(path)
         self.counters.count_round(len(proposal), accepted)
         if self.drafter is not None:
-            depth = max(proposal.depths(), default=0) if isinstance(proposal, TokenTree) else len(proposal)
+            depth = max(proposal.depths(), default=0)
             result.drafted_tokens += len(proposal)
             result.accepted_tokens += accepted
             result.proposed_rounds += len(proposal) > 0
@@ -268,9 +259,9 @@ class ContinuousEngine:
             result.draft_lengths.append(len(proposal))
             result.accept_lengths.append(accepted)
             result.chosen_lengths.append(work.drafts)
-            if self.tree is not None:  # every round of a tree arm, an empty one included (depth 0)
+            if self.trees:  # every round of a tree arm, an empty one included (depth 0)
                 result.tree_depths.append(depth)
-            self.policy.observe(seq, work.drafts, len(proposal), accepted)
+            self.policy.observe(seq, work.drafts, len(proposal), accepted, path, depth)
 
     def _finish(self, seq: Sequence, now: float) -> FinishedRequest:
         self.counters.finished_requests += seq.result.error is None
@@ -336,7 +327,3 @@ class ContinuousEngine:
         used = (self.allocator.num_blocks - self.allocator.num_free) * self.allocator.block_size
         draft = self.drafter.kv_bytes() if self.drafter is not None else 0
         return {"target_kv_bytes": used * self.pool.slot_bytes(), "draft_kv_bytes": draft}
-
-
-def _ids(proposal: Proposal | TokenTree) -> list[int]:
-    return proposal.token_ids if isinstance(proposal, TokenTree) else proposal.draft_ids

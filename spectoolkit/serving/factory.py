@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spectoolkit.config import RunConfig, ServeConfig
-from spectoolkit.drafting.tree import tree_depth
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.layer_skip import draft_model_name
@@ -18,7 +18,6 @@ from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import make_chooser
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 
@@ -57,7 +56,7 @@ def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:
     arms.append(_arm(cfg, setup, "spec", drafter, slots, _fixed(cfg)))
     policy = make_policy(cfg.speculate)
     if policy.name != "fixed":
-        sibling = sibling_drafter(drafter, policy.stop_below)
+        sibling = drafter.variant(policy.stop_below, drafter.tree, cfg.speculate.gamma)
         arms.append(_arm(cfg, setup, f"spec-{policy.name}", sibling, slots, policy, share=arms[-1].engine))
     return arms
 
@@ -72,14 +71,13 @@ def served_arm(cfg: RunConfig, setup) -> ServingArm:
     name = "spec" if policy.name == "fixed" else f"spec-{policy.name}"
     drafter = batched_drafter(cfg, setup.models, slots)
     if policy.stop_below is not None:  # confidence: the draft model stops below the threshold
-        drafter = sibling_drafter(drafter, policy.stop_below)
+        drafter = drafter.variant(policy.stop_below, drafter.tree, cfg.speculate.gamma)
     return _arm(cfg, setup, name, drafter, slots, policy)
 
 
 def _fixed(cfg: RunConfig):
     """The fixed policy: γ drafts per round, or with ``speculate.tree`` up to ``max_nodes`` tree nodes."""
-    tree = cfg.speculate.tree
-    return make_policy(cfg.speculate, "fixed", tree.max_nodes if tree.enabled else cfg.speculate.gamma)
+    return make_policy(cfg.speculate, "fixed")
 
 
 def _prepare(cfg: RunConfig, setup) -> int:
@@ -104,7 +102,6 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
     engine = ContinuousEngine(
         name, runner, allocator, make_verifier(cfg.sampling, models.device), limits,
         models.eos_ids, models.max_positions, drafter, not cfg.sampling.greedy, serve.batch_invariant, policy,
-        cfg.speculate.tree, tree_depth(cfg.speculate.tree, cfg.speculate.gamma, getattr(drafter, "tree_kind", None)),
     )  # fmt: skip
     # The loaded draft's precision (a layer-skip draft: the target's, or draft.skip_precision); None for n-gram.
     draft_precision = models.draft.precision if drafter is not None and models.draft is not None else None
@@ -115,10 +112,12 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
 
 
 def batched_drafter(cfg: RunConfig, models, slots: int):
-    """The batched drafter ``cfg.draft`` asks for: n-gram lookup, or the loaded draft model over a pool of ``slots``."""
-    target = models.target
+    """The batched drafter ``cfg.draft`` asks for — n-gram lookup, or the loaded draft model over a pool of
+    ``slots`` — growing ``speculate.tree`` (kind none: chains)."""
+    target, tree, gamma = models.target, cfg.speculate.tree, cfg.speculate.gamma
     if cfg.draft.kind == "ngram":
-        return BatchNgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not cfg.sampling.greedy)
+        return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not cfg.sampling.greedy,
+                            tree, gamma)  # fmt: skip
     draft = models.draft
     blocks = max(1, slots // cfg.serve.block_size)
     pool = make_pool(draft.model, cfg.kv.draft, blocks * cfg.serve.block_size)
@@ -126,13 +125,4 @@ def batched_drafter(cfg: RunConfig, models, slots: int):
     allocator = BlockAllocator(blocks, cfg.serve.block_size)
     name, chooser = draft_model_name(cfg.draft, draft.model, target.model), make_chooser(cfg.sampling)
     runner = make_runner(draft.model, pool, cfg.runtime.compile)
-    return BatchModelDrafter(runner, chooser, allocator, target.vocab_size, shared, models.eos_ids, name)
-
-
-def sibling_drafter(drafter, stop_below: float | None):
-    """Another drafter like ``drafter`` on the same pool, stopping below ``stop_below`` (a draft model);
-    n-gram lookup holds no per-sequence state, so both arms share the one drafter."""
-    if not isinstance(drafter, BatchModelDrafter):
-        return drafter
-    return BatchModelDrafter(drafter.runner, drafter.chooser, drafter.allocator, drafter.target_vocab_size,
-                             drafter.shared_vocab_size, drafter.eos_ids, drafter.name, stop_below)  # fmt: skip
+    return ModelDrafter(runner, chooser, allocator, target.vocab_size, shared, models.eos_ids, name, None, tree, gamma)

@@ -61,11 +61,6 @@ class OneRequestEngine:
     def runners(self) -> dict:
         return self.engine.runners()
 
-    @property
-    def tree(self):
-        """The arm's token-tree config when it drafts trees, else None."""
-        return self.engine.tree
-
     def generate(
         self, prompt_ids: list[int], max_new_tokens: int, generator: torch.Generator | None, on_token=None
     ) -> GenerationOutput:

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 import torch
 
 from spectoolkit.config import RunConfig, TreeConfig
-from spectoolkit.drafting.tree import tree_depth
 from spectoolkit.policy import DraftLengthPolicy, FixedPolicy, make_policy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.compiled import bucket
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner, make_runner
 from spectoolkit.serving.engine import ContinuousEngine
-from spectoolkit.serving.factory import batched_drafter, sibling_drafter
+from spectoolkit.serving.factory import batched_drafter
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify.base import Verifier
@@ -44,15 +43,15 @@ class OneEngines:
         return min(self.models.max_positions, MAX_LONE_POSITIONS)
 
     def target_alone(self, name: str, model: torch.nn.Module) -> OneRequestEngine:
-        return OneRequestEngine(self._engine(name, model, None, FixedPolicy(0), None), "baseline")
+        return OneRequestEngine(self._engine(name, model, None, FixedPolicy(0)), "baseline")
 
     def drafting(self, name: str, model: torch.nn.Module, policy: DraftLengthPolicy, tree: TreeConfig, drafter=None):
-        """A drafting arm's engine and its drafter (default: the run's); a tree arm's policy budgets tree nodes
-        (``tree.max_nodes``)."""
-        if tree.enabled:
-            policy = make_policy(self.cfg.speculate, policy.name, tree.max_nodes)
-        drafter = sibling_drafter(drafter or self.drafter(), policy.stop_below)
-        return OneRequestEngine(self._engine(name, model, drafter, policy, tree), "spec"), drafter
+        """A drafting arm's engine and its drafter (default: the run's) growing ``tree`` (kind none: chains); a
+        tree arm's policy budgets tree nodes (``tree.max_nodes``)."""
+        nodes = tree.max_nodes if tree.enabled else policy.max_gamma
+        policy = make_policy(self.cfg.speculate, policy.name, nodes, tree.enabled)
+        drafter = (drafter or self.drafter()).variant(policy.stop_below, tree, self.cfg.speculate.gamma)
+        return OneRequestEngine(self._engine(name, model, drafter, policy), "spec"), drafter
 
     def drafter(self):
         """The run's batched drafter (built once, on first use)."""
@@ -84,13 +83,12 @@ class OneEngines:
             self._runners[id(model)] = (runner, BlockAllocator(slots // block, block))
         return self._runners[id(model)]
 
-    def _engine(self, name: str, model, drafter, policy: DraftLengthPolicy, tree: TreeConfig | None):
+    def _engine(self, name: str, model, drafter, policy: DraftLengthPolicy):
         cfg, models = self.cfg, self.models
         runner, allocator = self.runner(model)
         gamma = policy.max_gamma if drafter is not None else 0
         limits = SchedulerLimits(self.positions + gamma + 1, 1, gamma, None, None)
-        depth = tree_depth(tree, cfg.speculate.gamma, getattr(drafter, "tree_kind", None)) if tree else 0
         return ContinuousEngine(
             name, runner, allocator, self.verifier, limits, models.eos_ids, models.max_positions, drafter,
-            not cfg.sampling.greedy, False, policy, tree, depth,
+            not cfg.sampling.greedy, False, policy,
         )  # fmt: skip

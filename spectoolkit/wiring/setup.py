@@ -142,11 +142,9 @@ class _Parts:
         tree: TreeConfig | None = None,
     ) -> Arm:  # fmt: skip
         """A drafting arm; ``tree`` (default: ``speculate.tree``) makes it draft token trees."""
-        gamma = policy.max_gamma
         tree = self.cfg.speculate.tree if tree is None else tree
         engine, drafter = self.one.drafting(name, target.model, policy, tree)
-        if tree.enabled:  # records' draft_len: the most a round drafts, a tree's nodes (K <= depth <= nodes)
-            gamma = max(gamma, tree.max_nodes)
+        gamma = engine.policy.max_gamma  # records' draft_len: the most a round drafts (a tree: its node budget)
         draft_precision = self.draft.precision if self.draft else None
         return Arm(name, engine, target, precision, drafter.name, self.draft, draft_precision, gamma, ref,
                    policy.name)  # fmt: skip

@@ -1,4 +1,4 @@
-"""ModelDrafter's KV bookkeeping (DESIGN §2): feed what is unseen, roll back to the kept length."""
+"""ModelDrafter's KV bookkeeping (DESIGN §2): feed what is unseen, commit back to the kept length."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig
-from spectoolkit.drafting import ModelDrafter
+from spectoolkit.drafting import Budget, Lone, ModelDrafter, TokenTree, lone_drafter
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.runtime.lone import LoneSequence, lone_sequence
+from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.sampling import GreedyChooser, make_chooser
 
 VOCAB = 128
@@ -18,6 +18,7 @@ EOS = 2
 EOS_IDS = frozenset({EOS})
 PROMPT = [1, 17, 93, 50, 7, 41, 100, 12]
 PENDING = 33  # the target's first token: verified, no KV anywhere yet
+POSITIONS = 128  # the drafter's pool: every test's tokens and drafts fit
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -27,130 +28,149 @@ def draft_model() -> torch.nn.Module:
 
 
 def _drafter(model: torch.nn.Module, chooser=None, shared: int = VOCAB) -> tuple[ModelDrafter, list[list[int]]]:
-    """A greedy drafter whose runner (a lone sequence) records every list of token ids it is fed."""
-    drafter = ModelDrafter(model, chooser or GreedyChooser(), VOCAB, shared, EOS_IDS)
-    assert isinstance(drafter.runner, LoneSequence)
+    """A greedy drafter for lone sequences whose runner records the token ids of every forward it runs."""
+    drafter = lone_drafter(model, chooser or GreedyChooser(), VOCAB, shared, EOS_IDS, POSITIONS)
+    assert drafter.runners() == {"draft": drafter.runner}  # guard: the runner recorded is the one it drives
     feeds: list[list[int]] = []
     original = drafter.runner.forward
 
-    def forward(token_ids, last_only=False):
-        feeds.append(list(token_ids))
-        return original(token_ids, last_only=last_only)
+    def forward(batch):
+        assert batch.num_seqs == 1  # one lone sequence: a forward's tokens are that sequence's feed
+        feeds.append(batch.token_ids.tolist())
+        return original(batch)
 
     drafter.runner.forward = forward
     return drafter, feeds
 
 
+def _propose(drafter: ModelDrafter, seq: Lone, budget: int) -> TokenTree:
+    """A chain of at most ``budget`` drafts for ``seq``."""
+    (chain,) = drafter.propose([seq], [Budget(budget, budget)])
+    assert chain.is_chain()
+    return chain
+
+
+def _num_computed(drafter: ModelDrafter, seq: Lone) -> int:
+    """Positions of ``seq`` with draft KV."""
+    return drafter._states[id(seq)].num_computed
+
+
+def _keep(drafter: ModelDrafter, seq: Lone, num_prefix: int, num_accepted: int) -> None:
+    """Commit the first ``num_prefix`` tokens and the first ``num_accepted`` drafts of the last chain."""
+    drafter.commit(seq, num_prefix, list(range(num_accepted)))
+
+
 def test_first_propose_feeds_the_whole_prompt(draft_model):
     drafter, feeds = _drafter(draft_model)
-    drafter.begin(PROMPT)
     tokens = PROMPT + [PENDING]
-    proposal = drafter.propose(tokens, budget=3, generator=None)
+    seq = Lone(tokens)
+    proposal = _propose(drafter, seq, 3)
     assert len(proposal) == 3 and proposal.draft_probs is None
-    assert feeds == [tokens, proposal.draft_ids[:1], proposal.draft_ids[1:2]]  # the last draft is not fed
-    assert drafter.runner.num_computed == len(tokens) + 2
+    assert feeds == [tokens, proposal.token_ids[:1], proposal.token_ids[1:2]]  # the last draft is not fed
+    assert _num_computed(drafter, seq) == len(tokens) + 2
 
 
-def test_begin_resets_a_previous_request(draft_model):
+@pytest.mark.parametrize("forget", ["release", "reset"])
+def test_release_and_reset_forget_a_previous_request(draft_model, forget):
     drafter, feeds = _drafter(draft_model)
-    drafter.begin(PROMPT)
-    first = drafter.propose(PROMPT + [PENDING], budget=4, generator=None)
-    drafter.begin(PROMPT)
+    seq = Lone(PROMPT + [PENDING])
+    first = _propose(drafter, seq, 4)
+    if forget == "release":
+        drafter.release(seq)
+    else:
+        drafter.reset()
     feeds.clear()
-    again = drafter.propose(PROMPT + [PENDING], budget=4, generator=None)
+    again = _propose(drafter, seq, 4)
     assert feeds[0] == PROMPT + [PENDING]
-    assert again.draft_ids == first.draft_ids
+    assert again.token_ids == first.token_ids
 
 
 @pytest.mark.parametrize("num_accepted", [0, 1, 2, 3])
-def test_rollback_keeps_no_rejected_draft(draft_model, num_accepted):
+def test_commit_keeps_no_rejected_draft(draft_model, num_accepted):
     drafter, _ = _drafter(draft_model)
-    drafter.begin(PROMPT)
     tokens = PROMPT + [PENDING]
-    drafter.propose(tokens, budget=4, generator=None)
+    seq = Lone(tokens)
+    _propose(drafter, seq, 4)
     kept = len(tokens) + num_accepted
-    drafter.rollback(kept)
-    assert drafter.runner.num_computed <= kept
-    assert drafter.runner.num_computed == kept  # 4 drafted, at most 3 accepted: all kept ones were fed
+    _keep(drafter, seq, len(tokens), num_accepted)
+    assert _num_computed(drafter, seq) <= kept
+    assert _num_computed(drafter, seq) == kept  # 4 drafted, at most 3 accepted: all kept ones were fed
 
 
 def test_after_rejection_feeds_only_the_correction(draft_model):
     drafter, feeds = _drafter(draft_model)
-    drafter.begin(PROMPT)
     tokens = PROMPT + [PENDING]
-    drafts = drafter.propose(tokens, budget=4, generator=None).draft_ids
-    drafter.rollback(len(tokens) + 1)  # d1 accepted, d2 rejected
+    seq = Lone(tokens)
+    drafts = _propose(drafter, seq, 4).token_ids
+    _keep(drafter, seq, len(tokens), 1)  # d1 accepted, d2 rejected
     correction = (drafts[1] + 1) % VOCAB
     feeds.clear()
-    tokens = tokens + drafts[:1] + [correction]
-    proposal = drafter.propose(tokens, budget=2, generator=None)
+    seq.tokens = tokens = tokens + drafts[:1] + [correction]
+    proposal = _propose(drafter, seq, 2)
     assert feeds[0] == [correction]
-    assert drafter.runner.num_computed == len(tokens) + len(proposal) - 1
+    assert _num_computed(drafter, seq) == len(tokens) + len(proposal) - 1
 
 
 def test_after_full_acceptance_feeds_last_draft_and_bonus(draft_model):
     drafter, feeds = _drafter(draft_model)
-    drafter.begin(PROMPT)
     tokens = PROMPT + [PENDING]
-    drafts = drafter.propose(tokens, budget=3, generator=None).draft_ids
-    drafter.rollback(len(tokens) + 3)  # all accepted: the last draft was never fed
-    assert drafter.runner.num_computed == len(tokens) + 2
+    seq = Lone(tokens)
+    drafts = _propose(drafter, seq, 3).token_ids
+    _keep(drafter, seq, len(tokens), 3)  # all accepted: the last draft was never fed
+    assert _num_computed(drafter, seq) == len(tokens) + 2
     bonus = 77
-    tokens = tokens + drafts + [bonus]
+    seq.tokens = tokens = tokens + drafts + [bonus]
     feeds.clear()
-    proposal = drafter.propose(tokens, budget=3, generator=None)
+    proposal = _propose(drafter, seq, 3)
     assert feeds[0] == [drafts[-1], bonus]
-    assert drafter.runner.num_computed == len(tokens) + len(proposal) - 1
+    assert _num_computed(drafter, seq) == len(tokens) + len(proposal) - 1
 
 
-def test_proposals_after_rollback_equal_a_fresh_drafter(draft_model):
-    """Rolled-back KV must be indistinguishable from KV that never saw the rejected drafts."""
+def test_proposals_after_commit_equal_a_fresh_drafter(draft_model):
+    """Committed-away KV must be indistinguishable from KV that never saw the rejected drafts."""
     drafter, _ = _drafter(draft_model)
-    drafter.begin(PROMPT)
-    tokens = PROMPT + [PENDING]
+    seq = Lone(PROMPT + [PENDING])
     for round_index in range(7):
         fresh, _ = _drafter(draft_model)
-        fresh.begin(PROMPT)
-        expected = fresh.propose(tokens, budget=4, generator=None).draft_ids  # one prefill of all tokens
-        drafts = drafter.propose(tokens, budget=4, generator=None).draft_ids
+        expected = _propose(fresh, Lone(seq.tokens), 4).token_ids  # one prefill of all tokens
+        drafts = _propose(drafter, seq, 4).token_ids
         assert drafts == expected, f"round {round_index}"
         num_accepted = min(round_index % 5, len(drafts))  # 0..4: rejections at every slot, then all
         next_token = (drafts[num_accepted] + 5) % VOCAB if num_accepted < len(drafts) else 9
-        drafter.rollback(len(tokens) + num_accepted)
-        tokens = tokens + drafts[:num_accepted] + [next_token]
+        _keep(drafter, seq, len(seq.tokens), num_accepted)
+        seq.tokens = seq.tokens + drafts[:num_accepted] + [next_token]
 
 
 def test_stops_after_proposing_eos(draft_model):
     plain, _ = _drafter(draft_model)
-    plain.begin(PROMPT)
     tokens = PROMPT + [PENDING]
-    unbiased = plain.propose(tokens, budget=5, generator=None).draft_ids
+    unbiased = _propose(plain, Lone(tokens), 5).token_ids
     eos_model = copy.deepcopy(draft_model)
     with torch.no_grad():  # EOS outscores the third draft token where that one was the argmax
         eos_model.lm_head.weight[EOS] = 1.05 * eos_model.lm_head.weight[unbiased[2]]
     drafter, feeds = _drafter(eos_model)
-    drafter.begin(PROMPT)
-    proposal = drafter.propose(tokens, budget=5, generator=None)
-    assert EOS in proposal.draft_ids, "guard: the biased draft must propose EOS within the budget"
-    assert proposal.draft_ids[-1] == EOS and proposal.draft_ids.count(EOS) == 1 and len(proposal) <= 3
+    seq = Lone(tokens)
+    proposal = _propose(drafter, seq, 5)
+    assert EOS in proposal.token_ids, "guard: the biased draft must propose EOS within the budget"
+    assert proposal.token_ids[-1] == EOS and proposal.token_ids.count(EOS) == 1 and len(proposal) <= 3
     assert len(feeds) == len(proposal)  # EOS itself is never fed
-    assert drafter.runner.num_computed == len(tokens) + len(proposal) - 1
+    assert _num_computed(drafter, seq) == len(tokens) + len(proposal) - 1
 
 
 def test_sampled_proposal_reports_its_distributions(draft_model):
     sampling = SamplingConfig(temperature=0.8, top_k=20)
     drafter, _ = _drafter(draft_model, make_chooser(sampling))
-    drafter.begin(PROMPT)
     tokens = PROMPT + [PENDING]
-    proposal = drafter.propose(tokens, budget=4, generator=torch.Generator().manual_seed(0))
+    seq = Lone(tokens, torch.Generator().manual_seed(0))
+    proposal = _propose(drafter, seq, 4)
     probs = proposal.draft_probs  # [k, V]
     assert probs.shape == (len(proposal), VOCAB) and probs.dtype == torch.float32
     torch.testing.assert_close(probs.sum(dim=-1), torch.ones(len(proposal)))
     assert ((probs > 0).sum(dim=-1) <= 20).all()  # top-k applied to what it samples from
-    assert (probs[torch.arange(len(proposal)), proposal.draft_ids] > 0).all()
-    drafter.begin(PROMPT)
-    again = drafter.propose(tokens, budget=4, generator=torch.Generator().manual_seed(0))
-    assert again.draft_ids == proposal.draft_ids and torch.equal(again.draft_probs, probs)
+    assert (probs[torch.arange(len(proposal)), proposal.token_ids] > 0).all()
+    drafter.release(seq)
+    again = _propose(drafter, Lone(tokens, torch.Generator().manual_seed(0)), 4)
+    assert again.token_ids == proposal.token_ids and torch.equal(again.draft_probs, probs)
 
 
 def test_ids_past_the_shared_vocab_are_never_proposed(draft_model):
@@ -161,9 +181,8 @@ def test_ids_past_the_shared_vocab_are_never_proposed(draft_model):
     sampling = SamplingConfig(temperature=1.0)
     for chooser in (GreedyChooser(), make_chooser(sampling)):
         drafter, _ = _drafter(boosted, chooser, shared=shared)
-        drafter.begin(PROMPT)
-        proposal = drafter.propose(PROMPT + [PENDING], budget=6, generator=torch.Generator().manual_seed(1))
-        assert max(proposal.draft_ids) < shared
+        proposal = _propose(drafter, Lone(PROMPT + [PENDING], torch.Generator().manual_seed(1)), 6)
+        assert max(proposal.token_ids) < shared
         if proposal.draft_probs is not None:
             assert proposal.draft_probs.shape == (len(proposal), VOCAB)
             assert (proposal.draft_probs[:, shared:] == 0).all()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectoolkit.drafting import NgramDrafter, lookup
+from spectoolkit.drafting import Budget, Lone, NgramDrafter, TokenTree, lookup
 
 
 def _lookup(tokens: list[int], max_n: int = 3, min_n: int = 1, budget: int = 4) -> list[int]:
@@ -53,12 +53,18 @@ def test_respects_budget_and_context_end(budget):
     assert proposal == [3, 4, 5, 6, 1, 2][:budget]  # at most what follows the match in the context
 
 
+def _propose(drafter: NgramDrafter, tokens: list[int], budget: int) -> TokenTree:
+    """A chain of at most ``budget`` drafts for a lone sequence of ``tokens``."""
+    (chain,) = drafter.propose([Lone(tokens)], [Budget(budget, budget)])
+    assert chain.is_chain()
+    return chain
+
+
 def test_drafter_one_hot_probs():
     vocab = 16
     drafter = NgramDrafter(max_n=3, min_n=1, target_vocab_size=vocab, one_hot_probs=True)
-    drafter.begin([5, 6, 7, 8, 9])
-    proposal = drafter.propose([5, 6, 7, 8, 9, 5, 6], budget=3, generator=None)
-    assert proposal.draft_ids == [7, 8, 9]
+    proposal = _propose(drafter, [5, 6, 7, 8, 9, 5, 6], budget=3)
+    assert proposal.token_ids == [7, 8, 9]
     assert proposal.draft_probs.shape == (3, vocab)
     assert proposal.draft_probs.dtype == torch.float32
     expected = torch.zeros(3, vocab)
@@ -68,8 +74,8 @@ def test_drafter_one_hot_probs():
 
 def test_drafter_empty_and_greedy_proposals():
     one_hot = NgramDrafter(max_n=3, min_n=1, target_vocab_size=16, one_hot_probs=True)
-    empty = one_hot.propose([1, 2, 3], budget=4, generator=None)
+    empty = _propose(one_hot, [1, 2, 3], budget=4)
     assert len(empty) == 0 and empty.draft_probs.shape == (0, 16)
     greedy = NgramDrafter(max_n=3, min_n=1, target_vocab_size=16, one_hot_probs=False)
-    proposal = greedy.propose([1, 2, 3, 1], budget=4, generator=None)
-    assert proposal.draft_ids == [2, 3, 1] and proposal.draft_probs is None
+    proposal = _propose(greedy, [1, 2, 3, 1], budget=4)
+    assert proposal.token_ids == [2, 3, 1] and proposal.draft_probs is None

@@ -1,10 +1,11 @@
 """Token trees: TokenTree geometry, the n-gram continuation trie, and trees grown with a draft model.
 
 Model trees are checked against direct forwards: the draft (a tiny Llama on the reference linears, as
-``load_model`` sets up, run by a lone sequence, whose rows are computed as decode steps) run fresh over
-prefix + a node's path gives exactly the logits the tree forward gave that node, so each node's children
-(greedy: the top-k tokens; sampling: draws from the processed distribution) can be recomputed and compared
-bit for bit.
+``load_model`` sets up) run fresh over prefix + a node's path by a lone sequence, whose rows are computed as
+decode steps, gives the logits the tree forward gave that node, so each node's children can be recomputed:
+greedy, the top-k tokens, compared exactly; sampling, the processed distribution they were drawn from,
+compared to fp32 rounding (the drafter runs a depth's rows in one batched ``plain`` attention, which may
+differ from a decode step by a last bit) while i.i.d. siblings must share it bit for bit.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
+from spectoolkit.drafting import Budget, Lone, ModelDrafter, NgramDrafter, lone_drafter
 from spectoolkit.drafting.ngram import continuation_trie
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.models.kernel_choice import choose_kernels
@@ -28,12 +29,13 @@ PROMPT = [1, 17, 93, 50, 7, 41, 100, 12]
 PENDING = 33
 TOKENS = PROMPT + [PENDING]  # verified tokens; the draft has seen none of them yet
 SAMPLING = SamplingConfig(temperature=0.8, top_k=20)
+POSITIONS = 128  # the drafter's pool: TOKENS and every tree's fed nodes fit
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _switched(model: torch.nn.Module) -> torch.nn.Module:
-    """Row-invariant linears (the lone sequence's attention is row-wise already): a row's logits do not depend
-    on the other rows of its forward."""
+    """Row-invariant linears: a row's linears do not depend on the other rows of its forward (the lone sequence's
+    attention is row-wise too; the drafter's batched attention may differ from it by a last bit)."""
     choose_kernels(model, "reference")
     return model
 
@@ -154,15 +156,20 @@ def test_trie_paths_are_exactly_the_earlier_continuations(seed):
         assert continuation_trie(tokens, max_n, min_n, depth, budget) == (token_ids[:budget], parents[:budget])
 
 
+def _ngram_tree(one_hot_probs: bool) -> TokenTree:
+    """The tree an n-gram drafter with a (static) tree config, γ = 2, proposes after TRIE_TOKENS."""
+    drafter = NgramDrafter(2, 1, VOCAB, one_hot_probs, TreeConfig(kind="static"), gamma=2)
+    (tree,) = drafter.propose([Lone(TRIE_TOKENS)], [Budget(nodes=16, depth=2)])
+    return tree
+
+
 def test_ngram_propose_tree_is_the_trie_with_one_hot_probs():
-    drafter = NgramDrafter(max_n=2, min_n=1, target_vocab_size=VOCAB, one_hot_probs=True)
-    tree = drafter.propose_tree(TRIE_TOKENS, TreeConfig(kind="static"), budget=16, max_depth=2, generator=None)
+    tree = _ngram_tree(one_hot_probs=True)
     assert (tree.token_ids, tree.parents) == _trie(TRIE_TOKENS)
     expected = torch.zeros(len(tree), VOCAB)
     expected[torch.arange(len(tree)), tree.token_ids] = 1.0
     assert torch.equal(tree.draft_probs, expected)
-    greedy = NgramDrafter(max_n=2, min_n=1, target_vocab_size=VOCAB, one_hot_probs=False)
-    assert greedy.propose_tree(TRIE_TOKENS, TreeConfig(kind="static"), 16, 2, None).draft_probs is None
+    assert _ngram_tree(one_hot_probs=False).draft_probs is None
 
 
 # ---- trees grown with a draft model -----------------------------------------------------------
@@ -177,11 +184,18 @@ def _logits_after(model: torch.nn.Module, path_ids: list[int]) -> torch.Tensor:
     return logits.float()
 
 
+def _tree_drafter(model, tree_cfg: TreeConfig, max_depth: int, chooser=None) -> ModelDrafter:
+    """A drafter growing ``tree_cfg`` trees (dynamic ones ``max_depth`` deep: γ) for lone sequences."""
+    return lone_drafter(model, chooser or GreedyChooser(), VOCAB, VOCAB, EOS_IDS, POSITIONS, tree=tree_cfg,
+                        gamma=max_depth)  # fmt: skip
+
+
 def _propose(model, tree_cfg: TreeConfig, budget: int, max_depth: int, chooser=None, seed: int | None = None):
-    drafter = ModelDrafter(model, chooser or GreedyChooser(), VOCAB, VOCAB, EOS_IDS)
-    drafter.begin(PROMPT)
+    """(drafter, the tree of at most ``budget`` nodes and ``max_depth`` depths it grows after TOKENS)."""
+    drafter = _tree_drafter(model, tree_cfg, max_depth, chooser)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    return drafter, drafter.propose_tree(TOKENS, tree_cfg, budget, max_depth, generator)
+    (tree,) = drafter.propose([Lone(list(TOKENS), generator)], [Budget(budget, max_depth)])
+    return drafter, tree
 
 
 def _children(tree: TokenTree) -> dict[int, list[int]]:
@@ -225,19 +239,20 @@ def test_static_tree_is_cut_to_the_budget_in_breadth_first_order(draft_model, bu
 
 
 def test_static_tree_costs_one_draft_forward_per_depth(draft_model):
-    drafter = ModelDrafter(draft_model, GreedyChooser(), VOCAB, VOCAB, EOS_IDS)
-    drafter.begin(PROMPT)
+    drafter = _tree_drafter(draft_model, TreeConfig(kind="static", branching=(3, 2, 2), max_nodes=32), 3)
     widths: list[int] = []
-    original = drafter.runner.forward_masked
+    original = drafter.runner.forward
 
-    def forward_masked(token_ids, positions, visible):
-        widths.append(len(token_ids))
-        return original(token_ids, positions, visible)
+    def forward(batch):
+        if batch.visible[0] is not None:  # a tree forward (the catch-up of TOKENS is a causal chain)
+            widths.append(len(batch.token_ids))
+        return original(batch)
 
-    drafter.runner.forward_masked = forward_masked
-    tree = drafter.propose_tree(TOKENS, TreeConfig(kind="static", branching=(3, 2, 2)), 32, 3, None)
+    drafter.runner.forward = forward
+    seq = Lone(list(TOKENS))
+    (tree,) = drafter.propose([seq], [Budget(32, 3)])
     assert widths == [3, 6]  # depths 1 and 2 are fed; the leaves (depth 3) never are
-    assert drafter.runner.num_computed == len(TOKENS) + 9
+    assert drafter._states[id(seq)].num_computed == len(TOKENS) + 9
     assert len(tree) == 21
 
 
@@ -303,7 +318,9 @@ def test_sampled_nodes_report_their_parents_processed_distribution(draft_model, 
     for parent, kids in _children(tree).items():
         expected = processed_probs(_logits_after(draft_model, _path_ids(tree, parent)), SAMPLING)  # [V]
         for kid in kids:  # i.i.d. siblings: every one was drawn from the same q
-            assert torch.equal(probs[kid], expected), f"node {kid}"
+            assert torch.equal(probs[kid], probs[kids[0]]), f"node {kid}"
+            assert torch.equal(probs[kid] > 0, expected > 0), f"node {kid}: the support (top-k) of q"
+            torch.testing.assert_close(probs[kid], expected, rtol=0, atol=1e-6, msg=f"node {kid}")
             assert probs[kid, tree.token_ids[kid]] > 0
     assert ((probs > 0).sum(dim=-1) <= SAMPLING.top_k).all()
     if cfg.kind == "static":

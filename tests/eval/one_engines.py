@@ -5,14 +5,13 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting.tree import tree_depth
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import make_chooser
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -23,9 +22,9 @@ BLOCKS, BLOCK, POSITIONS = 64, 8, 256
 def batched(draft: torch.nn.Module | None, sampling: SamplingConfig, vocab: int, eos_ids: frozenset[int]):
     """A batched model drafter over its own pool, or (``draft=None``) n-gram lookup with one-hot q."""
     if draft is None:
-        return BatchNgramDrafter(3, 1, vocab, True)
+        return NgramDrafter(3, 1, vocab, True)
     pool, allocator = make_pool(draft, "auto", BLOCKS * BLOCK), BlockAllocator(BLOCKS, BLOCK)
-    return BatchModelDrafter(make_runner(draft, pool), make_chooser(sampling), allocator, vocab, vocab, eos_ids)
+    return ModelDrafter(make_runner(draft, pool), make_chooser(sampling), allocator, vocab, vocab, eos_ids)
 
 
 def arms(model, drafter, control, sampling: SamplingConfig, gamma: int, eos_ids: frozenset[int],
@@ -35,11 +34,11 @@ def arms(model, drafter, control, sampling: SamplingConfig, gamma: int, eos_ids:
     runner, allocator = make_runner(model, make_pool(model, "auto", BLOCKS * BLOCK)), BlockAllocator(BLOCKS, BLOCK)
 
     def engine(name: str, chosen, budget: int) -> OneRequestEngine:
-        depth = tree_depth(tree, gamma, getattr(chosen, "tree_kind", None)) if tree is not None else 0
+        chosen = chosen.variant(None, tree, gamma) if chosen is not None else None
         limits = SchedulerLimits(POSITIONS, 1, budget, None, None)
         return OneRequestEngine(ContinuousEngine(name, runner, allocator, make_verifier(sampling), limits,
-                                                 eos_ids, POSITIONS, chosen, True, False, FixedPolicy(budget), tree,
-                                                 depth), name)  # fmt: skip
+                                                 eos_ids, POSITIONS, chosen, True, False, FixedPolicy(budget)),
+                                name)  # fmt: skip
 
     budget = tree.max_nodes if tree is not None else gamma
     return {"baseline": engine("baseline", None, 0), "spec": engine("spec", drafter, budget),

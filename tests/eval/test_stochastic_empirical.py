@@ -17,9 +17,10 @@ import torch
 from scipy import stats
 
 from spectoolkit.config import SamplingConfig
+from spectoolkit.drafting import ModelDrafter
 from spectoolkit.eval.stochastic_empirical import (
     ENDED,
-    BatchUniformReportingNgram,
+    UniformReportingNgram,
     chi_square_homogeneity,
     engine_exactness,
     negative_control,
@@ -27,7 +28,6 @@ from spectoolkit.eval.stochastic_empirical import (
     two_sample_test,
 )
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.serving.drafters import BatchModelDrafter
 from tests.eval import one_engines
 
 VOCAB = 12
@@ -81,9 +81,9 @@ def test_ngram_drafter_accepted_control_rejected(target, draft_model):
 def test_negative_control_per_drafter_kind(draft_model):
     model = one_engines.batched(draft_model, T1, VOCAB, EOS_IDS)
     control = negative_control(model, T1)
-    assert type(control) is BatchModelDrafter and control.runner is model.runner  # same draft model, same pool
+    assert type(control) is ModelDrafter and control.runner is model.runner  # same draft model, same pool
     assert control.name == f"{model.name}-argmax-control"
-    assert isinstance(negative_control(one_engines.batched(None, T1, VOCAB, EOS_IDS), T1), BatchUniformReportingNgram)
+    assert isinstance(negative_control(one_engines.batched(None, T1, VOCAB, EOS_IDS), T1), UniformReportingNgram)
     with pytest.raises(TypeError, match="NEGATIVE_CONTROLS"):
         negative_control(object(), T1)
 

@@ -17,8 +17,8 @@ from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.eval.stochastic_empirical import engine_exactness
 from spectoolkit.eval.tree_empirical import (
-    BatchRankSiblingsModelDrafter,
-    BatchRankSiblingsNgramDrafter,
+    RankSiblingsModelDrafter,
+    RankSiblingsNgramDrafter,
     rank_siblings,
     tree_negative_control,
 )
@@ -127,8 +127,8 @@ def test_rank_siblings_reports_an_ngram_trie_as_uniform():
 def test_tree_negative_control_per_drafter_kind(draft_model):
     model = one_engines.batched(draft_model, T1, VOCAB, EOS_IDS)
     control = tree_negative_control(model, T1)
-    assert isinstance(control, BatchRankSiblingsModelDrafter) and control.runner is model.runner  # same draft pool
+    assert isinstance(control, RankSiblingsModelDrafter) and control.runner is model.runner  # same draft pool
     ngram = one_engines.batched(None, T1, VOCAB, EOS_IDS)
-    assert isinstance(tree_negative_control(ngram, T1), BatchRankSiblingsNgramDrafter)
+    assert isinstance(tree_negative_control(ngram, T1), RankSiblingsNgramDrafter)
     with pytest.raises(TypeError, match="TREE_NEGATIVE_CONTROLS"):
         tree_negative_control(object(), T1)

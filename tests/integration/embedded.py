@@ -7,7 +7,7 @@ from functools import cache
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.tree import tree_depth
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.compiled import CompiledRunner
@@ -16,7 +16,6 @@ from spectoolkit.runtime.lone import LoneSequence
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner
 from spectoolkit.sampling import GreedyChooser, make_chooser
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -67,10 +66,10 @@ def drafter(draft: str, target: LoadedModel, kv_draft: str | None, eos: frozense
             compiled: bool = False):  # fmt: skip
     """A batched drafter: n-gram lookup (``draft="ngram"``) or the embedded model at precision ``draft``."""
     if draft == "ngram":
-        return BatchNgramDrafter(3, 2, target.vocab_size, one_hot_probs=False)
+        return NgramDrafter(3, 2, target.vocab_size, one_hot_probs=False)
     draft_runner, allocator = runner(draft, kv_draft or "auto", compiled)
     chooser = make_chooser(sampling) if sampling is not None else GreedyChooser()
-    return BatchModelDrafter(draft_runner, chooser, allocator, target.vocab_size, target.vocab_size, eos)
+    return ModelDrafter(draft_runner, chooser, allocator, target.vocab_size, target.vocab_size, eos)
 
 
 def engine(target: LoadedModel, kv: str, eos: frozenset[int], drafted=None, gamma: int = 0, *, invariant: bool = False,
@@ -80,10 +79,11 @@ def engine(target: LoadedModel, kv: str, eos: frozenset[int], drafted=None, gamm
     ``tree`` (enabled): ``gamma`` is its node budget."""
     limits = SchedulerLimits(2048, max_seqs, gamma, None, None)
     positions = target.model.config.get_text_config().max_position_embeddings
-    depth = tree_depth(tree, gamma, getattr(drafted, "tree_kind", None)) if tree is not None else 0
+    if drafted is not None and tree is not None:
+        drafted = drafted.variant(None, tree, gamma)
     target_runner, allocator = runner(target.precision, kv, compiled)
     return ContinuousEngine("test", target_runner, allocator, GreedyVerifier(), limits, eos, positions, drafted,
-                            False, invariant, policy or FixedPolicy(gamma), tree, depth)  # fmt: skip
+                            False, invariant, policy or FixedPolicy(gamma))  # fmt: skip
 
 
 def greedy_engines(

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.eval.exactness import divergence, near_tie_threshold
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.wiring.setup import eos_ids_of
 from tests.integration import embedded
@@ -42,7 +42,7 @@ def test_greedy_spec_equals_baseline_for_all_gammas(setup, drafter_kind):
     accepted = 0
     for gamma in range(1, 9):
         if drafter_kind == "ngram":
-            drafter = BatchNgramDrafter(3, 1, target.vocab_size, one_hot_probs=False)
+            drafter = NgramDrafter(3, 1, target.vocab_size, one_hot_probs=False)
         else:
             drafter = embedded.drafter(drafter_kind, target, "auto", eos)
         engine = OneRequestEngine(embedded.engine(target, "auto", eos, drafter, gamma), "spec")

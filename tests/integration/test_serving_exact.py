@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from spectoolkit.config import WorkloadConfig
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.metrics.summary import first_divergence
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
@@ -53,7 +53,7 @@ def _engine(setup, gamma: int, invariant: bool) -> ContinuousEngine:
     target, eos, prompts = setup
     model = target.model
     blocks = BATCH * -(-(max(map(len, prompts)) + MAX_NEW + GAMMA + 1) // BLOCK)
-    drafter = BatchNgramDrafter(3, 2, target.vocab_size, one_hot_probs=False) if gamma else None
+    drafter = NgramDrafter(3, 2, target.vocab_size, one_hot_probs=False) if gamma else None
     limits = SchedulerLimits(max_num_tokens=512, max_num_seqs=BATCH, gamma=gamma, spec_max_batch=None,
                              max_draft_tokens=None)  # fmt: skip
     max_positions = model.config.get_text_config().max_position_embeddings

@@ -6,6 +6,10 @@ moves as stored, so for every KV precision (cast or quantized: codes, scales, ze
 bit-identical to a sequence fed prefix + root + path as a chain. The target is a tiny Llama on the
 reference linears (as ``load_model`` sets up) and a lone sequence computes each verify row as a decode
 step, so every layer's KV agrees, not only layer 0's (which depends on token and position alone).
+
+A draft model's ``commit`` moves its tree's path the same way. Its forwards run in ``plain`` row mode, where
+a row's KV may differ from a decode step's by a last bit, so its path is checked against the bytes its own
+tree stored, and its KV against a draft that saw the path by what each drafts next.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import pytest
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting import ModelDrafter
+from spectoolkit.drafting import Budget, Lone, ModelDrafter, lone_drafter
 from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.models.tree_mask import verify_rows
@@ -25,6 +29,8 @@ from spectoolkit.sampling import GreedyChooser
 from tests.serving.helpers import assert_same_bits, bits
 
 VOCAB = 512
+EOS = 2
+BONUS = 77  # the target's token after an accepted path
 PREFIX = [1, 17, 93, 250, 7, 41, 300, 12]
 ROOT = 55
 START = len(PREFIX)  # the root's position; node i sits at START + 1 + i
@@ -130,23 +136,40 @@ def test_commit_on_an_empty_sequence_is_a_no_op(target):
     assert sequence.num_computed == 0 and sequence.table.blocks == []
 
 
+def _tree_drafter(model: torch.nn.Module, precision: str, tree_cfg: TreeConfig) -> ModelDrafter:
+    """A greedy drafter growing ``tree_cfg`` trees for lone sequences, its KV at ``precision``."""
+    return lone_drafter(model, GreedyChooser(), VOCAB, VOCAB, frozenset({EOS}), 64, precision, tree_cfg)
+
+
+def _draft_stored(drafter: ModelDrafter, seq: Lone, positions: list[int]) -> dict[tuple[int, str], dict]:
+    """The stored fields of ``seq``'s draft KV at ``positions``, per (layer, kind): a copy."""
+    slots = torch.tensor(drafter._states[id(seq)].table.slots_at(positions))
+    return {(layer, kind): drafter.pool.stored(layer, kind, slots)
+            for layer in range(len(drafter.pool.layers)) for kind in KINDS}  # fmt: skip
+
+
 @pytest.mark.parametrize("precision", ["auto", "int8"])
 def test_draft_commit_path_equals_a_draft_that_saw_the_path(target, precision):
-    """The drafter keeps tokens + the path's fed nodes (a leaf was never fed), as a chain-fed draft would."""
+    """The drafter keeps tokens + the path's fed nodes (a leaf was never fed), moved as stored, and drafts on as a
+    draft that saw tokens + the path would."""
     tokens = PREFIX + [ROOT]
     tree_cfg = TreeConfig(kind="static", branching=(3, 2, 2), max_nodes=32)
-    probe = ModelDrafter(target, GreedyChooser(), VOCAB, VOCAB, frozenset({2}), kv_precision=precision)
-    probe.begin(PREFIX)
-    tree = probe.propose_tree(tokens, tree_cfg, 32, 3, None)
+    budget = Budget(nodes=32, depth=3)
+    (tree,) = _tree_drafter(target, precision, tree_cfg).propose([Lone(tokens)], [budget])
+    assert EOS not in tree.token_ids  # guard: every non-leaf was fed, one depth per forward, in tree order
     for node in (0, 4, 20, len(tree) - 1):  # depth 1, 2, 3 (a leaf), a late leaf
-        drafter = ModelDrafter(target, GreedyChooser(), VOCAB, VOCAB, frozenset({2}), kv_precision=precision)
-        drafter.begin(PREFIX)
-        assert drafter.propose_tree(tokens, tree_cfg, 32, 3, None) == tree
+        drafter, seq = _tree_drafter(target, precision, tree_cfg), Lone(tokens)
+        assert drafter.propose([seq], [budget]) == [tree]
         path = tree.path_to(node)
-        drafter.commit_path(len(tokens), path)
-        fed = [tree.token_ids[i] for i in path if tree.depths()[i] < 3]  # leaves (depth 3) have no KV
-        chain = lone_sequence(target, precision)
-        chain.forward(tokens, last_only=True)
-        if fed:
-            chain.forward(fed)
-        _assert_same_kv(drafter.runner, chain)
+        fed = [i for i in path if tree.depths()[i] < 3]  # leaves (depth 3) have no KV
+        kept = list(range(len(tokens))) + [len(tokens) + i for i in fed]  # node i was fed at len(tokens) + i
+        want = _draft_stored(drafter, seq, kept)
+        drafter.commit(seq, len(tokens), path)
+        assert drafter._states[id(seq)].num_computed == len(tokens) + len(fed)
+        got = _draft_stored(drafter, seq, list(range(len(kept))))
+        for key in want:  # bit for bit: the path's KV moved next to the tokens, nothing re-encoded
+            assert_same_bits(got[key], want[key], f"node {node}: layer {key[0]} {key[1]}")
+        # ... and what comes next is drafted as by a draft that saw tokens + path (one prefill of them all).
+        seq.tokens = tokens + [tree.token_ids[i] for i in path] + [BONUS]
+        fresh = _tree_drafter(target, precision, tree_cfg)
+        assert drafter.propose([seq], [budget]) == fresh.propose([Lone(seq.tokens)], [budget]), f"node {node}"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig, run_config_from_dict
+from spectoolkit.drafting import ModelDrafter
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.eval.stochastic_empirical import two_sample_test
 from spectoolkit.kernels.verifier import make_verifier
@@ -20,7 +21,6 @@ from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser, make_chooser
-from spectoolkit.serving.drafters import BatchModelDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -46,7 +46,7 @@ def _arms(target: torch.nn.Module, draft: torch.nn.Module, gamma: int,
     chooser = make_chooser(sampling) if sampling is not None else GreedyChooser()
     verifier = make_verifier(sampling) if sampling is not None else GreedyVerifier()
     draft_runner, draft_allocator = _pool_of(draft)
-    drafter = BatchModelDrafter(draft_runner, chooser, draft_allocator, vocab, vocab, EOS_IDS)
+    drafter = ModelDrafter(draft_runner, chooser, draft_allocator, vocab, vocab, EOS_IDS)
 
     def engine(name: str, chosen, budget: int) -> OneRequestEngine:
         limits = SchedulerLimits(POSITIONS, 1, budget, None, None)

@@ -21,6 +21,7 @@ import copy
 import pytest
 import torch
 
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
@@ -29,7 +30,6 @@ from spectoolkit.runtime.eager import EagerRunner
 from spectoolkit.runtime.lone import LoneSequence
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.sampling import GreedyChooser
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -202,12 +202,12 @@ def _engine(runner, allocator, drafter=None, gamma: int = 0) -> OneRequestEngine
     return OneRequestEngine(engine, engine.name)
 
 
-def _draft_model(target: torch.nn.Module, runner_type) -> BatchModelDrafter:
+def _draft_model(target: torch.nn.Module, runner_type) -> ModelDrafter:
     """A bf16 copy of ``target`` drafting greedily on a ``runner_type`` runner over its own pool."""
     draft = copy.deepcopy(target).to(torch.bfloat16)
     pool = make_pool(draft, "auto", BLOCKS * BLOCK)
     runner = CompiledRunner(draft, pool, WIDTHS) if runner_type is CompiledRunner else EagerRunner(draft, pool)
-    return BatchModelDrafter(runner, GreedyChooser(), BlockAllocator(BLOCKS, BLOCK), VOCAB, VOCAB, EOS_IDS)
+    return ModelDrafter(runner, GreedyChooser(), BlockAllocator(BLOCKS, BLOCK), VOCAB, VOCAB, EOS_IDS)
 
 
 def _assert_equal_to_the_target_alone(compiled, drafter, gamma: int, prompts) -> tuple[int, int]:
@@ -226,7 +226,7 @@ def _assert_equal_to_the_target_alone(compiled, drafter, gamma: int, prompts) ->
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_speculative_output_equals_the_compiled_target_alone(target, compiled, gamma):
-    drafters = {"ngram": BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False),
+    drafters = {"ngram": NgramDrafter(3, 1, VOCAB, one_hot_probs=False),
                 "bf16-copy": _draft_model(target, EagerRunner)}  # fmt: skip
     rejected = 0
     for name, drafter in drafters.items():

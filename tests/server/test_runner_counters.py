@@ -11,10 +11,10 @@ import time
 
 import pytest
 
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.server.runner import SHUTDOWN_REASON, Done, EngineRunner, Listener, Tokens
 from spectoolkit.serving.api import FinishedRequest, ServeRequest
 from spectoolkit.serving.counters import EngineCounters
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from tests.serving.helpers import VOCAB, all_free, engine, outputs, prompts, requests, run, tiny
 
 GAMMA = 3
@@ -64,7 +64,7 @@ def model(one_thread):
 
 
 def _spec_engine(model):
-    return engine(model, gamma=GAMMA, drafter=BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False))
+    return engine(model, gamma=GAMMA, drafter=NgramDrafter(3, 1, VOCAB, one_hot_probs=False))
 
 
 def test_engine_counters_sum_the_requests(model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from spectoolkit.drafting import ModelDrafter
 from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.blocks import BlockAllocator
@@ -11,7 +12,6 @@ from spectoolkit.runtime.eager import EagerRunner
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner, run_segments
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats
-from spectoolkit.serving.drafters import BatchModelDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
@@ -77,10 +77,9 @@ def engine(
     )  # fmt: skip
 
 
-def model_drafter(draft: torch.nn.Module, chooser, num_blocks: int = 200, kv: str = "auto") -> BatchModelDrafter:
+def model_drafter(draft: torch.nn.Module, chooser, num_blocks: int = 200, kv: str = "auto") -> ModelDrafter:
     pool = make_pool(draft, kv, num_blocks * BLOCK)
-    return BatchModelDrafter(make_runner(draft, pool), chooser, BlockAllocator(num_blocks, BLOCK), VOCAB, VOCAB,
-                             EOS_IDS)
+    return ModelDrafter(make_runner(draft, pool), chooser, BlockAllocator(num_blocks, BLOCK), VOCAB, VOCAB, EOS_IDS)
 
 
 def run(eng: ContinuousEngine, requests: list[ServeRequest], max_steps: int = 10_000) -> dict[str, FinishedRequest]:
@@ -154,9 +153,12 @@ def assert_same_bits(first: dict[str, torch.Tensor], second: dict[str, torch.Ten
 
 
 class StatelessDrafter:
-    """A test drafter holding no per-sequence state: its bookkeeping calls do nothing."""
+    """A test drafter of chains holding no per-sequence state: its bookkeeping calls do nothing."""
 
-    def rollback(self, seq, num_kept: int) -> None:
+    tree = None
+    max_depth = None
+
+    def commit(self, seq, num_prefix: int, path: list[int]) -> None:
         pass
 
     def release(self, seq) -> None:
@@ -170,3 +172,9 @@ class StatelessDrafter:
 
     def kv_bytes(self) -> int:
         return 0
+
+    def describe_tree(self) -> None:
+        return None
+
+    def variant(self, stop_below, tree, gamma):
+        return self

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from tests.serving import helpers
 from tests.serving.helpers import VOCAB
 
@@ -38,7 +38,7 @@ def references(target, batch):
 
 
 DRAFTERS = {
-    "ngram": lambda: BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False),
+    "ngram": lambda: NgramDrafter(3, 1, VOCAB, one_hot_probs=False),
     "model-other-seed": lambda: helpers.model_drafter(helpers.tiny(seed=1), GreedyChooser()),  # rejects ~all
     "model-noisy": lambda: helpers.model_drafter(helpers.noisy_target(0.2, seed=5), GreedyChooser()),  # accepts some
 }

@@ -21,11 +21,11 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.eval.stochastic_empirical import ENDED, ArgmaxReportingSoftmax, two_sample_test
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import RandomChooser, processed_probs, sample_from
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.verify.base import VerifyResult
@@ -147,7 +147,7 @@ def _ngram_case(samples: int):
     prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (10, 16, 22)]
 
     def make_engine(verifier, invariant=False):
-        drafter = BatchNgramDrafter(3, 1, vocab, one_hot_probs=True)
+        drafter = NgramDrafter(3, 1, vocab, one_hot_probs=True)
         return helpers.engine(target, gamma=GAMMA, drafter=drafter, verifier=verifier, stochastic=True,
                               num_blocks=400, max_num_seqs=48, max_num_tokens=4096, invariant=invariant)  # fmt: skip
 

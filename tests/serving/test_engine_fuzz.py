@@ -15,9 +15,9 @@ from functools import cache
 import pytest
 import torch
 
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from tests.serving import helpers
 from tests.serving.helpers import BLOCK, VOCAB
 
@@ -47,7 +47,7 @@ def _scenario(trial: int, target, draft):
     gamma = rng.choice([0, 3, 5])
     drafter = None
     if gamma and rng.random() < 0.5:
-        drafter = BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False)
+        drafter = NgramDrafter(3, 1, VOCAB, one_hot_probs=False)
     elif gamma:
         drafter = helpers.model_drafter(draft, GreedyChooser(), num_blocks=rng.choice([4, 10, 200]))
     need = max(len(r.prompt_ids) + r.max_new_tokens + gamma for _, r in requests)

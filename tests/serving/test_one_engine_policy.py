@@ -17,8 +17,8 @@ from collections import Counter
 import pytest
 import torch
 
-from spectoolkit.config import SamplingConfig
-from spectoolkit.drafting.base import Proposal
+from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.drafting import Budget, ModelDrafter, NgramDrafter, TokenTree
 from spectoolkit.eval.stochastic_empirical import engine_exactness, negative_control
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.tiny import tiny_llama
@@ -29,7 +29,6 @@ from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser, make_chooser
 from spectoolkit.serving.api import GenerationOutput, ServeRequest
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -58,8 +57,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 class PinnedCosts(AdaptivePolicy):
     """The adaptive policy with costs fixed at T(n) = 10 ms + 0.3 ms·n and ``draft_forward`` per forward."""
 
-    def __init__(self, gamma: int = GAMMA, draft_forward: float = 0.001, probe_every: int = PROBE_EVERY) -> None:
-        super().__init__(gamma, 0.9, probe_every)
+    def __init__(
+        self, gamma: int = GAMMA, draft_forward: float = 0.001, probe_every: int = PROBE_EVERY, tree: bool = False
+    ) -> None:
+        super().__init__(gamma, 0.9, probe_every, tree)
         self.seed({1: 0.0103, 64: 0.010 + 0.0003 * 64})
         self.draft_cost.observe(1, draft_forward)
         self.chosen: Counter = Counter()  # (cap, k) -> rounds
@@ -81,14 +82,15 @@ class ReferenceDrafter(helpers.StatelessDrafter):
     def __init__(self, reference: list[int], wrong: bool) -> None:
         self.reference, self.wrong = reference, wrong
 
-    def propose(self, seqs, budgets: list[int]) -> list[Proposal]:
+    def propose(self, seqs, budgets) -> list[TokenTree]:
         out = []
         for seq, budget in zip(seqs, budgets, strict=True):
             emitted = len(seq.tokens) - seq.prompt_len
+            budget = min(budget.nodes, budget.depth)
             draft_ids = self.reference[emitted : emitted + budget]
             if self.wrong:
                 draft_ids = [(token + 1) % VOCAB for token in draft_ids]
-            out.append(Proposal(draft_ids, None))
+            out.append(TokenTree.chain(draft_ids))
         return out
 
 
@@ -112,15 +114,15 @@ def draft_models(target) -> dict[str, torch.nn.Module]:
     }
 
 
-def _model_drafter(draft: torch.nn.Module, stop_below: float | None = None, chooser=None) -> BatchModelDrafter:
+def _model_drafter(draft: torch.nn.Module, stop_below: float | None = None, chooser=None) -> ModelDrafter:
     pool, allocator = make_pool(draft, "auto", 200 * BLOCK), BlockAllocator(200, BLOCK)
-    return BatchModelDrafter(make_runner(draft, pool), chooser or GreedyChooser(), allocator, VOCAB, VOCAB, EOS_IDS,
-                             "model", stop_below)  # fmt: skip
+    return ModelDrafter(make_runner(draft, pool), chooser or GreedyChooser(), allocator, VOCAB, VOCAB, EOS_IDS,
+                        "model", stop_below)  # fmt: skip
 
 
 def _drafter(name: str, draft_models, stop_below: float | None = None):
     if name == "ngram":
-        return BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False)
+        return NgramDrafter(3, 1, VOCAB, one_hot_probs=False)
     return _model_drafter(draft_models[name], stop_below)
 
 
@@ -179,6 +181,31 @@ def test_greedy_output_equals_the_target_alone(target, draft_models, references,
         assert any(d > 1 for d in drafted), "the confidence stop always fired"
 
 
+TREES = {"static": TreeConfig(kind="static", branching=(2, 2, 1), max_nodes=8),
+         "dynamic": TreeConfig(kind="dynamic", top_k=2, max_nodes=8, max_depth=3)}  # fmt: skip
+
+
+@pytest.mark.parametrize("drafter_name", ["noisy-copy", "ngram"])
+@pytest.mark.parametrize("tree_name", TREES)
+def test_adaptive_tree_budgets_keep_the_output_of_the_target_alone(target, draft_models, references, tree_name,
+                                                                   drafter_name):  # fmt: skip
+    """The adaptive policy picks each round's node budget (0..max_nodes) of a tree arm: outputs stay exact."""
+    tree = TREES[tree_name]
+    policy = PinnedCosts(tree.max_nodes, tree=True)
+    one = _one(target, _drafter(drafter_name, draft_models).variant(None, tree, GAMMA), policy)
+    assert one.engine.trees
+    chosen = []
+    for prompt in PROMPTS:
+        out = one.generate(prompt, MAX_NEW, None)
+        assert out.output_ids == references[tuple(prompt)][:MAX_NEW], f"prompt {prompt}: diverged from the target"
+        assert len(out.tree_depths) == out.verify_rounds == len(out.chosen_lengths)
+        for nodes, picked, depth, accepted in zip(out.draft_lengths, out.chosen_lengths, out.tree_depths,
+                                                  out.accept_lengths, strict=True):  # fmt: skip
+            assert accepted <= depth <= nodes <= picked <= tree.max_nodes
+        chosen += out.chosen_lengths
+    assert len(set(chosen)) > 1, chosen  # budgets really varied round by round
+
+
 # ---- the adaptive policy settles on γ or 0 -----------------------------------------------------
 
 
@@ -226,18 +253,18 @@ def _top_probs_along(draft: torch.nn.Module, prompt: list[int], draft_ids: list[
     return probs.max(dim=-1).values.tolist()
 
 
-def _propose(drafter: BatchModelDrafter, prompt: list[int], budget: int, generator=None) -> Proposal:
+def _propose(drafter: ModelDrafter, prompt: list[int], budget: int, generator=None) -> TokenTree:
     """One round of ``drafter`` for a fresh sequence whose tokens are ``prompt``."""
     request = ServeRequest("0", list(prompt), MAX_NEW, generator=generator)
     seq = new_sequence(request, BlockTable(BlockAllocator(1, BLOCK)), 0, stochastic=generator is not None)
-    (proposal,) = drafter.propose([seq], [budget])
+    (proposal,) = drafter.propose([seq], [Budget(budget, budget)])
     return proposal
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
 def test_model_drafter_stops_after_its_first_unsure_token(draft_models, prompt):
     draft, budget = draft_models["noisy-copy"], 8
-    draft_ids = _propose(_model_drafter(draft), prompt, budget).draft_ids
+    draft_ids = _propose(_model_drafter(draft), prompt, budget).token_ids
     assert len(draft_ids) == budget and not EOS_IDS & set(draft_ids)
     tops = _top_probs_along(draft, prompt, draft_ids)
     assert max(tops) < 0.999  # guard: every token is unsure at 0.999
@@ -245,7 +272,7 @@ def test_model_drafter_stops_after_its_first_unsure_token(draft_models, prompt):
     thresholds = [1e-9, 0.999] + [(a + b) / 2 for a, b in zip(ordered, ordered[1:], strict=False) if b - a > 1e-5]
     for threshold in thresholds:
         expected = next((j + 1 for j, top in enumerate(tops) if top < threshold), budget)
-        got = _propose(_model_drafter(draft, stop_below=threshold), prompt, budget).draft_ids
+        got = _propose(_model_drafter(draft, stop_below=threshold), prompt, budget).token_ids
         assert got == draft_ids[:expected], (threshold, tops)
     assert len(thresholds) > 4
 
@@ -256,7 +283,7 @@ def test_sampling_drafter_stops_on_the_distribution_it_drew_from(draft_models):
     for stop_below, expected in ((0.999, 1), (1e-9, 6)):
         drafter = _model_drafter(draft, stop_below, chooser)
         proposal = _propose(drafter, prompt, 6, torch.Generator().manual_seed(0))
-        assert len(proposal.draft_ids) == expected and proposal.draft_probs.shape == (expected, VOCAB)
+        assert len(proposal.token_ids) == expected and proposal.draft_probs.shape == (expected, VOCAB)
 
 
 @pytest.mark.parametrize(("stop_below", "per_round"), [(0.999, 1), (1e-9, None)], ids=["always-unsure", "never"])

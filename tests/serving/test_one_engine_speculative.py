@@ -16,12 +16,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from spectoolkit.drafting.base import Proposal
+from spectoolkit.drafting import NgramDrafter, TokenTree
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import GenerationOutput
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.one import OneRequestEngine
 from tests.noise import noisy_copy
 from tests.reference import alone_greedy
@@ -61,7 +60,7 @@ def references(target) -> dict[tuple[int, ...], list[int]]:
 
 def _drafter(name: str, draft_models: dict[str, torch.nn.Module]):
     if name == "ngram":
-        return BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False)
+        return NgramDrafter(3, 1, VOCAB, one_hot_probs=False)
     return helpers.model_drafter(draft_models[name], GreedyChooser())
 
 
@@ -73,28 +72,28 @@ def _one(target: torch.nn.Module, drafter, gamma: int) -> OneRequestEngine:
 class Commit:
     """The KV state after one commit, read when the engine tells the drafter what the target kept."""
 
-    kept: int  # num_kept handed to the drafter
+    kept: int  # the kept length handed to the drafter (prefix + accepted path)
     tokens: int  # len(seq.tokens) after the round's tokens were emitted
     target_computed: int
     target_blocks: int  # blocks the target's table holds
     needed_blocks: int  # blocks for [0, target_computed) (or its published ones)
-    draft_computed: int | None  # the draft model's KV length after the rollback; None: no draft KV (yet)
+    draft_computed: int | None  # the draft model's KV length after the commit; None: no draft KV (yet)
 
 
 def _spy_commits(one: OneRequestEngine) -> list[Commit]:
-    """Record a :class:`Commit` at every ``drafter.rollback`` (once per commit: the prefill's token, then per round)."""
+    """Record a :class:`Commit` at every ``drafter.commit`` (once per commit: the prefill's token, then per round)."""
     drafter, log = one.drafter, []
-    original = drafter.rollback
+    original = drafter.commit
 
-    def rollback(seq, num_kept: int) -> None:
-        original(seq, num_kept)
+    def commit(seq, num_prefix: int, path: list[int]) -> None:
+        original(seq, num_prefix, path)
         state = getattr(drafter, "_states", {}).get(id(seq))
         table = seq.table
         needed = max(table.blocks_for(seq.num_computed), table.published)
-        log.append(Commit(num_kept, len(seq.tokens), seq.num_computed, len(table.blocks), needed,
+        log.append(Commit(num_prefix + len(path), len(seq.tokens), seq.num_computed, len(table.blocks), needed,
                           None if state is None else state.num_computed))  # fmt: skip
 
-    drafter.rollback = rollback
+    drafter.commit = commit
     return log
 
 
@@ -198,15 +197,16 @@ class OracleDrafter(helpers.StatelessDrafter):
         self.reference, self.overshoot = reference, overshoot
         self.proposals: list[list[int]] = []
 
-    def propose(self, seqs, budgets: list[int]) -> list[Proposal]:
+    def propose(self, seqs, budgets) -> list[TokenTree]:
         out = []
         for seq, budget in zip(seqs, budgets, strict=True):
             emitted = len(seq.tokens) - seq.prompt_len
+            budget = min(budget.nodes, budget.depth)
             draft_ids = self.reference[emitted : emitted + budget]
             if self.overshoot:
                 draft_ids = draft_ids + [7] * (budget - len(draft_ids))  # junk after EOS
             self.proposals.append(draft_ids)
-            out.append(Proposal(draft_ids, None))
+            out.append(TokenTree.chain(draft_ids))
         return out
 
 
@@ -287,7 +287,7 @@ def test_larger_draft_vocab_never_proposes_foreign_ids(target, wide_draft, refer
 
     def propose(seqs, budgets):
         proposals = original(seqs, budgets)
-        proposed.extend(token for proposal in proposals for token in proposal.draft_ids)
+        proposed.extend(token for proposal in proposals for token in proposal.token_ids)
         return proposals
 
     drafter.propose = propose

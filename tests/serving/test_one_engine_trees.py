@@ -1,12 +1,12 @@
 """Greedy token-tree speculation at batch 1 on the one engine emits exactly the target-alone tokens (DESIGN §1, §2).
 
 :class:`~spectoolkit.serving.one.OneRequestEngine` drafting trees (the wiring's tree arm: a fixed policy of up to
-``max_nodes`` nodes, depth from :func:`~spectoolkit.drafting.tree.tree_depth`) over a tiny random Llama target on
-the reference kernels, which a lone sequence runs in ``chosen`` row mode, so a tree row is the decode step over
-prefix + path. Drafts: a bf16 copy (long accepted paths), a noisy copy (partial, often off the first branch),
-another random model (almost every node rejected), and n-gram continuation tries. Besides the tokens every test
-checks the round counters and, after every commit, the KV rule: the target keeps KV for everything but the pending
-token (no block past it), the draft never more. The batched counterparts live in test_serving_trees.py.
+``max_nodes`` nodes, as deep as the drafter's tree: :func:`~spectoolkit.drafting.tree.tree_depth`) over a tiny
+random Llama target on the reference kernels, which a lone sequence runs in ``chosen`` row mode, so a tree row is
+the decode step over prefix + path. Drafts: a bf16 copy (long accepted paths), a noisy copy (partial, often off the
+first branch), another random model (almost every node rejected), and n-gram continuation tries. Besides the tokens
+every test checks the round counters and, after every commit, the KV rule: the target keeps KV for everything but
+the pending token (no block past it), the draft never more. The batched counterparts live in test_serving_trees.py.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 
 import spectoolkit.serving.engine as engine_module
 from spectoolkit.config import TreeConfig
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.drafting.tree import tree_depth
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import FixedPolicy
@@ -29,7 +30,6 @@ from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import GenerationOutput
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
@@ -90,16 +90,18 @@ def masked_widths(monkeypatch) -> list[int]:
     return widths
 
 
-def _drafter(name: str, draft_models: dict[str, torch.nn.Module], kv: str = "auto"):
+def _drafter(name: str, draft_models: dict[str, torch.nn.Module], tree: TreeConfig, gamma: int, kv: str = "auto"):
+    """The drafter growing ``tree`` with ``gamma``: n-gram tries, or a draft model's trees."""
     if name == "ngram":
-        return BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False)
-    return helpers.model_drafter(draft_models[name], GreedyChooser(), kv=kv)
+        return NgramDrafter(3, 1, VOCAB, False, tree, gamma)
+    return helpers.model_drafter(draft_models[name], GreedyChooser(), kv=kv).variant(None, tree, gamma)
 
 
 @dataclass
 class Spy:
-    """What the engine did: the tree verifier's (ids, parents, path) per round with nodes, and per commit (the
-    prefill's token, then every round) the KV lengths when the drafter was told what the target kept."""
+    """What the engine did: (ids, parents, path) per round with nodes (a chain-shaped tree comes to the chain
+    verifier, its path the accepted prefix; any other to the tree verifier), and per commit (the prefill's token,
+    then every round) the KV lengths when the drafter was told what the target kept."""
 
     results: list[tuple[list[int], list[int], list[int]]] = field(default_factory=list)
     commits: list[dict] = field(default_factory=list)
@@ -107,11 +109,17 @@ class Spy:
 
 def _spy(one: OneRequestEngine) -> Spy:
     spy, eng, drafter = Spy(), one.engine, one.drafter
-    verify_tree = eng.tree_verifier.verify_tree
+    verify_tree, verify_chain = eng.tree_verifier.verify_tree, eng.verifier.verify
 
     def verify(token_ids, parents, logits, draft_probs, generator):
         result = verify_tree(token_ids, parents, logits, draft_probs, generator)
         spy.results.append((list(token_ids), list(parents), list(result.path)))
+        return result
+
+    def chain(draft_ids, logits, draft_probs, generator):
+        result = verify_chain(draft_ids, logits, draft_probs, generator)
+        parents = list(range(-1, len(draft_ids) - 1))
+        spy.results.append((draft_ids.tolist(), parents, list(range(result.num_accepted))))
         return result
 
     def told(method):
@@ -127,20 +135,21 @@ def _spy(one: OneRequestEngine) -> Spy:
 
         return wrapped
 
-    eng.tree_verifier.verify_tree = verify
-    drafter.rollback, drafter.commit_path = told(drafter.rollback), told(drafter.commit_path)
+    eng.tree_verifier.verify_tree, eng.verifier.verify = verify, chain
+    drafter.commit = told(drafter.commit)
     return spy
 
 
-def _one(target, drafter, gamma: int, tree: TreeConfig, kv: str = "auto") -> OneRequestEngine:
-    """The tree arm as the wiring builds it: up to ``max_nodes`` nodes a round, ``tree_depth`` deep."""
-    depth = tree_depth(tree, gamma, getattr(drafter, "tree_kind", None))
-    limits = SchedulerLimits(64, 1, tree.max_nodes, None, None)
+def _one(target, drafter, kv: str = "auto") -> OneRequestEngine:
+    """The tree arm as the wiring builds it: up to ``max_nodes`` nodes a round, as deep as the drafter's tree."""
+    nodes = drafter.tree.max_nodes
+    limits = SchedulerLimits(64, 1, nodes, None, None)
     runner = make_runner(target, make_pool(target, kv, 200 * BLOCK))
     eng = ContinuousEngine(
         "spec", runner, BlockAllocator(200, BLOCK), GreedyVerifier(), limits, EOS_IDS, MAX_POSITIONS, drafter,
-        policy=FixedPolicy(tree.max_nodes), tree=tree, tree_depth=depth,
+        policy=FixedPolicy(nodes),
     )  # fmt: skip
+    assert eng.trees, "a drafter with a tree makes a tree engine"
     return OneRequestEngine(eng, "spec")
 
 
@@ -180,11 +189,11 @@ def _depth_caps(out: GenerationOutput, limit: int, max_new: int = MAX_NEW) -> li
     return caps
 
 
-def _run(target, drafter, gamma, tree, reference, prompts=PROMPTS, kv_precision="auto", max_new=MAX_NEW):
+def _run(target, drafter, reference, prompts=PROMPTS, kv_precision="auto", max_new=MAX_NEW):
     """Generate every prompt with one engine; check tokens, counters, depths and KV; (out, its results) per prompt."""
-    one = _one(target, drafter, gamma, tree, kv_precision)
+    one = _one(target, drafter, kv_precision)
     spy = _spy(one)
-    limit = one.engine.tree_depth
+    tree, limit = drafter.tree, drafter.max_depth
     runs = []
     for prompt in prompts:
         spy.results.clear()
@@ -244,7 +253,9 @@ def test_static_tree_output_equals_the_target_alone(
     target, draft_models, reference, masked_widths, drafter_name, branching, max_nodes, gamma
 ):
     tree = TreeConfig(kind="static", branching=branching, max_nodes=max_nodes)
-    runs = _run(target, _drafter(drafter_name, draft_models), gamma, tree, reference, PROMPTS[:2])
+    drafter = _drafter(drafter_name, draft_models, tree, gamma)
+    assert drafter.max_depth == len(branching)
+    runs = _run(target, drafter, reference, PROMPTS[:2])
     grown = [math.prod(branching[: depth + 1]) for depth in range(len(branching))]
     _check_sizes(runs, len(branching), max_nodes, grown)
     if all(width == 1 for width in branching):
@@ -256,7 +267,7 @@ def test_static_tree_output_equals_the_target_alone(
 def test_noisy_draft_accepts_off_the_first_branch(target, draft_models, reference):
     """Guard: the grid really exercises paths through later siblings (what a chain could not accept)."""
     tree = TreeConfig(kind="static", branching=(3, 2, 1, 1), max_nodes=16)
-    runs = _run(target, _drafter("noisy-copy", draft_models), 4, tree, reference)
+    runs = _run(target, _drafter("noisy-copy", draft_models, tree, 4), reference)
     assert _off_first_branch([result for _, results in runs for result in results])
 
 
@@ -278,9 +289,10 @@ def test_dynamic_tree_output_equals_the_target_alone(
     target, draft_models, reference, drafter_name, max_nodes, top_k, max_depth, gamma
 ):
     tree = TreeConfig(kind="dynamic", max_nodes=max_nodes, top_k=top_k, max_depth=max_depth)
-    runs = _run(target, _drafter(drafter_name, draft_models), gamma, tree, reference, PROMPTS[::2])
-    limit = tree_depth(tree, gamma)
-    assert limit == (max_depth or gamma)
+    drafter = _drafter(drafter_name, draft_models, tree, gamma)
+    limit = drafter.max_depth
+    assert limit == tree_depth(tree, gamma) == (max_depth or gamma)
+    runs = _run(target, drafter, reference, PROMPTS[::2])
     _check_sizes(runs, limit, max_nodes, [top_k] + [top_k * top_k] * (limit - 1))  # top_k expanded per depth
 
 
@@ -291,7 +303,7 @@ def test_dynamic_tree_output_equals_the_target_alone(
 @pytest.mark.parametrize("max_nodes, max_depth", [(16, None), (4, 2)])
 def test_ngram_tree_output_equals_the_target_alone(target, draft_models, reference, max_nodes, max_depth, gamma):
     tree = TreeConfig(kind="dynamic", max_nodes=max_nodes, max_depth=max_depth)
-    runs = _run(target, _drafter("ngram", draft_models), gamma, tree, reference)
+    runs = _run(target, _drafter("ngram", draft_models, tree, gamma), reference)
     assert any(nodes > 0 for out, _ in runs for nodes in out.draft_lengths)  # guard: lookups do find matches
 
 
@@ -300,15 +312,15 @@ def test_ngram_trees_branch_on_a_repetitive_prompt(target, draft_models, referen
     out = reference(PROMPTS[0])  # this target continues a token much as it did before, so:
     prompt = [1, *out[:2], 77, 78, *out[:2], 88, 89, *out[:2], 99, out[0]]  # out[:2] followed by 3 different tokens
     tree = TreeConfig(kind="dynamic", max_nodes=16)
-    _run(target, _drafter("ngram", draft_models), 4, tree, reference, [prompt])
+    _run(target, _drafter("ngram", draft_models, tree, 4), reference, [prompt])
     assert masked_widths and max(masked_widths) > 2
 
 
 def test_ngram_trie_is_gamma_deep_whatever_the_tree_kind(target, draft_models, reference):
     tree = TreeConfig(kind="static", branching=(3, 2, 1, 1), max_nodes=16)
     for gamma in (1, 6):
-        one = _one(target, _drafter("ngram", draft_models), gamma, tree)
-        assert one.engine.tree_depth == gamma
+        one = _one(target, _drafter("ngram", draft_models, tree, gamma))
+        assert one.drafter.max_depth == gamma
         out = one.generate(PROMPTS[1], 40, None)
         assert out.output_ids == reference(PROMPTS[1], max_new=40)
         assert max(out.tree_depths) <= gamma  # γ = 1: a model tree of this kind would be 4 deep (len(branching))
@@ -331,7 +343,7 @@ def test_quantized_target_kv_equals_its_target_alone(
     target, draft_models, reference, kv_precision, drafter_name, tree, gamma
 ):
     """Committed paths keep their stored codes: the tree run equals the target alone at the same KV precision."""
-    _run(target, _drafter(drafter_name, draft_models), gamma, tree, reference, PROMPTS[:2], kv_precision)
+    _run(target, _drafter(drafter_name, draft_models, tree, gamma), reference, PROMPTS[:2], kv_precision)
 
 
 @pytest.mark.parametrize("kv_precision", ["auto", "int8"])
@@ -340,8 +352,8 @@ def test_trees_after_a_long_prompt_prefilled_in_chunks(target, draft_models, ref
     precision) catches up on all of them at its first tree, then rounds commit paths across many blocks."""
     prompt = torch.randint(3, VOCAB, (240,), generator=torch.Generator().manual_seed(0)).tolist()
     tree = TreeConfig(kind="static", branching=(3, 2, 1, 1), max_nodes=16)
-    drafter = _drafter("noisy-copy", draft_models, kv_precision)
-    (run,) = _run(target, drafter, 4, tree, reference, [prompt], kv_precision)
+    drafter = _drafter("noisy-copy", draft_models, tree, 4, kv_precision)
+    (run,) = _run(target, drafter, reference, [prompt], kv_precision)
     assert run[0].accepted_tokens > 0
 
 
@@ -351,7 +363,7 @@ def test_trees_after_a_long_prompt_prefilled_in_chunks(target, draft_models, ref
 @pytest.mark.parametrize("max_new", [1, 2, 3, 5, 8])
 def test_trees_shrink_to_the_room_left(target, draft_models, reference, max_new):
     tree = TreeConfig(kind="static", branching=(2, 1, 1, 1, 1, 1), max_nodes=12)  # 12 nodes: 6 deep
-    runs = _run(target, _drafter("bf16-copy", draft_models), 6, tree, reference, PROMPTS[:1], max_new=max_new)
+    runs = _run(target, _drafter("bf16-copy", draft_models, tree, 6), reference, PROMPTS[:1], max_new=max_new)
     out = runs[0][0]
     if max_new == 1:
         assert out.verify_rounds == 0
@@ -387,11 +399,11 @@ def test_eos_ends_the_output(eos_target, draft_models, drafter_name, tree):
     models = {**draft_models, "eos-copy": tiny_llama(vocab_size=VOCAB, seed=0, scale=4.0)}
     with torch.no_grad():
         models["eos-copy"].lm_head.weight.copy_(eos_target.lm_head.weight)
-    one = _one(eos_target, _drafter(drafter_name, models), 4, tree)
+    one = _one(eos_target, _drafter(drafter_name, models, tree, 4))
     spy = _spy(one)
     out = one.generate(prompt, MAX_NEW, None)
     assert out.output_ids == expected
-    _check_counters(out, one.engine.tree_depth, tree.max_nodes)
+    _check_counters(out, one.drafter.max_depth, tree.max_nodes)
     cut = sum(out.accept_lengths) + out.verify_rounds + 1 - len(out.output_ids)  # tokens emitted after EOS
     last_ids, _, last_path = spy.results[-1] if out.draft_lengths[-1] else ([], [], [])  # the last round's tree
     assert cut == (1 if last_path and last_ids[last_path[-1]] == EOS else 0)  # an accepted EOS node ends the path
@@ -411,16 +423,16 @@ def test_larger_draft_vocab_never_puts_foreign_ids_in_a_tree(target, reference):
             dest[: source.shape[0]] = source  # embeddings and lm_head: the first VOCAB rows
         wide.lm_head.weight[VOCAB:] = 3.0 * plain.lm_head.weight[:extra]
     assert int(lone_sequence(wide).forward(PROMPTS[0], last_only=True).argmax()) >= VOCAB  # guard: unmasked, it would
-    drafter = helpers.model_drafter(wide, GreedyChooser())  # target vocab = shared vocab = VOCAB
     tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=3)
+    drafter = helpers.model_drafter(wide, GreedyChooser()).variant(None, tree, 4)  # target vocab = shared = VOCAB
     proposed: list[int] = []
-    original = drafter.propose_tree
+    original = drafter.propose
 
-    def propose_tree(seqs, budgets, tree_cfg, depths):
-        grown = original(seqs, budgets, tree_cfg, depths)
+    def propose(seqs, budgets):
+        grown = original(seqs, budgets)
         proposed.extend(token for tree in grown for token in tree.token_ids)
         return grown
 
-    drafter.propose_tree = propose_tree
-    _run(target, drafter, 4, tree, reference, PROMPTS[:1])
+    drafter.propose = propose
+    _run(target, drafter, reference, PROMPTS[:1])
     assert proposed and max(proposed) < VOCAB

@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from spectoolkit.config import TreeConfig
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.policy import FixedPolicy
 from spectoolkit.sampling import GreedyChooser
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.one import OneRequestEngine
 from tests.serving import helpers
 from tests.serving.helpers import VOCAB
@@ -52,15 +51,14 @@ def test_the_target_alone_on_the_one_engine_is_the_batch_1_reference(target, bat
 def test_speculation_on_the_one_engine_equals_the_target_alone(target, batch, references, kind):
     tree = None
     if kind == "ngram":
-        drafter, gamma = BatchNgramDrafter(3, 1, VOCAB, False), 4
+        drafter, gamma = NgramDrafter(3, 1, VOCAB, False), 4
     else:
         drafter, gamma = helpers.model_drafter(helpers.noisy_target(0.3, seed=5), GreedyChooser()), 4
     engine = helpers.engine(target, gamma=gamma, drafter=drafter)
     if kind == "tree":
         tree = TreeConfig(kind="static", branching=[2, 2, 1], max_nodes=6)
-        engine = helpers.engine(target, gamma=6, drafter=drafter)
-        engine.tree, engine.tree_depth, engine.scheduler.policy = tree, 3, FixedPolicy(6)
-        engine.policy = engine.scheduler.policy
+        engine = helpers.engine(target, gamma=6, drafter=drafter.variant(None, tree, gamma))
+        assert engine.trees and engine.drafter.max_depth == 3
     one = OneRequestEngine(engine, "spec")
     for index, prompt in enumerate(batch):
         out = one.generate(prompt, MAX_NEW, torch.Generator().manual_seed(index))
@@ -88,7 +86,7 @@ def test_its_target_is_the_engine_runner_driven_for_one_sequence(target, batch):
     with torch.inference_mode():
         stock = target(torch.tensor([prompt + [5, 6, 7]])).logits[0]  # the stock forward: the reference
     torch.testing.assert_close(first, stock[len(prompt) - 1], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(window, stock[len(prompt):], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(window, stock[len(prompt) :], rtol=1e-5, atol=1e-5)
     free = one.engine.allocator.num_free
     one.generate(prompt, 4, None)  # generate starts by giving the lone sequence's blocks back
     assert one.engine.allocator.num_free == one.engine.allocator.num_blocks > free

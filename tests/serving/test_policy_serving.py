@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.drafters import BatchModelDrafter, BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.verify import GreedyVerifier
@@ -51,9 +51,9 @@ def _engine(model, drafter, policy, max_num_tokens: int = 64, max_draft_tokens: 
     )  # fmt: skip
 
 
-def _model_drafter(draft: torch.nn.Module, stop_below: float | None = None) -> BatchModelDrafter:
+def _model_drafter(draft: torch.nn.Module, stop_below: float | None = None) -> ModelDrafter:
     pool = make_pool(draft, "auto", 200 * BLOCK)
-    return BatchModelDrafter(make_runner(draft, pool), GreedyChooser(), BlockAllocator(200, BLOCK), VOCAB, VOCAB,
+    return ModelDrafter(make_runner(draft, pool), GreedyChooser(), BlockAllocator(200, BLOCK), VOCAB, VOCAB,
                              EOS_IDS, "model", stop_below)  # fmt: skip
 
 
@@ -87,7 +87,7 @@ POLICIES = {
 }
 DRAFTERS = {
     "model-noisy": lambda stop_below: _model_drafter(helpers.noisy_target(0.2, seed=5), stop_below),
-    "ngram": lambda stop_below: BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False),
+    "ngram": lambda stop_below: NgramDrafter(3, 1, VOCAB, one_hot_probs=False),
 }
 
 

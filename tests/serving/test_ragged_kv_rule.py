@@ -20,7 +20,7 @@ from collections import Counter
 import pytest
 import torch
 
-from spectoolkit.drafting.base import Proposal
+from spectoolkit.drafting import TokenTree
 from spectoolkit.precisions import KV_PRECISIONS
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.paged_kv import KINDS, make_pool
@@ -38,16 +38,18 @@ class ScriptedDrafter:
     """Random proposals: k_i uniform in [0, budget] of random non-EOS tokens (greedy: no q)."""
 
     name = "scripted"
+    tree = None  # chains
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
         self.released: list[str] = []
 
     def propose(self, seqs, budgets):
-        return [Proposal([self.rng.randrange(3, VOCAB) for _ in range(self.rng.randint(0, b))], None) for b in budgets]
+        lengths = [self.rng.randint(0, min(b.nodes, b.depth)) for b in budgets]
+        return [TokenTree.chain([self.rng.randrange(3, VOCAB) for _ in range(k)]) for k in lengths]
 
-    def rollback(self, seq, num_kept: int) -> None:
-        assert num_kept == seq.num_computed
+    def commit(self, seq, num_prefix: int, path: list[int]) -> None:
+        assert num_prefix + len(path) == seq.num_computed
 
     def release(self, seq) -> None:
         self.released.append(seq.request.request_id)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from tests.serving import helpers
 from tests.serving.helpers import BLOCK, VOCAB, StepLog
 
@@ -24,8 +24,8 @@ def target():
     return helpers.tiny()
 
 
-def _ngram() -> BatchNgramDrafter:
-    return BatchNgramDrafter(3, 1, VOCAB, one_hot_probs=False)
+def _ngram() -> NgramDrafter:
+    return NgramDrafter(3, 1, VOCAB, one_hot_probs=False)
 
 
 def _logged(eng) -> StepLog:

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.drafting import Budget, NgramDrafter
 from spectoolkit.drafting.tree import TokenTree, tree_depth
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import FixedPolicy
@@ -33,11 +34,11 @@ from spectoolkit.runtime.runner import make_runner
 from spectoolkit.runtime.step import Segment, tree_layout
 from spectoolkit.sampling import GreedyChooser, RandomChooser
 from spectoolkit.serving.api import ServeRequest
-from spectoolkit.serving.drafters import BatchNgramDrafter
 from spectoolkit.serving.engine import ContinuousEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 from spectoolkit.serving.sequence import new_sequence
 from spectoolkit.verify import GreedyVerifier, StochasticVerifier
+from spectoolkit.verify.base import VerifyResult
 from spectoolkit.verify.tree import TreeVerifyResult, children_of
 from tests.reference import alone_greedy
 from tests.serving import helpers
@@ -80,21 +81,25 @@ def small():
     return model, prompts, helpers.baseline_outputs(model, prompts, MAX_NEW)
 
 
-def tree_engine(target, tree: TreeConfig, drafter, *, invariant: bool, kv: str = "auto", num_blocks: int = 200,
+def tree_engine(target, drafter, *, invariant: bool, kv: str = "auto", num_blocks: int = 200,
                 max_num_tokens: int = 64, max_draft_tokens: int | None = None, verifier=None, stochastic=False,
                 eos_ids=EOS_IDS) -> ContinuousEngine:  # fmt: skip
-    """The serving factory's spec arm with ``speculate.tree``: a fixed policy of up to ``max_nodes`` drafts."""
-    limits = SchedulerLimits(max_num_tokens, 8, tree.max_nodes, None, max_draft_tokens)
-    return ContinuousEngine(
+    """The serving factory's spec arm with ``speculate.tree`` (the drafter's): a fixed policy of up to
+    ``max_nodes`` drafts."""
+    nodes = drafter.tree.max_nodes
+    limits = SchedulerLimits(max_num_tokens, 8, nodes, None, max_draft_tokens)
+    eng = ContinuousEngine(
         "tree", make_runner(target, make_pool(target, kv, num_blocks * BLOCK)), BlockAllocator(num_blocks, BLOCK),
         verifier or GreedyVerifier(), limits, eos_ids, MAX_POSITIONS, drafter, stochastic, invariant,
-        FixedPolicy(tree.max_nodes), tree, tree_depth(tree, GAMMA),
+        FixedPolicy(nodes),
     )  # fmt: skip
+    assert eng.trees, "a drafter with a tree makes a tree engine"
+    return eng
 
 
 class Recorded:
-    """A drafter whose every ``propose_tree`` answer is kept as (budget, tree), counting the trees it abandoned
-    half-grown (a drafter rolls itself back from inside ``propose_tree`` only then)."""
+    """A drafter whose every ``propose`` answer is kept as (budget, tree), counting the trees it abandoned
+    half-grown (a model drafter truncates its draft KV from inside ``propose`` only then)."""
 
     def __init__(self, inner) -> None:
         self.inner, self.trees, self.abandoned = inner, [], 0
@@ -102,18 +107,20 @@ class Recorded:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def propose_tree(self, seqs, budgets, tree, depths):
-        rollback = self.inner.rollback
+    def propose(self, seqs, budgets):
+        truncate = getattr(self.inner, "_truncate", None)  # None: a lookup, which never abandons a tree
 
-        def abandon(seq, num_kept):
+        def abandon(state, num_kept):
             self.abandoned += 1
-            rollback(seq, num_kept)
+            truncate(state, num_kept)
 
-        self.inner.rollback = abandon
+        if truncate is not None:
+            self.inner._truncate = abandon
         try:
-            out = self.inner.propose_tree(seqs, budgets, tree, depths)
+            out = self.inner.propose(seqs, budgets)
         finally:
-            del self.inner.rollback  # the class's method again
+            if truncate is not None:
+                del self.inner._truncate  # the class's method again
         self.trees.extend(zip(budgets, out, strict=True))
         return out
 
@@ -205,16 +212,17 @@ def test_a_node_that_sees_its_sibling_is_caught(target, mode):
 # ---- 2. the accepted path's KV -------------------------------------------------------------------
 
 
-class RandomTreeDrafter:
-    """Random trees of 0..budget random non-EOS nodes within the depth the engine allows."""
+class RandomTreeDrafter(helpers.StatelessDrafter):
+    """Random trees of 0..budget random non-EOS nodes within its depth and the depth the engine allows."""
 
     name = "random-tree"
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, tree: TreeConfig) -> None:
         self.rng = random.Random(seed)
+        self.tree, self.max_depth = tree, tree_depth(tree, GAMMA)
 
-    def propose_tree(self, seqs, budgets, tree, depths):
-        return [self._tree(budget, depth) for budget, depth in zip(budgets, depths, strict=True)]
+    def propose(self, seqs, budgets):
+        return [self._tree(budget.nodes, min(self.max_depth, budget.depth)) for budget in budgets]
 
     def _tree(self, budget: int, max_depth: int) -> TokenTree:
         parents, depths = [], []
@@ -224,30 +232,26 @@ class RandomTreeDrafter:
             depths.append(1 if parent < 0 else depths[parent] + 1)
         return TokenTree([self.rng.randrange(3, VOCAB) for _ in parents], parents)
 
-    def commit_path(self, seq, num_prefix, path) -> None:
+    def commit(self, seq, num_prefix, path) -> None:
         assert seq.num_computed == num_prefix + len(path)
 
-    def rollback(self, seq, num_kept) -> None:
-        pass
-
-    def release(self, seq) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-    def kv_bytes(self) -> int:
-        return 0
+    def describe_tree(self) -> str:
+        return self.tree.describe()
 
 
 class RandomPaths:
-    """Tree verifier and chain verifier in one: a random walk down the tree, random non-EOS tokens."""
+    """Tree verifier and chain verifier in one: a random walk down the tree (a chain-shaped one comes to the chain
+    verifier, the fast path), random non-EOS tokens."""
 
     def __init__(self, seed: int) -> None:
         self.rng, self.paths = random.Random(seed), []
 
     def select(self, logits, generator=None) -> int:
         return self.rng.randrange(3, VOCAB)
+
+    def verify(self, draft_ids, target_logits, draft_probs, generator) -> VerifyResult:
+        result = self.verify_tree(draft_ids.tolist(), list(range(-1, len(draft_ids) - 1)), target_logits, None, None)
+        return VerifyResult(len(result.path), result.next_token)
 
     def verify_tree(self, token_ids, parents, target_logits, draft_probs, generator) -> TreeVerifyResult:
         assert target_logits.shape[0] == len(token_ids) + 1
@@ -293,7 +297,7 @@ def _chain_reference(target, precision: str, tokens: list[int]):
 def test_committed_kv_after_tree_rounds_equals_a_chain_of_the_committed_tokens(target, precision):
     verifier = RandomPaths(seed=2)
     tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=4)
-    eng = tree_engine(target, tree, RandomTreeDrafter(seed=1), invariant=True, kv=precision, num_blocks=48,
+    eng = tree_engine(target, RandomTreeDrafter(1, tree), invariant=True, kv=precision, num_blocks=48,
                       max_num_tokens=24, verifier=verifier)  # fmt: skip
     eng.tree_verifier = verifier
     moves = []
@@ -304,7 +308,7 @@ def test_committed_kv_after_tree_rounds_equals_a_chain_of_the_committed_tokens(t
     def commit(seq, work, proposal, rows, now):
         before = len(seq.tokens)
         result = original_commit(seq, work, proposal, rows, now)
-        path = verifier.paths.pop() if isinstance(proposal, TokenTree) and len(proposal) else []
+        path = verifier.paths.pop() if len(proposal) else []
         seen.append((seq.request.request_id, before - 1, rows[[0] + [node + 1 for node in path]].clone()))
         assert seq.num_computed == before + len(path)
         return result
@@ -346,8 +350,8 @@ def test_shared_prompt_blocks_are_never_written_by_tree_rounds(target, draft):
     prompt = helpers.prompts((20,), seed=6)[0]  # 45 tokens: 5 full blocks
     reference = helpers.baseline_outputs(target, [prompt], 24)["0"]
     tree = TreeConfig(kind="static", branching=(3, 2, 1), max_nodes=8)
-    drafter = Recorded(helpers.model_drafter(draft, GreedyChooser()))
-    eng = tree_engine(target, tree, drafter, invariant=False)
+    drafter = Recorded(helpers.model_drafter(draft, GreedyChooser()).variant(None, tree, GAMMA))
+    eng = tree_engine(target, drafter, invariant=False)
     shared = {}
 
     def after_step(eng, done):
@@ -365,29 +369,30 @@ def test_shared_prompt_blocks_are_never_written_by_tree_rounds(target, draft):
 
 
 def test_draft_commit_path_moves_the_fed_path_nodes_next_to_the_prefix(target, draft, batch):
-    """BatchModelDrafter: the accepted path's fed nodes are copied byte for byte to the positions after the
+    """ModelDrafter: the accepted path's fed nodes are copied byte for byte to the positions after the
     prefix, the rest of the tree's draft blocks are freed, and the next tree is the one a fresh draft grows."""
     tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=4)
-    drafter = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40)
+    drafter = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40).variant(None, tree, GAMMA)
+    assert drafter.max_depth == GAMMA
     prompt = batch[2]
     seq = new_sequence(ServeRequest("0", prompt, MAX_NEW), BlockTable(BlockAllocator(1, BLOCK)), 0, False)
     seq.tokens.append(helpers.baseline_outputs(target, [prompt], 1)["0"][0])  # decoding: the pending token
-    (grown,) = drafter.propose_tree([seq], [8], tree, [GAMMA])
+    (grown,) = drafter.propose([seq], [Budget(8, GAMMA)])
     state = drafter._states[id(seq)]
     last_fed = max(node for node, slot in enumerate(state.tree_slots) if slot is not None)
     path, prefix = grown.path_to(last_fed), len(seq.tokens)
     fed = [state.tree_slots[node] for node in path]  # draft positions of the path's nodes
     assert len(path) >= 2 and fed != list(range(prefix, prefix + len(path))), "the path must need moving"
     before = _stored(drafter.pool, state.table.slots_at(fed))
-    drafter.commit_path(seq, prefix, path)
+    drafter.commit(seq, prefix, path)
     assert state.num_computed == prefix + len(path)
     _same_bits(_stored(drafter.pool, state.table.slots(prefix, prefix + len(path))), before, "moved draft KV")
     assert len(state.table.blocks) == state.table.blocks_for(state.num_computed), "the rest of the tree kept blocks"
     seq.tokens += [grown.token_ids[node] for node in path] + [7]  # the path and a correction token
     fresh = new_sequence(ServeRequest("1", prompt, MAX_NEW), BlockTable(BlockAllocator(1, BLOCK)), 0, False)
     fresh.tokens = list(seq.tokens)
-    other = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40)
-    assert drafter.propose_tree([seq], [8], tree, [GAMMA]) == other.propose_tree([fresh], [8], tree, [GAMMA])
+    other = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40).variant(None, tree, GAMMA)
+    assert drafter.propose([seq], [Budget(8, GAMMA)]) == other.propose([fresh], [Budget(8, GAMMA)])
     drafter.release(seq)
     assert drafter.kv_bytes() == 0
 
@@ -404,10 +409,12 @@ TREES = {
 }
 
 
-def _drafter(kind: str, draft, num_blocks: int = 200, chooser=None):
-    if kind == "ngram":  # over the small vocabulary
-        return Recorded(BatchNgramDrafter(3, 1, SMALL_VOCAB, one_hot_probs=chooser is not None))
-    return Recorded(helpers.model_drafter(draft, chooser or GreedyChooser(), num_blocks=num_blocks))
+def _drafter(kind: str, draft, tree: TreeConfig, num_blocks: int = 200, chooser=None):
+    """A recorded drafter growing ``tree`` (γ = GAMMA): n-gram tries over the small vocabulary, or the draft model."""
+    if kind == "ngram":
+        return Recorded(NgramDrafter(3, 1, SMALL_VOCAB, chooser is not None, tree, GAMMA))
+    model = helpers.model_drafter(draft, chooser or GreedyChooser(), num_blocks=num_blocks)
+    return Recorded(model.variant(None, tree, GAMMA))
 
 
 def _lengths(batch) -> list[int]:
@@ -420,8 +427,8 @@ def test_tree_batch_equals_batch1_target_alone(target, draft, batch, references,
     tree, kind = TREES[name]
     if kind == "ngram":
         target, batch, references = small
-    drafter = _drafter(kind, draft)
-    eng = tree_engine(target, tree, drafter, invariant=invariant)
+    drafter = _drafter(kind, draft, tree)
+    eng = tree_engine(target, drafter, invariant=invariant)
     lengths = _lengths(batch)
     done = helpers.run(eng, [ServeRequest(str(i), p, n) for i, (p, n) in enumerate(zip(batch, lengths, strict=True))])
     assert helpers.outputs(done) == {rid: ids[: lengths[int(rid)]] for rid, ids in references.items()}
@@ -437,22 +444,22 @@ def test_trees_stay_exact_when_the_draft_pool_or_the_target_pool_is_nearly_full(
     """Some sequences get no tree (empty: plain decode: the draft pool cannot hold their budget) and the target
     preempts; outputs unchanged."""
     tree, _ = TREES["dynamic-8-3"]
-    drafter = _drafter("model", draft, num_blocks=10)
-    eng = tree_engine(target, tree, drafter, invariant=False, num_blocks=16)
+    drafter = _drafter("model", draft, tree, num_blocks=10)
+    eng = tree_engine(target, drafter, invariant=False, num_blocks=16)
     lengths = _lengths(batch)
     done = helpers.run(eng, [ServeRequest(str(i), p, n) for i, (p, n) in enumerate(zip(batch, lengths, strict=True))])
     assert helpers.outputs(done) == {rid: ids[: lengths[int(rid)]] for rid, ids in references.items()}
-    assert any(budget > 0 and not len(t) for budget, t in drafter.trees), "every sequence got a tree"
+    assert any(budget.nodes > 0 and not len(t) for budget, t in drafter.trees), "every sequence got a tree"
     assert drafter.branched() > 0
     assert sum(r.preemptions for r in done.values()) > 0, "the target pool never ran out"
     assert helpers.all_free(eng) and drafter.kv_bytes() == 0
 
 
 def test_a_tree_that_outgrows_the_draft_pool_is_dropped_whole(target, draft, batch, references, monkeypatch):
-    """A deeper level that no longer fits the draft pool abandons the whole tree (plain decode, the draft rolled
+    """A deeper level that no longer fits the draft pool abandons the whole tree (plain decode, the draft KV cut
     back): forced by reserving nothing beyond the verified tokens, so the first tree level finds no block."""
     tree, _ = TREES["static-222"]
-    drafter = _drafter("model", draft, num_blocks=12)
+    drafter = _drafter("model", draft, tree, num_blocks=12)
     inner = drafter.inner
 
     def fits_tokens_only(seq, budget):
@@ -466,7 +473,7 @@ def test_a_tree_that_outgrows_the_draft_pool_is_dropped_whole(target, draft, bat
     hogged: list[int] = []
 
     monkeypatch.setattr(inner, "_fits", fits_tokens_only)
-    eng = tree_engine(target, tree, drafter, invariant=False)
+    eng = tree_engine(target, drafter, invariant=False)
     done = helpers.run(eng, [ServeRequest("0", batch[0], MAX_NEW)])
     assert helpers.outputs(done) == {"0": references["0"][:MAX_NEW]}
     assert drafter.abandoned > 0, "no tree outgrew the pool"
@@ -478,8 +485,8 @@ def test_a_tree_that_outgrows_the_draft_pool_is_dropped_whole(target, draft, bat
 
 def test_small_token_budget_mixes_trees_plain_decodes_and_prefill_chunks(target, draft, references, batch):
     tree, _ = TREES["dynamic-4-2"]
-    drafter = _drafter("model", draft)
-    eng = tree_engine(target, tree, drafter, invariant=False, max_num_tokens=14, max_draft_tokens=6)
+    drafter = _drafter("model", draft, tree)
+    eng = tree_engine(target, drafter, invariant=False, max_num_tokens=14, max_draft_tokens=6)
     kinds = []
     original_forward = eng._forward
 
@@ -503,41 +510,34 @@ def test_small_token_budget_mixes_trees_plain_decodes_and_prefill_chunks(target,
     assert any({"tree", "plain", "prefill"} <= step for step in kinds), f"no step mixed all kinds: {kinds}"
 
 
-class OracleTreeDrafter:
+class OracleTreeDrafter(helpers.StatelessDrafter):
     """Trees whose second child at every depth is the target's own continuation (known in advance), the first
     a decoy: the accepted path runs through non-first children and past any stop token in it."""
 
     name = "oracle"
 
-    def __init__(self, continuations: dict[str, list[int]]) -> None:
+    def __init__(self, continuations: dict[str, list[int]], tree: TreeConfig) -> None:
         self.continuations = continuations  # request id -> prompt + target tokens
+        self.tree, self.max_depth = tree, tree_depth(tree, GAMMA)
 
-    def propose_tree(self, seqs, budgets, tree, depths):
+    def propose(self, seqs, budgets):
         out = []
-        for seq, budget, depth in zip(seqs, budgets, depths, strict=True):
+        for seq, budget in zip(seqs, budgets, strict=True):
+            depth = min(self.max_depth, budget.depth)
             truth = self.continuations[seq.request.request_id][len(seq.tokens) : len(seq.tokens) + depth]
             token_ids, parents, parent = [], [], -1
             for token in truth:
                 token_ids += [3 + (token + 1) % (VOCAB - 3), token]  # decoy first, then the truth
                 parents += [parent, parent]
                 parent = len(token_ids) - 1
-            out.append(TokenTree(token_ids, parents).truncated(budget))
+            out.append(TokenTree(token_ids, parents).truncated(budget.nodes))
         return out
 
-    def commit_path(self, seq, num_prefix, path) -> None:
+    def commit(self, seq, num_prefix, path) -> None:
         pass
 
-    def rollback(self, seq, num_kept) -> None:
-        pass
-
-    def release(self, seq) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-    def kv_bytes(self) -> int:
-        return 0
+    def describe_tree(self) -> str:
+        return self.tree.describe()
 
 
 @pytest.mark.parametrize("invariant", [False, True], ids=["padded", "invariant"])
@@ -549,7 +549,7 @@ def test_a_stop_token_inside_an_accepted_path_ends_the_request_there(target, bat
     expected = {str(i): alone_greedy(target, list(p), MAX_NEW, frozenset({stop})) for i, p in enumerate(batch)}
     assert expected["0"][-1] == stop and len(expected["0"]) < MAX_NEW
     tree = TreeConfig(kind="dynamic", max_nodes=12)
-    eng = tree_engine(target, tree, OracleTreeDrafter(long), invariant=invariant, eos_ids=frozenset({stop}))
+    eng = tree_engine(target, OracleTreeDrafter(long, tree), invariant=invariant, eos_ids=frozenset({stop}))
     paths = []
     original = eng.tree_verifier.verify_tree
 
@@ -567,8 +567,8 @@ def test_a_stop_token_inside_an_accepted_path_ends_the_request_there(target, bat
 
 def test_int8_target_kv_with_trees_equals_batch1_target_alone_at_int8(target, draft, batch):
     tree, _ = TREES["static-321"]
-    drafter = _drafter("model", draft)
-    eng = tree_engine(target, tree, drafter, invariant=True, kv="int8")
+    drafter = _drafter("model", draft, tree)
+    eng = tree_engine(target, drafter, invariant=True, kv="int8")
     done = helpers.run(eng, helpers.requests(batch, MAX_NEW))
     assert helpers.outputs(done) == helpers.baseline_outputs(target, batch, MAX_NEW, "int8")  # the same format
     assert drafter.branched() > 0 and helpers.all_free(eng)
@@ -585,9 +585,9 @@ def test_sampled_trees_are_reproducible_and_independent_of_concurrency(target, d
     requests = helpers.requests(batch[:4], 12, seed=7)
 
     def make(invariant: bool):
-        drafter = _drafter(kind, draft, chooser=RandomChooser(SAMPLING))
+        drafter = _drafter(kind, draft, tree, chooser=RandomChooser(SAMPLING))
         verifier = StochasticVerifier(SAMPLING)
-        return tree_engine(target, tree, drafter, invariant=invariant, verifier=verifier, stochastic=True), drafter
+        return tree_engine(target, drafter, invariant=invariant, verifier=verifier, stochastic=True), drafter
 
     for invariant in (False, True):
         eng, drafter = make(invariant)

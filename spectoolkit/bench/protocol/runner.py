@@ -172,8 +172,8 @@ def _one(
         temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k,
         draft_len=arm.gamma if drafting else 0,
     )  # fmt: skip
-    tree = getattr(arm.engine, "tree", None)
-    record.tree = tree.describe(getattr(arm.engine.drafter, "tree_kind", None)) if tree is not None else None
+    drafter = arm.engine.drafter
+    record.tree = drafter.describe_tree() if drafter is not None else None
     if isinstance(ids, str):
         record.error = ids
         return record

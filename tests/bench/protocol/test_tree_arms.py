@@ -83,8 +83,9 @@ def test_report_compares_trees_with_chains(tree_run) -> None:
 def test_tree_config_mistakes_are_one_clear_error(tiny_checkpoint: Path, tmp_path: Path) -> None:
     with pytest.raises(SpecToolkitError, match="speculate.tree.kind=static or dynamic"):
         run(_config(tiny_checkpoint, tmp_path, TreeConfig()), progress=False)
-    with pytest.raises(SpecToolkitError, match="speculate.policy=fixed"):
-        run_config_from_dict({"speculate": {"policy": "adaptive", "tree": {"kind": "static"}}})
+    with pytest.raises(SpecToolkitError, match="speculate.policy=fixed or adaptive"):
+        run_config_from_dict({"speculate": {"policy": "confidence", "tree": {"kind": "static"}}})
+    assert run_config_from_dict({"speculate": {"policy": "adaptive", "tree": {"kind": "static"}}})  # node budgets
     with pytest.raises(SpecToolkitError, match="max_nodes"):
         run_config_from_dict({"speculate": {"tree": {"kind": "dynamic", "max_nodes": 64}}})
     with pytest.raises(SpecToolkitError, match="branching"):
