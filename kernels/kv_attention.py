@@ -481,9 +481,8 @@ def _bench_kv(fmt: str, batch: int, context: int, device: torch.device) -> tuple
 def _packed_gqa_sdpa(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """query [B, H, Q, D], keys/values [B, H_kv, L, D] -> [B, H, Q, D]: the model's torch path, timed by ``run_torch``.
 
-    The packed-GQA SDPA of ``spectoolkit.models.attention.packed_gqa_attention`` (each KV head's query heads
-    as extra rows, one SDPA call, the causal window as a mask), restated for the benchmark: the models
-    package runs these kernels, so the kernels do not import it.
+    Packed-GQA SDPA (each KV head's query heads as extra rows, one SDPA call, the causal window as a mask),
+    the torch path the deleted ``models/attention.py`` ran; kept as this benchmark's torch baseline.
     """
     batch, num_heads, q_len, head_dim = query.shape
     kv_heads, kv_len = keys.shape[1], keys.shape[2]

@@ -4,7 +4,9 @@ Each format quantizes states [..., D] (``...`` = B, H_kv, n) row by row: one row
 and its codes depend on that row alone, so writing tokens in any chunking gives bit-identical storage
 and a rollback never has to re-quantize kept history (DESIGN §2). All arithmetic is fp32.
 
-Stored fields per format, as laid out in the cache (``cap`` = slots along the capacity dimension):
+Stored fields per format, as the paged pool (:mod:`spectoolkit.runtime.paged_kv`) lays them out per layer
+and kind: [H_kv, slots, width] (shown below with the reference's own leading batch dimension, [B, H_kv, cap, ·],
+``cap`` = slots):
 
 - ``fp8``: ``data`` float8_e4m3fn [B, H_kv, cap, D], ``scale`` fp32 [B, H_kv, cap, 1].
   ``scale = absmax(row) / 448``; ``data = saturate_e4m3(x / scale)`` (round to nearest even);

@@ -4,14 +4,18 @@ A decode step of the embedded model in eager PyTorch is mostly per-operator over
 the weights. Here a step is :class:`~spectoolkit.models.static_decoder.StaticDecoder`'s plain tensor
 code compiled by inductor (C++ through gcc on CPU) into one graph per row width:
 
-- **Every row is row-invariant.** Linears are the row-invariant C++ kernel and attention is
+- **Every graph row is row-invariant.** Linears are the row-invariant C++ kernel and attention is
   ``spectoolkit::paged_attention``: a row attends exactly the pool slots its sequence lists for it (its
   positions [0, own], or a tree row's prefix and ancestors), in position order. So a row's result never
   depends on the other rows of the call, on the call's width or on how the step was chunked: a verify
   row equals the decode step at its position, a batched step equals each sequence stepped alone, and the
-  row modes of :mod:`spectoolkit.runtime.step` all hold by construction. Prompts run the same way, in
-  chunks of the widest width (slower than a BLAS prefill, but a prompt's KV is then the same bits
-  however the scheduler chunks it).
+  row modes of :mod:`spectoolkit.runtime.step` hold by construction. Under ``invariant`` mode
+  (``serve.batch_invariant``) prompts run the same way, in chunks of the widest width (slower than a BLAS
+  prefill, but a prompt's KV is then the same bits however the scheduler chunks it).
+- **BLAS prefill otherwise.** A lone sequence's prompt chunk longer than the widest width (one segment,
+  at most its last row's logits, row mode not ``invariant``) runs the eager runner's forward over the
+  same pool instead: BLAS and SDPA, as the stock model prefills. It is one call for a prompt at batch
+  1, identical in every arm; decode steps and verifies (a logit row each) always run the graphs.
 - **Bounded compiles.** A call of n rows runs at the smallest width in :data:`WIDTHS` that holds it,
   padded with rows that write nothing and read one slot; the flat key-slot list is the only input whose
   size changes, and it is marked dynamic, so graphs are at most ``len(WIDTHS)`` per runner.
@@ -32,6 +36,7 @@ import torch
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.row_linear import load_row_linear
 from spectoolkit.models.static_decoder import StaticDecoder, linear_rows
+from spectoolkit.runtime.eager import EagerRunner
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
@@ -90,12 +95,16 @@ class CompiledRunner:
         self.widths = tuple(sorted(widths))
         self.compile_stats = CompileStats()
         self._step = torch.compile(self._rows, dynamic=False, fullgraph=True)
+        self._prefill = EagerRunner(model, pool)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's KV to the pool; logits [R, V] of ``batch.logit_rows`` (in chunks of the widest width)."""
-        keys = _row_keys(batch)  # T lists of slots
         total, hidden, chunk = batch.token_ids.shape[0], [], self.widths[-1]
+        if total > chunk and batch.num_seqs == 1 and batch.mode != "invariant" and len(batch.logit_rows) <= 1:
+            if batch.visible[0] is None:  # a lone prompt chunk: the BLAS prefill (module doc)
+                return self._prefill.forward(batch)
+        keys = _row_keys(batch)  # T lists of slots
         for first in range(0, total, chunk):
             last = min(total, first + chunk)
             hidden.append(self._call(batch, keys[first:last], first, last))
@@ -107,11 +116,12 @@ class CompiledRunner:
         """Compile the graph of every width now (outside measured time), narrowed to ``widths`` when given (a
         call pads up to the smallest of them that holds it); writes nothing to the pool."""
         self.widths = tuple(sorted(set(widths))) if widths else self.widths
-        for width in self.widths:
-            zeros = [torch.zeros(width, dtype=torch.long, device=self.device) for _ in range(3)]  # ids, positions, keys
+        for width in self.widths:  # every row reads two slots: a key list of one would be specialized to size 1
+            ids, positions = (torch.zeros(width, dtype=torch.long, device=self.device) for _ in range(2))
+            keys = torch.zeros(2 * width, dtype=torch.long, device=self.device)
             write = torch.full((width,), -1, dtype=torch.long, device=self.device)
-            starts = torch.arange(width + 1, dtype=torch.long, device=self.device)
-            self._timed(width, zeros[0], zeros[1], write, zeros[2], starts)
+            starts = torch.arange(0, 2 * width + 1, 2, dtype=torch.long, device=self.device)
+            self._timed(width, ids, positions, write, keys, starts)
 
     def _call(self, batch: StepBatch, keys: list[torch.Tensor], first: int, last: int) -> torch.Tensor:
         """Rows [first, last) of ``batch`` padded to a width: their final hidden states [last-first, E]."""

@@ -37,7 +37,7 @@ class LoneSequence:
         self.num_computed = 0
 
     def truncate(self, length: int) -> None:
-        self.num_computed = min(self.num_computed, length)
+        self.num_computed = max(0, min(self.num_computed, length))
         self.table.truncate(self.num_computed)
 
     def forward(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:

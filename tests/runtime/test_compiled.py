@@ -154,3 +154,26 @@ def test_sliding_window_attention_is_refused():
         CompiledRunner(windowed, make_pool(windowed, "auto", BLOCK))
     plain = MistralForCausalLM(MistralConfig(sliding_window=None, **config)).eval()
     CompiledRunner(plain, make_pool(plain, "auto", BLOCK))  # accepted
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("mode", ["chosen", "invariant"])
+def test_a_lone_prompt_past_the_widest_width_is_the_eager_blas_prefill_unless_invariant(model, runner, mode):
+    """A prompt chunk of 12 rows (> 8) wanting its last row's logits: the eager runner's forward over the same pool,
+    bit for bit (BLAS, as the stock model prefills); under the invariant mode, the graphs (8 + 4 rows)."""
+    compiled, allocator = runner
+    ids, tables = _ids(12, seed=7), [BlockTable(allocator) for _ in range(3)]
+    for table in tables:
+        table.ensure(len(ids))
+    segment = lambda table: [Segment(table, ids, 0, [len(ids) - 1])]  # noqa: E731
+    got = run_segments(compiled, segment(tables[0]), mode)
+    eager = run_segments(EagerRunner(model, compiled.pool), segment(tables[1]), mode)
+    graphs = torch.cat([run_segments(compiled, [Segment(tables[2], ids[:8], 0, [])], mode),
+                        run_segments(compiled, [Segment(tables[2], ids[8:], 8, [3])], mode)])  # fmt: skip
+    assert torch.equal(got, eager) == (mode == "chosen")
+    assert torch.equal(got, graphs) == (mode == "invariant")
+    pool = compiled.pool
+    keys = [pool.gather(1, "key", torch.tensor(table.slots(0, len(ids)))) for table in tables]  # [H_kv, 12, D] each
+    assert torch.equal(keys[0], keys[1 if mode == "chosen" else 2])  # the KV written is that path's too
+    for table in tables:
+        table.release()

@@ -1,8 +1,8 @@
 """The server runs compiled (``python -m spectoolkit.serve runtime.compile=true``), on the embedded model.
 
-Every graph is compiled before the server takes a request; four requests at once then return exactly what
-each returns alone (the compiled runner computes every row as its lone decode step), with n-gram drafts
-accepted, and serving compiles nothing more.
+Every graph is compiled before the server takes a request; with ``serve.batch_invariant=true`` four requests
+at once then return exactly what each returns alone (the compiled runner computes every row, prompts included,
+as its lone decode step), with n-gram drafts accepted, and serving compiles nothing more.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def _ids(url: str, prompt: str) -> list[int]:
 def test_the_server_serves_compiled_and_batches_exactly():
     from spectoolkit.server.build import BackgroundServer, build_server
 
-    built = build_server(run_config_from_dict({**CONFIG, "runtime": {"compile": True}}))
+    serve = {**CONFIG["serve"], "batch_invariant": True}  # prompts through the graphs too (no BLAS prefill)
+    built = build_server(run_config_from_dict({**CONFIG, "runtime": {"compile": True}, "serve": serve}))
     runners = compiled_runners([built.arm.engine])
     assert set(runners) == {"target"}  # n-gram lookup: no draft model
     stats = runners["target"].compile_stats
