@@ -31,7 +31,7 @@ class _DraftState:
     def __init__(self, allocator: BlockAllocator) -> None:
         self.table = BlockTable(allocator)
         self.num_computed = 0
-        self.tree_slots: list[int | None] | None = None  # position of each node of the last tree; None: a chain
+        self.tree_slots: list[int | None] | None = None  # position of each node of the last tree; None: none grown
 
 
 class _TreeFeed:
@@ -114,8 +114,6 @@ class ModelDrafter:
         probs: list[list[torch.Tensor]] = [[] for _ in seqs]
         active = [i for i, seq in enumerate(seqs) if lengths[i] > 0 and self._fits(seq, lengths[i])]
         feeds = {i: seqs[i].tokens[self._state(seqs[i]).num_computed :] for i in active}
-        for i in active:
-            self._state(seqs[i]).tree_slots = None
         while active:
             segments = []
             for i in active:
@@ -160,7 +158,7 @@ class ModelDrafter:
         state = self._states.get(id(seq))
         if state is None:
             return
-        if state.tree_slots is None or state.num_computed < num_prefix:  # a chain, fed in place, or nothing grown
+        if state.tree_slots is None or state.num_computed < num_prefix:  # a chain (fed in place), or no tree grown
             self._truncate(state, num_prefix + len(path))
             return
         fed = [state.tree_slots[node] for node in path if state.tree_slots[node] is not None]  # positions

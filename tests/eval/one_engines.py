@@ -7,6 +7,7 @@ import torch
 from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.kernels.verifier import make_verifier
+from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
@@ -17,6 +18,16 @@ from spectoolkit.serving.one import OneRequestEngine
 from spectoolkit.serving.scheduler import SchedulerLimits
 
 BLOCKS, BLOCK, POSITIONS = 64, 8, 256
+VOCAB = 12  # the distribution tests' tiny vocabulary: every token's probability is estimated from samples
+EOS_IDS = frozenset({2})
+PROMPT = [1, 5, 7, 3, 9, 4, 11, 6, 8, 10, 0, 3, 5, 7]  # every non-EOS id occurs: n-gram lookup proposes
+T1 = SamplingConfig(temperature=1.0)
+TOP_K_P = SamplingConfig(temperature=1.0, top_k=5, top_p=0.9)
+
+
+def tiny(seed: int) -> torch.nn.Module:
+    """A one-layer random Llama over :data:`VOCAB` ids: seed 0 is the distribution tests' target, seed 1 their draft."""
+    return tiny_llama(vocab_size=VOCAB, seed=seed, num_layers=1, hidden=32, scale=3.0)
 
 
 def batched(draft: torch.nn.Module | None, sampling: SamplingConfig, vocab: int, eos_ids: frozenset[int]):

@@ -27,25 +27,21 @@ from spectoolkit.eval.stochastic_empirical import (
     pooled_table,
     two_sample_test,
 )
-from spectoolkit.models.tiny import tiny_llama
 from tests.eval import one_engines
+from tests.eval.one_engines import EOS_IDS, PROMPT, T1, VOCAB
 
-VOCAB = 12
-EOS_IDS = frozenset({2})
-PROMPT = [1, 5, 7, 3, 9, 4, 11, 6, 8, 10, 0, 3, 5, 7]  # every non-EOS id occurs: n-gram lookup proposes
 SAMPLES, LENGTH, SIGNIFICANCE = 400, 3, 1e-3
-T1 = SamplingConfig(temperature=1.0)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
-    return tiny_llama(vocab_size=VOCAB, seed=0, num_layers=1, hidden=32, scale=3.0)
+    return one_engines.tiny(0)
 
 
 @pytest.fixture(scope="module")
 def draft_model() -> torch.nn.Module:
-    return tiny_llama(vocab_size=VOCAB, seed=1, num_layers=1, hidden=32, scale=3.0)
+    return one_engines.tiny(1)
 
 
 def _run(target, draft_model, kind: str, sampling: SamplingConfig) -> dict:

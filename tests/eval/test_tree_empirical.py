@@ -22,12 +22,9 @@ from spectoolkit.eval.tree_empirical import (
     rank_siblings,
     tree_negative_control,
 )
-from spectoolkit.models.tiny import tiny_llama
 from tests.eval import one_engines
+from tests.eval.one_engines import EOS_IDS, PROMPT, T1, TOP_K_P, VOCAB
 
-VOCAB = 12
-EOS_IDS = frozenset({2})
-PROMPT = [1, 5, 7, 3, 9, 4, 11, 6, 8, 10, 0, 3, 5, 7]
 # Pairs (x, y) for ten tokens x, then (x, 5) for every token x != 5: whatever token x != 5 the target
 # samples first, its latest continuation is 5 and an earlier one differs, so the trie has two or more
 # children at the root, the first 5, and the rank control's bias (5 over-represented) does not
@@ -36,8 +33,6 @@ NGRAM_PROMPT = [3, 11, 9, 9, 4, 7, 11, 1, 6, 10, 8, 0, 10, 5, 0, 1, 1, 8, 7, 6,
                 0, 5, 1, 5, 3, 5, 4, 5, 6, 5, 7, 5, 8, 5, 9, 5, 10, 5, 11, 5]  # fmt: skip
 # LENGTH 4: the first round has room for 3 tokens, so its tree is γ = 2 deep (internal nodes are tested too).
 SAMPLES, LENGTH, SIGNIFICANCE, GAMMA = 400, 4, 1e-3, 2
-T1 = SamplingConfig(temperature=1.0)
-TOP_K_P = SamplingConfig(temperature=1.0, top_k=5, top_p=0.9)
 TREES = {
     "static-2x2": TreeConfig(kind="static", branching=(2, 2), max_nodes=6),
     "static-3x1": TreeConfig(kind="static", branching=(3, 1), max_nodes=6),
@@ -48,12 +43,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
-    return tiny_llama(vocab_size=VOCAB, seed=0, num_layers=1, hidden=32, scale=3.0)
+    return one_engines.tiny(0)
 
 
 @pytest.fixture(scope="module")
 def draft_model() -> torch.nn.Module:
-    return tiny_llama(vocab_size=VOCAB, seed=1, num_layers=1, hidden=32, scale=3.0)
+    return one_engines.tiny(1)
 
 
 def _arms(target, draft_model, kind: str, sampling: SamplingConfig, tree: TreeConfig) -> dict:

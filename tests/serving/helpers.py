@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spectoolkit.drafting import ModelDrafter
+from spectoolkit.drafting import ModelDrafter, TokenTree
 from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.blocks import BlockAllocator
@@ -178,3 +178,35 @@ class StatelessDrafter:
 
     def variant(self, stop_below, tree, gamma):
         return self
+
+
+class ContinuationDrafter(StatelessDrafter):
+    """Chains read off a known ``reference`` continuation of the prompt, as far as each budget allows, passed
+    through :meth:`adjust` (a subclass's change: wrong ids, junk past EOS)."""
+
+    def __init__(self, reference: list[int]) -> None:
+        self.reference = reference
+
+    def propose(self, seqs, budgets) -> list[TokenTree]:
+        out = []
+        for seq, budget in zip(seqs, budgets, strict=True):
+            emitted, length = len(seq.tokens) - seq.prompt_len, min(budget.nodes, budget.depth)
+            out.append(TokenTree.chain(self.adjust(self.reference[emitted : emitted + length], length)))
+        return out
+
+    def adjust(self, draft_ids: list[int], length: int) -> list[int]:
+        return draft_ids
+
+
+def record_proposed(drafter) -> list[int]:
+    """Every token ``drafter`` proposes from now on (its ``propose`` wrapped), in order."""
+    proposed: list[int] = []
+    original = drafter.propose
+
+    def propose(seqs, budgets):
+        trees = original(seqs, budgets)
+        proposed.extend(token for tree in trees for token in tree.token_ids)
+        return trees
+
+    drafter.propose = propose
+    return proposed

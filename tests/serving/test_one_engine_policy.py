@@ -74,24 +74,17 @@ class PinnedCosts(AdaptivePolicy):
         pass  # keep the seeded costs
 
 
-class ReferenceDrafter(helpers.StatelessDrafter):
+class ReferenceDrafter(helpers.ContinuationDrafter):
     """Proposes the target's own continuation (always accepted) or, ``wrong``, one id off (never)."""
 
     name = "reference"
 
     def __init__(self, reference: list[int], wrong: bool) -> None:
-        self.reference, self.wrong = reference, wrong
+        super().__init__(reference)
+        self.wrong = wrong
 
-    def propose(self, seqs, budgets) -> list[TokenTree]:
-        out = []
-        for seq, budget in zip(seqs, budgets, strict=True):
-            emitted = len(seq.tokens) - seq.prompt_len
-            budget = min(budget.nodes, budget.depth)
-            draft_ids = self.reference[emitted : emitted + budget]
-            if self.wrong:
-                draft_ids = [(token + 1) % VOCAB for token in draft_ids]
-            out.append(TokenTree.chain(draft_ids))
-        return out
+    def adjust(self, draft_ids: list[int], length: int) -> list[int]:
+        return [(token + 1) % VOCAB for token in draft_ids] if self.wrong else draft_ids
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from spectoolkit.drafting import NgramDrafter, TokenTree
+from spectoolkit.drafting import NgramDrafter
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.sampling import GreedyChooser
@@ -188,26 +188,21 @@ def test_max_new_tokens_is_exact(target, draft_models, references, max_new_token
 # ---- EOS inside the draft ----------------------------------------------------------------------
 
 
-class OracleDrafter(helpers.StatelessDrafter):
+class OracleDrafter(helpers.ContinuationDrafter):
     """Proposes the reference continuation; with ``overshoot`` it keeps proposing past EOS."""
 
     name = "oracle"
 
     def __init__(self, reference: list[int], overshoot: bool) -> None:
-        self.reference, self.overshoot = reference, overshoot
+        super().__init__(reference)
+        self.overshoot = overshoot
         self.proposals: list[list[int]] = []
 
-    def propose(self, seqs, budgets) -> list[TokenTree]:
-        out = []
-        for seq, budget in zip(seqs, budgets, strict=True):
-            emitted = len(seq.tokens) - seq.prompt_len
-            budget = min(budget.nodes, budget.depth)
-            draft_ids = self.reference[emitted : emitted + budget]
-            if self.overshoot:
-                draft_ids = draft_ids + [7] * (budget - len(draft_ids))  # junk after EOS
-            self.proposals.append(draft_ids)
-            out.append(TokenTree.chain(draft_ids))
-        return out
+    def adjust(self, draft_ids: list[int], length: int) -> list[int]:
+        if self.overshoot:
+            draft_ids = draft_ids + [7] * (length - len(draft_ids))  # junk after EOS
+        self.proposals.append(draft_ids)
+        return draft_ids
 
 
 EOS_PROMPT = PROMPTS[0]
@@ -282,15 +277,7 @@ def wide_draft() -> torch.nn.Module:
 
 def test_larger_draft_vocab_never_proposes_foreign_ids(target, wide_draft, references):
     drafter = helpers.model_drafter(wide_draft, GreedyChooser())  # target vocab = shared vocab = VOCAB
-    proposed: list[int] = []
-    original = drafter.propose
-
-    def propose(seqs, budgets):
-        proposals = original(seqs, budgets)
-        proposed.extend(token for proposal in proposals for token in proposal.token_ids)
-        return proposals
-
-    drafter.propose = propose
+    proposed = helpers.record_proposed(drafter)
     one = _one(target, drafter, 4)
     accepted = drafted = 0
     for prompt in PROMPTS:

@@ -17,29 +17,24 @@ import torch
 
 from spectoolkit.config import SamplingConfig
 from spectoolkit.eval.stochastic_empirical import engine_exactness, negative_control
-from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.serving.api import GenerationOutput
 from spectoolkit.serving.one import OneRequestEngine
 from tests.eval import one_engines
+from tests.eval.one_engines import EOS_IDS, PROMPT, T1, TOP_K_P, VOCAB
 
-VOCAB = 12
-EOS_IDS = frozenset({2})
 GAMMA = 2
 SAMPLES, SIGNIFICANCE = 400, 1e-3
-PROMPT = [1, 5, 7, 3, 9, 4, 11, 6, 8, 10, 0, 3, 5, 7]  # every non-EOS id occurs: n-gram lookup proposes
-T1 = SamplingConfig(temperature=1.0)
-TOP_K_P = SamplingConfig(temperature=1.0, top_k=5, top_p=0.9)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def target() -> torch.nn.Module:
-    return tiny_llama(vocab_size=VOCAB, seed=0, num_layers=1, hidden=32, scale=3.0)
+    return one_engines.tiny(0)
 
 
 @pytest.fixture(scope="module")
 def draft_model() -> torch.nn.Module:
-    return tiny_llama(vocab_size=VOCAB, seed=1, num_layers=1, hidden=32, scale=3.0)
+    return one_engines.tiny(1)
 
 
 class Recording:

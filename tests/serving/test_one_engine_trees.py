@@ -425,14 +425,6 @@ def test_larger_draft_vocab_never_puts_foreign_ids_in_a_tree(target, reference):
     assert int(lone_sequence(wide).forward(PROMPTS[0], last_only=True).argmax()) >= VOCAB  # guard: unmasked, it would
     tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=3)
     drafter = helpers.model_drafter(wide, GreedyChooser()).variant(None, tree, 4)  # target vocab = shared = VOCAB
-    proposed: list[int] = []
-    original = drafter.propose
-
-    def propose(seqs, budgets):
-        grown = original(seqs, budgets)
-        proposed.extend(token for tree in grown for token in tree.token_ids)
-        return grown
-
-    drafter.propose = propose
+    proposed = helpers.record_proposed(drafter)
     _run(target, drafter, reference, PROMPTS[:1])
     assert proposed and max(proposed) < VOCAB
