@@ -306,10 +306,14 @@ KERNEL_MODES = ("auto", "reference")
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    """How the loaded models compute (:mod:`spectoolkit.models.kernel_choice`).
+    """How the loaded models compute (DESIGN §7).
 
-    ``kernels=auto``: each linear shape gets the fastest row-invariant kernel variant measured on this
-    machine (cached per machine fingerprint); ``reference``: the reference variant everywhere.
+    ``kernels=auto``: on the CPU every linear our kernel takes (fp32/bf16 and rtn-* weights) is packed for
+    it at load (:mod:`spectoolkit.quant.packing`), and attention over fp32/bf16/fp16/int8/fp8 KV is our
+    kernel: every row is computed by itself, so outputs cannot depend on the batch. Other layers
+    (bitsandbytes, GPTQ, fp16 weights, CUDA) get the fastest row-invariant variant measured on this
+    machine (:mod:`spectoolkit.models.kernel_choice`, cached per machine fingerprint), and the load
+    reports them. ``reference``: every linear as loaded, through its reference variant (stock numerics).
     ``compile``: steps run compiled over the paged pool (:mod:`spectoolkit.runtime.compiled`, Llama-family
     models, KV other than int4), their own row-invariant kernels replacing ``kernels``; false: the eager
     runner (:mod:`spectoolkit.runtime.eager`).
@@ -334,7 +338,8 @@ class ServeConfig:
     running sequences, ``max_kv_tokens`` KV slots (None: enough for ``max_num_seqs`` full sequences),
     KV in blocks of ``block_size`` slots. Load control: speculate only while at most ``spec_max_batch``
     sequences run (None: always), and at most ``max_draft_tokens`` candidate tokens per step (None: no
-    cap). ``batch_invariant``: fixed per-row reductions (a request's output cannot depend on its batch).
+    cap). ``batch_invariant``: fixed per-row reductions (a request's output cannot depend on its batch);
+    a no-op where our CPU kernels run every linear and attention (invariant by construction).
     ``slo_ttft_ms``/``slo_tpot_ms``: P99 targets checked in the report. ``step_log``: steps.jsonl.
     """
 

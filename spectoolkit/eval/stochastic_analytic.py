@@ -191,7 +191,7 @@ def _summary(values: list[float]) -> dict:
 
 
 def _vocab_size(model: torch.nn.Module) -> int:
-    return model.get_output_embeddings().weight.shape[0]
+    return model.get_output_embeddings().out_features
 
 
 def analytic_exactness(

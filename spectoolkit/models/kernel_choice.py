@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from spectoolkit.kernels.cpu_linear import PackedLinear
+
 # Calls with at most this many rows (verify windows up to γ = 32) run row-invariantly, in linears and (in
 # chosen mode) attention alike; longer calls are prefills, which every arm makes identically, so they keep
 # the fast path.
@@ -129,6 +131,8 @@ def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     layers = []
     for name, module in model.named_modules():
         if type(module).__name__ == "RowwiseLinear8bitLt" or any(True for _ in module.children()):
+            continue
+        if isinstance(module, PackedLinear):  # our kernel: row-invariant by construction
             continue
         if isinstance(module, nn.Linear) or (hasattr(module, "in_features") and hasattr(module, "out_features")):
             layers.append((name, module))

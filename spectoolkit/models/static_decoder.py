@@ -2,10 +2,9 @@
 
 No transformers ``Cache``, no mask construction, no Python per-layer objects between kernels — gpt-fast's
 shape of a step, on the loaded model's own modules (weights, rotary embedding, norms are shared, not
-copied). :meth:`StaticDecoder.qkv` and :meth:`StaticDecoder.mlp` run every linear through the
-row-invariant kernel of :mod:`spectoolkit.models.row_linear` (:func:`linear_rows`), so a row of a
-k-row call is bit-identical to the one-row step at that position; linears the kernel does not take
-(RTN modules with their own kernels) run their module. The step itself (KV writes and attention over
+copied). :meth:`StaticDecoder.qkv` and :meth:`StaticDecoder.mlp` call the model's linears, which the
+compiled runner has packed for our kernel (:mod:`spectoolkit.quant.packing`), so a row of a k-row call
+is bit-identical to the one-row step at that position. The step itself (KV writes and attention over
 the paged pool) is :class:`~spectoolkit.runtime.compiled.CompiledRunner`'s.
 """
 
@@ -15,7 +14,6 @@ import torch
 from torch import nn
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.row_linear import WEIGHT_DTYPES, row_linear
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -39,7 +37,6 @@ class StaticDecoder:
     def __init__(self, model: nn.Module) -> None:
         config = model.config.get_text_config()
         check_decoder(model, "runtime.compile=true", ": use runtime.compile=false")
-        _check_linears(model)
         inner = model.model
         self.embed = inner.embed_tokens
         self.layers = list(inner.layers)
@@ -52,50 +49,23 @@ class StaticDecoder:
         self.scale = self.layers[0].self_attn.scaling
         self.dtype = self.embed.weight.dtype
 
-    def qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plain: bool = False):
+    def qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [W, E] -> rotated q [W, Hq, D], k [W, Hkv, D] and v [W, Hkv, D]."""
-        project = _call if plain else linear_rows
         rows = x.shape[0]
-        q = project(attn.q_proj, x).view(rows, self.num_heads, self.head_dim)
-        k = project(attn.k_proj, x).view(rows, self.kv_heads, self.head_dim)
-        v = project(attn.v_proj, x).view(rows, self.kv_heads, self.head_dim)
+        q = attn.q_proj(x).view(rows, self.num_heads, self.head_dim)
+        k = attn.k_proj(x).view(rows, self.kv_heads, self.head_dim)
+        v = attn.v_proj(x).view(rows, self.kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = cos[0][:, None], sin[0][:, None]  # [W, 1, D]
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
-    def mlp(self, mlp: nn.Module, x: torch.Tensor, plain: bool = False) -> torch.Tensor:
+    def mlp(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU: down(act(gate(x)) * up(x)), x [W, E] -> [W, E]."""
-        project = _call if plain else linear_rows
-        return project(mlp.down_proj, mlp.act_fn(project(mlp.gate_proj, x)) * project(mlp.up_proj, x))
-
-
-def _check_linears(model: nn.Module) -> None:
-    """Refuse layers the compiled step cannot run: float ``nn.Linear`` and our RTN layers only (bitsandbytes
-    and GPTQ kernels do not trace into one graph)."""
-    for name, module in model.named_modules():
-        if not hasattr(module, "in_features") or type(module) is nn.Linear:
-            continue
-        # By class name: spectoolkit.quant.rtn imports this package, so importing it here would be a cycle.
-        if not any(base.__name__ == "RtnLinear" for base in type(module).__mro__):
-            raise SpecToolkitError(
-                f"runtime.compile=true runs float and rtn-* weights; layer {name} is {type(module).__name__} "
-                "(bitsandbytes/GPTQ): use runtime.compile=false, or a float/rtn-* precision"
-            )
+        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """[..., D] -> [-x2, x1] (the rotary pairing transformers' Llama uses)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return module(x)
-
-
-def linear_rows(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """x [W, K] -> [W, N] row-invariantly: the C++ kernel for float CPU nn.Linear, else the module's own kernel."""
-    if type(module) is nn.Linear and module.weight.dtype in WEIGHT_DTYPES and module.weight.is_cpu:
-        return row_linear(x, module.weight, module.bias)
-    return module(x)

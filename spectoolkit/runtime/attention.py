@@ -1,7 +1,12 @@
 """Attention of one step's rows over the paged pool, read as :class:`~spectoolkit.runtime.step.StepBatch` says.
 
-Each layer writes the step's new keys/values to their slots first, then every sequence attends its
-keys [0, context) within its own rows only:
+On the CPU, for the KV precisions it reads, attention is our kernel (:func:`kernel_attention`,
+``spectoolkit::paged_attention``, DESIGN §7): every (row, head) attends exactly the slots its sequence
+lists for it (:func:`row_key_lists`), in position order, with fixed-order sums, read from the pool in
+place — so no row depends on the step's other rows, whatever the row mode.
+
+Elsewhere (CUDA, int4 KV) the torch path below runs: each layer writes the step's new keys/values to
+their slots first, then every sequence attends its keys [0, context) within its own rows only:
 
 - a lone sequence in ``plain`` mode, or a prefill (more than ``MAX_ROWWISE_ROWS`` rows) in ``chosen``
   mode: one SDPA call over its keys, a pool slice when its slots are consecutive; causal, or the tree's
@@ -19,9 +24,64 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from spectoolkit.kernels import cpu_ops
 from spectoolkit.models.kernel_choice import MAX_CHUNKED_ROWS as MAX_ROWWISE_ROWS
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
+
+KERNEL_KV = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")  # KV precisions our attention kernel reads
+KERNEL_HEAD_DIMS = tuple(range(16, 257, 16))
+
+
+def kernel_attends(pool: PagedKVPool, head_dim: int) -> bool:
+    """Whether our attention kernel runs over ``pool`` (CPU, a KV precision and head size it reads)."""
+    device = pool.layers[0]["key"][pool.fields[0]].device
+    if device.type != "cpu" or pool.precision not in KERNEL_KV or head_dim not in KERNEL_HEAD_DIMS:
+        return False
+    cpu_ops.load()
+    return True
+
+
+def row_key_lists(batch: StepBatch) -> list[torch.Tensor]:
+    """The slots each of the batch's T rows attends, in position order: [0, own] of a chain, a tree row's
+    prefix, ancestors and itself."""
+    keys = []
+    for b in range(batch.num_seqs):
+        first, count = batch.rows_of(b)
+        start, context = batch.start_of(b), batch.context_lens[b]
+        span = batch.spans[b]
+        slots = batch.key_slots[b] if span is None else torch.arange(span, span + context, device=batch.slots.device)
+        tree = batch.visible[b]
+        keys.extend(slots[: start + r + 1] if tree is None else slots[tree[r]] for r in range(count))
+    return keys
+
+
+def flat_key_slots(keys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows' slot lists -> (key_slots [sum of lengths], starts [T+1]); row i's are key_slots[starts[i]:starts[i+1]]."""
+    lengths = torch.tensor([0] + [len(k) for k in keys], dtype=torch.long, device=keys[0].device)
+    return torch.cat(keys), lengths.cumsum(0)
+
+
+def pool_stores(pool: PagedKVPool, layer: int) -> tuple[torch.Tensor, ...]:
+    """A pool layer's (keys, values, key scales, value scales) as the kernel reads them (no scales: empty)."""
+    key, value = pool.layers[layer]["key"], pool.layers[layer]["value"]
+    none = torch.empty(0, dtype=torch.float32, device=key["data"].device)
+    return key["data"], value["data"], key.get("scale", none), value.get("scale", none)
+
+
+def kernel_attention(
+    pool: PagedKVPool, stores: tuple[torch.Tensor, ...], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    write: torch.Tensor, key_slots: torch.Tensor, starts: torch.Tensor, scaling: float, isa: int = -1,
+) -> torch.Tensor:  # fmt: skip
+    """query [W, Hq, D], key/value [W, Hkv, D] (this step's rows) -> [W, Hq, D] fp32: the new rows are stored
+    in the pool's format at ``write`` [W] (-1: not stored), then each row attends its slots (``isa``: the kernel
+    path, :func:`~spectoolkit.kernels.cpu_ops.best_isa`)."""
+    k_new, v_new = pool._encode(key), pool._encode(value)  # field -> [W, Hkv, width]
+    k_scale = k_new["scale"] if stores[2].numel() else stores[2]
+    v_scale = v_new["scale"] if stores[3].numel() else stores[3]
+    return torch.ops.spectoolkit.paged_attention(
+        query.float(), k_new["data"], v_new["data"], k_scale, v_scale, *stores, write, key_slots, starts, scaling, isa,
+    )  # fmt: skip
 
 
 def paged_attention(

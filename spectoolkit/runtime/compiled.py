@@ -4,22 +4,18 @@ A decode step of the embedded model in eager PyTorch is mostly per-operator over
 the weights. Here a step is :class:`~spectoolkit.models.static_decoder.StaticDecoder`'s plain tensor
 code compiled by inductor (C++ through gcc on CPU) into one graph per row width:
 
-- **Every graph row is row-invariant.** Linears are the row-invariant C++ kernel and attention is
+- **Our kernels, so every row is computed by itself.** Linears are our packed kernel
+  (:mod:`spectoolkit.quant.packing`; a model with layers it does not take is refused) and attention is
   ``spectoolkit::paged_attention``: a row attends exactly the pool slots its sequence lists for it (its
   positions [0, own], or a tree row's prefix and ancestors), in position order. So a row's result never
   depends on the other rows of the call, on the call's width or on how the step was chunked: a verify
-  row equals the decode step at its position, a batched step equals each sequence stepped alone, and the
-  row modes of :mod:`spectoolkit.runtime.step` hold by construction. Under ``invariant`` mode
-  (``serve.batch_invariant``) prompts run the same way, in chunks of the widest width (slower than a BLAS
-  prefill, but a prompt's KV is then the same bits however the scheduler chunks it).
-- **BLAS prefill otherwise.** A lone sequence's prompt chunk longer than the widest width (one segment,
-  at most its last row's logits, row mode not ``invariant``) runs the eager runner's forward over the
-  same pool instead: BLAS and SDPA, as the stock model prefills. It is one call for a prompt at batch
-  1, identical in every arm; decode steps and verifies (a logit row each) always run the graphs.
+  row equals the decode step at its position, a batched step equals each sequence stepped alone, and a
+  prompt's KV is the same bits however the scheduler chunks it. The row mode changes nothing.
 - **Bounded compiles.** A call of n rows runs at the smallest width in :data:`WIDTHS` that holds it,
-  padded with rows that write nothing and read one slot; the flat key-slot list is the only input whose
-  size changes, and it is marked dynamic, so graphs are at most ``len(WIDTHS)`` per runner.
-  :attr:`CompiledRunner.compile_stats` counts them and the seconds spent compiling.
+  padded with rows that write nothing and read one slot; longer steps (prompts) run in chunks of the
+  widest. The flat key-slot list is the only input whose size changes, and it is marked dynamic, so
+  graphs are at most ``len(WIDTHS)`` per runner. :attr:`CompiledRunner.compile_stats` counts them and
+  the seconds spent compiling.
 - **The pool as the eager runner sees it.** New keys/values are stored in the pool's own format (the
   kernel writes the rows it is handed: cast, or int8/fp8 codes plus the per-row scale that
   :mod:`spectoolkit.kvcache.formats` computes), so the pool's moves, gathers and slot accounting work
@@ -34,15 +30,15 @@ from dataclasses import dataclass, field
 import torch
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.row_linear import load_row_linear
-from spectoolkit.models.static_decoder import StaticDecoder, linear_rows
-from spectoolkit.runtime.eager import EagerRunner
+from spectoolkit.kernels import cpu_ops
+from spectoolkit.models.static_decoder import StaticDecoder
+from spectoolkit.quant.packing import pack_model
+from spectoolkit.runtime.attention import KERNEL_KV, kernel_attends, kernel_attention, pool_stores, row_key_lists
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
 WIDTHS = (1, 2, 4, 8, 16, 32)  # row widths compiled on demand; a call pads to the next one, longer steps chunk
 RECOMPILE_LIMIT = 64  # dynamo's per-code-object graph limit (default 8): room for many runners × widths
-COMPILED_KV = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")
 
 
 @dataclass
@@ -81,35 +77,41 @@ class CompiledRunner:
                 "runtime.compile=true runs the CPU row-invariant kernels; on CUDA it is not built yet: "
                 "use runtime.compile=false"
             )
-        if pool.precision not in COMPILED_KV:
+        if pool.precision not in KERNEL_KV:
             raise SpecToolkitError(
-                f"runtime.compile=true stores KV as {', '.join(COMPILED_KV)}, not {pool.precision}: "
+                f"runtime.compile=true stores KV as {', '.join(KERNEL_KV)}, not {pool.precision}: "
                 "pick another kv precision or runtime.compile=false"
             )
-        load_row_linear()
+        unpacked = {kind: why for kind, why in pack_model(model).items() if why != "packed"}
+        if unpacked:
+            kind, why = next(iter(unpacked.items()))
+            raise SpecToolkitError(
+                f"runtime.compile=true runs our packed kernels; layer {kind} keeps its own path "
+                f"({why.removeprefix('own path: ')}): use runtime.compile=false, or a float/rtn-* precision"
+            )
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.model, self.pool = model, pool
         self.device = next(model.parameters()).device
         self.decoder = StaticDecoder(model)
-        self.stores = [_stores(layer) for layer in pool.layers]  # per layer: (k, v, k_scale, v_scale)
+        if not kernel_attends(pool, self.decoder.head_dim):
+            raise SpecToolkitError(f"runtime.compile=true runs head dims 16, 32, ..., 256, not {self.decoder.head_dim}")
+        self.isa = cpu_ops.best_isa()
+        self.row_exact = True  # our linears and attention: every row computed by itself
+        self.stores = [pool_stores(pool, index) for index in range(len(pool.layers))]  # (k, v, k_scale, v_scale)
         self.widths = tuple(sorted(widths))
         self.compile_stats = CompileStats()
         self._step = torch.compile(self._rows, dynamic=False, fullgraph=True)
-        self._prefill = EagerRunner(model, pool)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's KV to the pool; logits [R, V] of ``batch.logit_rows`` (in chunks of the widest width)."""
         total, hidden, chunk = batch.token_ids.shape[0], [], self.widths[-1]
-        if total > chunk and batch.num_seqs == 1 and batch.mode != "invariant" and len(batch.logit_rows) <= 1:
-            if batch.visible[0] is None:  # a lone prompt chunk: the BLAS prefill (module doc)
-                return self._prefill.forward(batch)
-        keys = _row_keys(batch)  # T lists of slots
+        keys = row_key_lists(batch)  # T lists of slots
         for first in range(0, total, chunk):
             last = min(total, first + chunk)
             hidden.append(self._call(batch, keys[first:last], first, last))
         states = torch.cat(hidden)[batch.logit_rows]  # [R, E]
-        return linear_rows(self.decoder.head, states)  # [R, V]
+        return self.decoder.head(states)  # [R, V]
 
     @torch.inference_mode()  # as forward runs: grad mode and tensor dispatch keys are part of a graph's guards
     def warm(self, widths: tuple[int, ...] | None = None) -> None:
@@ -151,19 +153,14 @@ class CompiledRunner:
 
     def _rows(self, ids, positions, write, key_slots, starts) -> torch.Tensor:
         """ids/positions/write [W], key_slots [N] with row i's slots at [starts[i], starts[i+1]) -> hidden [W, E]."""
-        dec, encode = self.decoder, self.pool._encode
+        dec = self.decoder
         hidden = dec.embed(ids)  # [W, E]
         cos, sin = dec.rotary(hidden[None], positions[None])  # [1, W, D] each
-        for layer, (k_store, v_store, k_scales, v_scales) in zip(dec.layers, self.stores, strict=True):
+        for layer, stores in zip(dec.layers, self.stores, strict=True):
             attn = layer.self_attn
             q, k, v = dec.qkv(attn, layer.input_layernorm(hidden), cos, sin)  # [W, Hq|Hkv, D]
-            k_new, v_new = encode(k), encode(v)  # field -> [W, Hkv, width]
-            k_scale, v_scale = _scale(k_new, k_scales), _scale(v_new, v_scales)
-            out = torch.ops.spectoolkit.paged_attention(  # [W, Hq, D] fp32
-                q.float(), k_new["data"], v_new["data"], k_scale, v_scale, k_store, v_store, k_scales, v_scales, write,
-                key_slots, starts, dec.scale,
-            )  # fmt: skip
-            hidden = hidden + linear_rows(attn.o_proj, out.to(hidden.dtype).reshape(out.shape[0], -1))
+            out = kernel_attention(self.pool, stores, q, k, v, write, key_slots, starts, dec.scale, self.isa)
+            hidden = hidden + attn.o_proj(out.to(hidden.dtype).reshape(out.shape[0], -1))
             hidden = hidden + dec.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return dec.norm(hidden)
 
@@ -181,29 +178,3 @@ def compiled_runners(engines) -> dict[str, CompiledRunner]:
             if isinstance(runner, CompiledRunner) and all(runner is not seen for seen in found.values()):
                 found[role if role not in found else f"{role}{len(found)}"] = runner
     return found
-
-
-def _stores(layer: dict) -> tuple[torch.Tensor, ...]:
-    """A pool layer's (keys, values, key scales, value scales) as the kernel reads them (no scales: empty)."""
-    key, value = layer["key"], layer["value"]
-    none = torch.empty(0, dtype=torch.float32, device=key["data"].device)
-    return key["data"], value["data"], key.get("scale", none), value.get("scale", none)
-
-
-def _scale(fresh: dict, store: torch.Tensor) -> torch.Tensor:
-    """The new rows' scales [W, Hkv, 1], or an empty tensor for a store without scales."""
-    return fresh["scale"] if store.numel() else store
-
-
-def _row_keys(batch: StepBatch) -> list[torch.Tensor]:
-    """The slots each of the batch's T rows attends, in position order: [0, own] of a chain, a tree row's
-    prefix, ancestors and itself."""
-    keys = []
-    for b in range(batch.num_seqs):
-        first, count = batch.rows_of(b)
-        start, context = batch.start_of(b), batch.context_lens[b]
-        span = batch.spans[b]
-        slots = batch.key_slots[b] if span is None else torch.arange(span, span + context, device=batch.slots.device)
-        tree = batch.visible[b]
-        keys.extend(slots[: start + r + 1] if tree is None else slots[tree[r]] for r in range(count))
-    return keys

@@ -2,10 +2,12 @@
 
 Embeddings, norms, rotary embedding and every linear are the loaded model's own modules (weights are
 shared, nothing is copied); the decoder loop is ours, so the step metadata reaches the attention as an
-argument (:class:`~spectoolkit.runtime.step.StepBatch`) and each linear is told how to run the step's
-rows (its measured row-invariant variant, :mod:`spectoolkit.models.kernel_choice`). The loop is the
-transformers Llama forward op for op — same shapes ([1, T, ·] hidden states), same order of adds — so
-a row computes what the stock forward with our attention computes, bit for bit.
+argument (:class:`~spectoolkit.runtime.step.StepBatch`). On the CPU the linears are our packed kernel
+(:mod:`spectoolkit.quant.packing`) and attention is our kernel over the pool
+(:func:`~spectoolkit.runtime.attention.kernel_attention`): every row is computed by itself, so the row
+mode changes nothing. Linears that keep their own path run their measured row-invariant variant in the
+step's row mode (:mod:`spectoolkit.models.kernel_choice`). The loop is the transformers Llama forward op
+for op — same shapes ([1, T, ·] hidden states), same order of adds.
 """
 
 from __future__ import annotations
@@ -13,9 +15,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from spectoolkit.kernels import cpu_ops
 from spectoolkit.models.kernel_choice import ChunkedForward
 from spectoolkit.models.static_decoder import check_decoder, rotate_half
-from spectoolkit.runtime.attention import paged_attention
+from spectoolkit.quant.packing import fully_packed
+from spectoolkit.runtime.attention import (
+    flat_key_slots,
+    kernel_attends,
+    kernel_attention,
+    paged_attention,
+    pool_stores,
+    row_key_lists,
+)
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
@@ -41,16 +52,22 @@ class EagerRunner:
         self.head = model.get_output_embeddings()
         config = model.config.get_text_config()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.ours = kernel_attends(pool, self.head_dim)  # our attention kernel (else the torch path)
+        self.isa = cpu_ops.best_isa() if self.ours else -1
+        # Every row computed by itself whatever the step (our linears and attention): row modes change nothing.
+        self.row_exact = self.ours and fully_packed(model)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's KV to the pool; logits [R, V] of ``batch.logit_rows``."""
         mode = batch.mode
+        keys = flat_key_slots(row_key_lists(batch)) if self.ours else None  # (key_slots, starts)
         hidden = self.embed(batch.token_ids[None])  # [1, T, E]
         cos, sin = self.rotary(hidden, batch.positions[None])  # [1, T, D] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, D]
         for index, layer in enumerate(self.layers):
-            hidden = hidden + self._attention(layer.self_attn, layer.input_layernorm(hidden), cos, sin, index, batch)
+            x = layer.input_layernorm(hidden)
+            hidden = hidden + self._attention(layer.self_attn, x, cos, sin, index, batch, keys)
             x = layer.post_attention_layernorm(hidden)
             mlp = layer.mlp  # SwiGLU: down(act(gate(x)) * up(x))
             gated = mlp.act_fn(run_linear(mlp.gate_proj, x, mode)) * run_linear(mlp.up_proj, x, mode)
@@ -58,8 +75,11 @@ class EagerRunner:
         hidden = self.norm(hidden)[:, batch.logit_rows]  # [1, R, E]
         return run_linear(self.head, hidden, mode)[0]  # [R, V]
 
-    def _attention(self, attn: nn.Module, x: torch.Tensor, cos, sin, index: int, batch: StepBatch) -> torch.Tensor:
-        """x [1, T, E] -> the attention block's output [1, T, E]; this step's keys/values go to the pool."""
+    def _attention(
+        self, attn: nn.Module, x: torch.Tensor, cos, sin, index: int, batch: StepBatch, keys
+    ) -> torch.Tensor:
+        """x [1, T, E] -> the attention block's output [1, T, E]; this step's keys/values go to the pool
+        (``keys``: the rows' (key_slots, starts) for our kernel, None for the torch path)."""
         mode, tokens = batch.mode, x.shape[1]
         shape = (1, tokens, -1, self.head_dim)
         q = run_linear(attn.q_proj, x, mode).view(shape)  # [1, T, Hq, D]
@@ -69,5 +89,11 @@ class EagerRunner:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [1, H, T, D]
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        out = paged_attention(self.pool, index, batch, q[0], k[0], v[0], attn.scaling)  # [T, Hq, D]
+        if keys is None:
+            out = paged_attention(self.pool, index, batch, q[0], k[0], v[0], attn.scaling)  # [T, Hq, D]
+        else:
+            q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # [T, H, D]
+            stores = pool_stores(self.pool, index)
+            out = kernel_attention(self.pool, stores, q, k, v, batch.slots, *keys, attn.scaling, self.isa)
+            out = out.to(x.dtype)
         return run_linear(attn.o_proj, out.reshape(1, tokens, -1).contiguous(), mode)

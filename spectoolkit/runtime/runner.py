@@ -21,6 +21,7 @@ class Runner(Protocol):
     model: torch.nn.Module
     pool: PagedKVPool
     device: torch.device
+    row_exact: bool  # every row's result is independent of the step's other rows (our CPU kernels throughout)
 
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's KV to the pool; the logits [R, V] of ``batch.logit_rows``."""

@@ -60,7 +60,9 @@ class ContinuousEngine:
         self.runner, self.model, self.pool = runner, runner.model, runner.pool
         self.name, self.allocator = name, allocator
         self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
-        self.max_positions, self.stochastic, self.invariant = max_positions, stochastic, invariant
+        # Our kernels compute every row by itself (runner.row_exact): batch invariance then holds whatever was asked.
+        self.max_positions, self.stochastic = max_positions, stochastic
+        self.invariant = invariant or getattr(runner, "row_exact", False)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.trees = drafter is not None and drafter.tree is not None  # drafts are tree nodes, not a chain
         self.scheduler = Scheduler(dataclasses.replace(limits, tree=self.trees), allocator, policy)
@@ -200,7 +202,8 @@ class ContinuousEngine:
         return logits
 
     def _row_mode(self, num_seqs: int) -> str:
-        """``invariant`` (``serve.batch_invariant``); else a lone sequence runs ``chosen`` (its verify rows compute
+        """``invariant`` (``serve.batch_invariant``, or a runner whose rows are exact by construction, where every
+        mode computes the same); else a lone sequence runs ``chosen`` (its verify rows compute
         as its decode steps: batch 1 exact) and a batched step ``plain`` (one call for all rows)."""
         if self.invariant:
             return "invariant"

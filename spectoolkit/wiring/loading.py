@@ -18,6 +18,7 @@ from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.paths import resolve_path
 from spectoolkit.quant import QUANT_PRECISIONS
 from spectoolkit.quant.bnb_scales import scale_bytes
+from spectoolkit.quant.packing import pack_model
 from spectoolkit.quant.registry import HEAD_QUANTIZING, load_quantized
 from spectoolkit.runtime.lone import model_step
 
@@ -30,7 +31,7 @@ class LoadedModel:
     path: str
     precision: str
     vocab_size: int  # rows of the output embedding (may exceed len(tokenizer): tail padding)
-    kernels: dict[str, str] = field(default_factory=dict)  # linear shape -> kernel variant (kernel_choice)
+    kernels: dict[str, str] = field(default_factory=dict)  # linear kind/shape -> "packed" or its kernel variant
     shared: bool = False  # its weights are another loaded model's (a layer-skip draft): no extra bytes
 
     @property
@@ -77,10 +78,11 @@ def load_model(
 
     Float precisions (fp32/bf16/fp16) load directly; quantized ones (int8, nf4, int4, rtn-int8,
     rtn-int4) go through their backend in :mod:`spectoolkit.quant` (``group_size`` for the
-    group-wise ones). With ``kernels`` (``auto`` | ``reference``) every linear runs, on the eager runner,
-    through the variant :mod:`spectoolkit.models.kernel_choice` picks for its shape, timed at ``widths``
-    (a decode step and the run's verify width); ``None`` leaves the model as loaded (the compiled runner
-    brings its own kernels). The model's own forward stays stock: the reference.
+    group-wise ones). With ``kernels="auto"`` every CPU linear our kernel takes is packed for it
+    (:mod:`spectoolkit.quant.packing`), and the others run the variant :mod:`spectoolkit.models.kernel_choice`
+    picks for their shape, timed at ``widths`` (a decode step and the run's verify width); ``"reference"``
+    runs every linear as loaded, through its reference variant (stock numerics, no packing); ``None`` leaves
+    the model as loaded (the compiled runner packs it itself).
     ``quantize_head``: quantize the output projection too (``rtn-int8``/``rtn-int4`` only).
     """
     if quantize_head and precision not in HEAD_QUANTIZING:
@@ -96,6 +98,8 @@ def load_model(
     else:
         model = load_float_model(location, precision, device)
     chosen: dict[str, str] = {}
+    if kernels == "auto" and torch.device(device).type == "cpu":
+        chosen = pack_model(model)
     if kernels is not None:
-        chosen = choose_kernels(model, kernels, widths, step=model_step(model))
+        chosen |= choose_kernels(model, kernels, widths, step=model_step(model))
     return LoadedModel(model, location, precision, model.get_output_embeddings().out_features, chosen)

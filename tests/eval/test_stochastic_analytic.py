@@ -18,6 +18,7 @@ from spectoolkit.eval.stochastic_analytic import (
     total_variation,
     verifier_output_probs,
 )
+from spectoolkit.quant.packing import pack_model
 from spectoolkit.wiring.loading import load_model
 
 PROMPTS = [[1, 17, 305, 4096, 77, 9000], [1, 640, 12, 640, 12, 33]]
@@ -36,11 +37,12 @@ def target(tiny_checkpoint) -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def draft(tiny_checkpoint) -> torch.nn.Module:
     """The target checkpoint with noise on the output head: a plausible but different draft."""
-    model = load_model(str(tiny_checkpoint), "fp32", torch.device("cpu")).model
+    model = load_model(str(tiny_checkpoint), "fp32", torch.device("cpu"), kernels=None).model
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():
         weight = model.get_output_embeddings().weight
         weight.add_(0.7 * weight.std() * torch.randn(weight.shape, generator=generator))
+    pack_model(model)  # as load_model would have, on the perturbed weights
     return model
 
 

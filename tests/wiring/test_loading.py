@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kernels.cpu_linear import PackedLinear
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.kernel_choice import BY_NAME, ChunkedForward, linear_layers
 from spectoolkit.models.tiny import save_tiny_llama
+from spectoolkit.quant.packing import fully_packed
 from spectoolkit.wiring.loading import load_model
 
 
@@ -29,9 +31,17 @@ def test_load_tiny_checkpoint_at_each_precision(tmp_path):
         loaded = load_model(str(directory), precision, torch.device("cpu"))
         assert next(loaded.model.parameters()).dtype == dtype
         assert loaded.vocab_size == 96 and loaded.weight_bytes() > 0
-        # every linear runs the row-invariant variant measured for its shape on this machine
-        assert loaded.kernels and set(loaded.kernels.values()) <= set(BY_NAME)
-        assert all(isinstance(m.forward, ChunkedForward) for _, m in linear_layers(loaded.model))
+        if precision == "fp16":  # our kernel takes fp32/bf16 weights: fp16 keeps the measured row-invariant variants
+            kept = {kind: why for kind, why in loaded.kernels.items() if why.startswith("own path")}
+            assert kept and set(kept.values()) == {"own path: torch.float16 weights"}
+            assert {why for kind, why in loaded.kernels.items() if kind not in kept} <= set(BY_NAME)
+            assert all(isinstance(m.forward, ChunkedForward) for _, m in linear_layers(loaded.model))
+        else:  # every linear (the tied head too) is packed for our kernel, in the checkpoint's dtype
+            assert set(loaded.kernels.values()) == {"packed"} and len(loaded.kernels) == 5
+            assert fully_packed(loaded.model) and not linear_layers(loaded.model)
+            assert {m.data.dtype for m in loaded.model.modules() if isinstance(m, PackedLinear)} == {dtype}
+    reference = load_model(str(directory), "fp32", torch.device("cpu"), kernels="reference")
+    assert not fully_packed(reference.model) and set(reference.kernels.values()) == {"rows1"}
     plain = load_model(str(directory), "fp32", torch.device("cpu"), kernels=None)
     assert not plain.kernels and not any(isinstance(m.forward, ChunkedForward) for m in plain.model.modules())
 

@@ -173,13 +173,16 @@ def _write_summary(
 def _classified(cfg: RunConfig, sweep: LoadSweep, section: dict, records, references) -> dict[str, Any]:
     """The divergences replayed with the target alone (:mod:`spectoolkit.bench.load.exactness`); a failure
     there is reported in the section instead of losing the run."""
-    model = getattr(_reference_arm(sweep.arms).engine, "model", None)  # the target both arms run
+    engine = _reference_arm(sweep.arms).engine
+    model = getattr(engine, "model", None)  # the target both arms run
     if not isinstance(model, torch.nn.Module) or references is None:
         return section
+    # Batch-invariant as asked, or by construction (our kernels): then no divergence may be a near-tie.
+    invariant = cfg.serve.batch_invariant or getattr(engine, "invariant", False)
     prompts = {case.case_id: case.prompt_ids for case in sweep.cases if case.prompt_ids}
     try:
         return classify_divergences(section, records, prompts, references, model, cfg.target.precision, cfg.kv.target,
-                                    cfg.serve.batch_invariant)  # fmt: skip
+                                    invariant)  # fmt: skip
     except Exception as exc:  # noqa: BLE001  the measurements are kept whatever the replay does
         return {**section, "classification_error": f"{type(exc).__name__}: {exc}"}
 

@@ -1,0 +1,147 @@
+"""Weights packed once at load for our CPU linear, the layer that runs it, and its fp64 reference.
+
+A weight W [N, K] (``nn.Linear`` layout) is packed into panels of 16 output columns, K-major within a
+panel, so one SIMD lane holds one output column and a panel streams as one run of memory (DESIGN §7):
+
+- fp32 / bf16: ``data`` [P, K, 16] in that dtype (P = ceil(N / 16); padded columns are zero);
+- rtn-int8 (symmetric): ``data`` int8 [P, K, 16] codes, ``scales`` fp32 [P, G, 16];
+- rtn-int4 (asymmetric, :mod:`spectoolkit.kernels.rtn_format`): ``data`` uint8 [P, K/2, 16], byte (p, i, c)
+  holding code u of column k = 2i in its low nibble and of 2i + 1 in its high one; the kernel uses u - 8;
+  ``scales``, ``zeros`` fp32 [P, G, 16] (bf16 values widened exactly).
+
+Output element (m, n) is then, for float weights, ``acc = fma(x[m, k], W[n, k], acc)`` for k ascending;
+for quantized weights, per group g, ``block = fma(x[m, k], q[n, k], block)`` over the group from 0, then
+``acc = fma(block, scale, acc)`` (int4: then ``acc = fma(sum of x over the group, zero, acc)``). The
+dequantized weight is ``q * scale`` (int8) and ``(u - 8) * scale + zero`` (int4), as the canonical format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from spectoolkit.kernels import cpu_ops
+from spectoolkit.kernels.rtn_format import QuantizedWeight, unpack_int4
+
+PANEL = 16
+FLOAT_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass
+class PackedWeight:
+    """One linear's weight in the kernel's panels (module docstring); ``group`` = K for float weights."""
+
+    data: torch.Tensor  # [P, K, 16] fp32/bf16/int8, or [P, K/2, 16] uint8 (int4)
+    scales: torch.Tensor  # [P, G, 16] fp32, or empty
+    zeros: torch.Tensor  # [P, G, 16] fp32, or empty
+    out_features: int  # N
+    in_features: int  # K
+    group: int
+
+    @property
+    def kind(self) -> str:
+        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8", torch.uint8: "int4"}[self.data.dtype]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.zeros))
+
+
+def _panels(columns: torch.Tensor) -> torch.Tensor:
+    """[N, R] rows of output columns -> [P, R, 16], the last panel padded with zeros."""
+    count, width = columns.shape
+    padded = -count % PANEL
+    if padded:
+        columns = torch.cat([columns, columns.new_zeros(padded, width)])
+    return columns.view(-1, PANEL, width).transpose(1, 2).contiguous()
+
+
+_EMPTY = torch.empty(0)
+
+
+def pack_float(weight: torch.Tensor) -> PackedWeight:
+    """A float weight [N, K] (fp32 or bf16, kept in its dtype) -> panels."""
+    if weight.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"pack_float takes fp32 or bf16 weights, not {weight.dtype}")
+    rows, columns = weight.shape
+    return PackedWeight(_panels(weight.detach()), _EMPTY, _EMPTY, rows, columns, columns)
+
+
+def pack_rtn(quantized: QuantizedWeight) -> PackedWeight:
+    """A canonical RTN weight (:class:`~spectoolkit.kernels.rtn_format.QuantizedWeight`) -> panels."""
+    rows, columns = quantized.shape
+    group = quantized.group_size
+    scales = _panels(quantized.scales.float())  # [P, G, 16]
+    if quantized.bits == 8:
+        return PackedWeight(_panels(quantized.qweight), scales, _EMPTY, rows, columns, group)
+    codes = _panels(unpack_int4(quantized.qweight).to(torch.uint8))  # [P, K, 16], u in [0, 15]
+    data = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()  # [P, K/2, 16]
+    return PackedWeight(data, scales, _panels(quantized.zeros.float()), rows, columns, group)
+
+
+def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None, isa: int = -1) -> torch.Tensor:
+    """x [..., K] (any float dtype) -> [..., N] in x's dtype, through the kernel (``isa``: a path of
+    :data:`~spectoolkit.kernels.cpu_ops.ISAS`, -1 the best this CPU has)."""
+    cpu_ops.load()
+    rows = x.reshape(-1, x.shape[-1]).float()  # [M, K]
+    out = torch.ops.spectoolkit.linear(
+        rows, packed.data, packed.scales, packed.zeros, bias, packed.out_features, packed.group, isa
+    )  # [M, N] fp32
+    return out.to(x.dtype).reshape(*x.shape[:-1], packed.out_features)
+
+
+def dequantized(packed: PackedWeight) -> torch.Tensor:
+    """The weight [N, K] as fp64, from the panels (what the kernel multiplies by)."""
+    data = packed.data
+    if packed.kind == "int4":
+        codes = torch.stack([data & 15, data >> 4], dim=2).flatten(1, 2).double() - 8  # [P, K, 16]
+    else:
+        codes = data.double()
+    if packed.kind in ("int8", "int4"):
+        per_group = packed.group
+        codes = codes * packed.scales.double().repeat_interleave(per_group, dim=1)
+        if packed.kind == "int4":
+            codes = codes + packed.zeros.double().repeat_interleave(per_group, dim=1)
+    weight = codes.transpose(1, 2).reshape(-1, packed.in_features)  # [P*16, K]
+    return weight[: packed.out_features]
+
+
+def reference_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The same product in fp64 (what the kernel approximates in fp32): x [M, K] -> [M, N] fp64."""
+    out = x.double() @ dequantized(packed).t()
+    return out + bias.double() if bias is not None else out
+
+
+class PackedLinear(nn.Module):
+    """A linear layer whose weight lives in the kernel's panels; ``forward`` runs our kernel.
+
+    Built from a float ``nn.Linear`` or an RTN layer (:func:`pack_float`, :func:`pack_rtn`); the original
+    weight is not kept (a tied output embedding stays, as the input embedding's).
+    """
+
+    def __init__(self, packed: PackedWeight, bias: torch.Tensor | None, source: str) -> None:
+        super().__init__()
+        cpu_ops.load()
+        self.in_features, self.out_features = packed.in_features, packed.out_features
+        self.group, self.kind, self.source = packed.group, packed.kind, source
+        self.register_buffer("data", packed.data)
+        self.register_buffer("scales", packed.scales)
+        self.register_buffer("zeros", packed.zeros)
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+        self.isa = cpu_ops.best_isa()
+
+    @property
+    def packed(self) -> PackedWeight:
+        return PackedWeight(self.data, self.scales, self.zeros, self.out_features, self.in_features, self.group)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs [..., K] -> [..., N] in the input dtype."""
+        rows = inputs.reshape(-1, self.in_features).float()  # [M, K]
+        out = torch.ops.spectoolkit.linear(
+            rows, self.data, self.scales, self.zeros, self.bias, self.out_features, self.group, self.isa
+        )  # [M, N] fp32
+        return out.to(inputs.dtype).view(*inputs.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}, from={self.source}"

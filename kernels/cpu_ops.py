@@ -1,0 +1,79 @@
+"""Build and load our CPU kernels (``kernels/csrc``): ``torch.ops.spectoolkit.linear`` / ``paged_attention``.
+
+One build runs on every x86-64 CPU (DESIGN §7): the kernels are compiled for AVX-512, AVX2+FMA and
+plain scalar code in one library (no ``-march=native``), and each call takes the best path this CPU
+has (:func:`best_isa`) unless told otherwise — the tests run every path the CPU can and compare bits.
+``SPECTOOLKIT_ISA=scalar|avx2|avx512`` pins a run to one path (to reproduce another machine's path;
+every path gives the same bits). The library is built once per source version with torch's C++
+extension loader (gcc, ~1 min) and cached under torch's extensions directory; ``-ffp-contract=off``
+keeps the compiler from fusing or reordering any multiply-add the kernels do not spell out.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+from spectoolkit.errors import SpecToolkitError, first_line
+
+SOURCE_DIR = Path(__file__).parent / "csrc"
+SOURCES = ("ops.cpp", "isa_body.inc")
+ISAS = ("scalar", "avx2", "avx512")  # index = the ops' ``isa`` argument
+
+
+@functools.cache
+def load() -> None:
+    """Build (first time for this source, ~1 min) and load the kernels; registers the ops and their fakes."""
+    from torch.utils.cpp_extension import load as load_extension
+
+    digest = hashlib.sha256(b"".join((SOURCE_DIR / name).read_bytes() for name in SOURCES)).hexdigest()[:10]
+    try:
+        load_extension(
+            name=f"spectoolkit_cpu_{digest}",
+            sources=[str(SOURCE_DIR / "ops.cpp")],
+            extra_cflags=["-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=os.environ.get("SPECTOOLKIT_VERBOSE_BUILD") == "1",
+        )
+    except (RuntimeError, OSError) as exc:  # no compiler, or a failed build
+        raise SpecToolkitError(
+            f"cannot build spectoolkit's CPU kernels ({first_line(exc)}): install gcc, or run with "
+            "runtime.kernels=reference"
+        ) from None
+    torch.library.register_fake("spectoolkit::linear")(_fake_linear)
+    torch.library.register_fake("spectoolkit::paged_attention")(_fake_paged_attention)
+
+
+def best_isa() -> int:
+    """The path calls take: the best this CPU runs (index into :data:`ISAS`), or ``SPECTOOLKIT_ISA``'s."""
+    load()
+    best = torch.ops.spectoolkit.cpu_isa()
+    pinned = os.environ.get("SPECTOOLKIT_ISA")
+    if not pinned:
+        return best
+    if pinned not in ISAS or ISAS.index(pinned) > best:
+        raise SpecToolkitError(
+            f"SPECTOOLKIT_ISA={pinned}: this CPU runs {', '.join(ISAS[: best + 1])}; unset it or pick one of those"
+        )
+    return ISAS.index(pinned)
+
+
+def available_isas() -> tuple[str, ...]:
+    """Every path this CPU can run (the scalar one always)."""
+    load()
+    return ISAS[: torch.ops.spectoolkit.cpu_isa() + 1]
+
+
+def _fake_linear(x, w, scales, zeros, bias, n, group, isa=-1) -> torch.Tensor:
+    """x [M, K] -> [M, n] fp32, for tracing."""
+    return x.new_empty((x.shape[0], n), dtype=torch.float32)
+
+
+def _fake_paged_attention(q, *args) -> torch.Tensor:
+    """q [W, Hq, D] -> [W, Hq, D] fp32, for tracing."""
+    return torch.empty_like(q)

@@ -1,0 +1,347 @@
+// spectoolkit's CPU kernels: the linear (fp32, bf16, rtn int8, rtn int4 weights packed in 16-column
+// panels) and paged attention, exact by construction (DESIGN §7; isa_body.inc says how). One build runs
+// on every x86-64 CPU: the kernels are compiled three times, for AVX-512, AVX2+FMA and plain scalar code
+// (std::fma), and the best path the CPU has is chosen at run time; every path gives the same bits.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int PANEL = 16;  // output columns per packed panel (and partial sums of a dot)
+constexpr int MAX_HEAD_DIM = 256;
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 0); }  // a hint: no arithmetic
+
+// Where a slot's key or value row comes from: the store's own fp32 memory, or a widened copy (exact
+// conversions, made here in common code, so the same on every path).
+struct KvRows {
+  const float* (*row)(const KvRows& self, int which, int64_t slot, float* buf);  // which: 0 key, 1 value
+  const void* store[2];
+  const float* scale[2];  // per slot row (int8/fp8), or null
+  int64_t D;
+};
+
+}  // namespace
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+namespace isa_avx512 {
+using V = __m512;
+constexpr int VL = 16;
+// Tile shapes (panels PB, rows RB) by row count; accumulators + weights + a broadcast fit 32 registers.
+struct FloatShapes { static constexpr int N = 3, PB[3] = {4, 2, 4}, RB[3] = {4, 8, 4}; };
+struct QuantShapes { static constexpr int N = 3, PB[3] = {4, 2, 1}, RB[3] = {2, 4, 8}; };
+inline V vzero() { return _mm512_setzero_ps(); }
+inline V vset1(float a) { return _mm512_set1_ps(a); }
+inline V vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
+inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
+inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
+inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
+inline V vpow2(V n) {  // 2^n for integer-valued n in [-126, 127]
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+inline V vload_w(const float* p) { return vload(p); }
+inline V vload_w(const uint16_t* p) {  // bf16 -> fp32: a 16-bit shift, exact
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+inline V vload_int8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline void vload_int4(const uint8_t* p, V& lo, V& hi) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i eight = _mm512_set1_epi32(8);
+  lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(15)), eight));
+  hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight));
+}
+#include "isa_body.inc"
+}  // namespace isa_avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace isa_avx2 {
+using V = __m256;
+constexpr int VL = 8;
+struct FloatShapes { static constexpr int N = 2, PB[2] = {2, 1}, RB[2] = {2, 6}; };  // 16 registers
+struct QuantShapes { static constexpr int N = 1, PB[1] = {1}, RB[1] = {2}; };
+inline V vzero() { return _mm256_setzero_ps(); }
+inline V vset1(float a) { return _mm256_set1_ps(a); }
+inline V vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
+inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
+inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
+inline V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
+inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
+inline V vpow2(V n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline V vload_w(const float* p) { return vload(p); }
+inline V vload_w(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline V vload_int8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline void vload_int4(const uint8_t* p, V& lo, V& hi) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i eight = _mm256_set1_epi32(8);
+  lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, _mm256_set1_epi32(15)), eight));
+  hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), eight));
+}
+#include "isa_body.inc"
+}  // namespace isa_avx2
+#pragma GCC pop_options
+
+namespace isa_scalar {  // the reference path: baseline x86-64 code, std::fma (runs on every CPU)
+using V = float;
+constexpr int VL = 1;
+struct FloatShapes { static constexpr int N = 1, PB[1] = {1}, RB[1] = {1}; };
+struct QuantShapes { static constexpr int N = 1, PB[1] = {1}, RB[1] = {1}; };
+inline V vzero() { return 0.f; }
+inline V vset1(float a) { return a; }
+inline V vload(const float* p) { return *p; }
+inline void vstore(float* p, V v) { *p = v; }
+inline V vfma(V a, V b, V c) { return std::fma(a, b, c); }
+inline V vadd(V a, V b) { return a + b; }
+inline V vsub(V a, V b) { return a - b; }
+inline V vmul(V a, V b) { return a * b; }
+inline V vdiv(V a, V b) { return a / b; }
+inline V vmax(V a, V b) { return a > b ? a : b; }  // _mm*_max_ps: the second operand unless a > b
+inline V vpow2(V n) {
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+inline V vload_w(const float* p) { return *p; }
+inline V vload_w(const uint16_t* p) {
+  const uint32_t bits = static_cast<uint32_t>(*p) << 16;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+inline V vload_int8(const uint8_t* p) { return static_cast<float>(static_cast<int8_t>(*p)); }
+inline void vload_int4(const uint8_t* p, V& lo, V& hi) {
+  lo = static_cast<float>(static_cast<int>(*p & 15) - 8);
+  hi = static_cast<float>(static_cast<int>(*p >> 4) - 8);
+}
+#include "isa_body.inc"
+}  // namespace isa_scalar
+
+namespace {
+
+enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
+
+int64_t best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return AVX512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
+  return SCALAR;
+}
+
+int64_t resolve_isa(int64_t isa) {  // -1: the best this CPU has; a path it lacks is an error, never a crash
+  const int64_t best = best_isa();
+  if (isa < 0) return best;
+  TORCH_CHECK(isa <= best, "spectoolkit kernels: this CPU cannot run path ", isa, " (best: ", best, ")");
+  return isa;
+}
+
+using LinearFn = void (*)(int, const float*, const void*, const float*, const float*, const float*, int64_t, int64_t,
+                          int64_t, int64_t, float*, int64_t, int64_t, int64_t);
+using AttendFn = void (*)(const float*, int64_t, int64_t, int64_t, const int64_t*, const int64_t*, float, float*,
+                          int64_t, int64_t, const KvRows&);
+constexpr LinearFn LINEAR[] = {isa_scalar::linear_panels, isa_avx2::linear_panels, isa_avx512::linear_panels};
+constexpr AttendFn ATTEND[] = {isa_scalar::attend<>, isa_avx2::attend<>, isa_avx512::attend<>};
+
+// x [M, K] fp32 @ packed weight -> [M, n] fp32 (+ bias). Packed (kernels/cpu.py): fp32/bf16 [P, K, 16];
+// int8 [P, K, 16] codes; int4 (uint8) [P, K/2, 16] bytes; scales/zeros fp32 [P, G, 16] (quantized only).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
+                  const c10::optional<at::Tensor>& bias, int64_t n, int64_t group, int64_t isa) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "spectoolkit::linear: x is fp32 [M, K]");
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == PANEL && w.is_contiguous(), "spectoolkit::linear: packed w [P, K, 16]");
+  const auto xc = x.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1), P = w.size(0);
+  int kind = 0;
+  switch (w.scalar_type()) {
+    case at::kFloat: kind = 0; break;
+    case at::kBFloat16: kind = 1; break;
+    case at::kChar: kind = 2; break;
+    case at::kByte: kind = 3; break;
+    default: TORCH_CHECK(false, "spectoolkit::linear: packed fp32, bf16, int8 or int4 (uint8) weights");
+  }
+  TORCH_CHECK(w.size(1) == (kind == 3 ? K / 2 : K) && n <= P * PANEL && n > (P - 1) * PANEL,
+              "spectoolkit::linear: packed weight does not match x [M, K] or n");
+  int64_t G = 1;
+  if (kind >= 2) {
+    TORCH_CHECK(group > 0 && K % group == 0 && group % 2 == 0, "spectoolkit::linear: group size divides K, even");
+    G = K / group;
+    TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat && scales.numel() == P * G * PANEL,
+                "spectoolkit::linear: scales fp32 [P, G, 16]");
+    TORCH_CHECK(kind == 2 || (zeros.is_contiguous() && zeros.scalar_type() == at::kFloat &&
+                              zeros.numel() == P * G * PANEL),
+                "spectoolkit::linear: zeros fp32 [P, G, 16]");
+  }
+  const float* xp = xc.data_ptr<float>();
+  std::vector<float> xsum;
+  if (kind == 3) {  // sum of x over each group, in order (the zero's multiplier)
+    xsum.resize(M * G);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t g = 0; g < G; ++g) {
+        float s = 0.f;
+        for (int64_t k = g * group; k < (g + 1) * group; ++k) s = s + xp[m * K + k];
+        xsum[m * G + g] = s;
+      }
+  }
+  auto out = at::empty({M, P * PANEL}, xc.options());
+  const LinearFn fn = LINEAR[resolve_isa(isa)];
+  float* op = out.data_ptr<float>();
+  const float* sp = kind >= 2 ? scales.data_ptr<float>() : nullptr;
+  const float* zp = kind == 3 ? zeros.data_ptr<float>() : nullptr;
+  const void* wp = w.data_ptr();
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    fn(kind, xp, wp, sp, zp, xsum.data(), M, K, G, kind >= 2 ? group : K, op, P * PANEL, p0, p1);
+  });
+  if (n < P * PANEL) out = out.narrow(1, 0, n).contiguous();
+  if (bias.has_value()) {
+    const auto b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == n, "spectoolkit::linear: bias [n]");
+    const float* bp = b.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < n; ++j) o[m * n + j] = o[m * n + j] + bp[j];
+  }
+  return out;
+}
+
+// ---- paged attention --------------------------------------------------------------------------------
+
+inline float widen(float v) { return v; }
+inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float widen(c10::Half v) { return static_cast<float>(v); }
+inline float widen(int8_t v) { return static_cast<float>(v); }
+inline float widen(c10::Float8_e4m3fn v) { return static_cast<float>(v); }
+
+template <typename KV>
+const float* widened_row(const KvRows& kv, int which, int64_t slot, float* buf) {
+  const KV* src = static_cast<const KV*>(kv.store[which]) + slot * kv.D;
+  const float* scale = kv.scale[which];
+  if constexpr (std::is_same_v<KV, float>) {
+    if (!scale) return src;
+  }
+  if (scale) {
+    const float s = scale[slot];
+    for (int64_t d = 0; d < kv.D; ++d) buf[d] = widen(src[d]) * s;
+  } else {
+    for (int64_t d = 0; d < kv.D; ++d) buf[d] = widen(src[d]);
+  }
+  return buf;
+}
+
+// new [W, H, width] rows to store [H, S, width] at slot write[i] (skipped where write[i] < 0).
+void store_rows(const at::Tensor& fresh, const at::Tensor& store, const int64_t* write, int64_t W) {
+  if (store.numel() == 0) return;
+  TORCH_CHECK(store.dim() == 3 && store.is_contiguous() && fresh.scalar_type() == store.scalar_type(),
+              "spectoolkit::paged_attention: a store is [H, S, width], written in its own dtype");
+  const auto f = fresh.contiguous();
+  const int64_t H = store.size(0), S = store.size(1), bytes = store.size(2) * store.element_size();
+  TORCH_CHECK(f.numel() == W * H * store.size(2), "spectoolkit::paged_attention: new rows are [W, H, width]");
+  const char* src = static_cast<const char*>(f.data_ptr());
+  char* dst = static_cast<char*>(store.data_ptr());
+  for (int64_t i = 0; i < W; ++i) {
+    if (write[i] < 0) continue;
+    TORCH_CHECK(write[i] < S, "spectoolkit::paged_attention: write slot outside the pool");
+    for (int64_t h = 0; h < H; ++h) std::memcpy(dst + (h * S + write[i]) * bytes, src + (i * H + h) * bytes, bytes);
+  }
+}
+
+// The step's new keys/values go to their pool slots first (``write`` >= 0), then every (row, head) attends
+// the slots key_slots[starts[row] : starts[row + 1]] in that order. q [W, Hq, D] fp32; stores [Hkv, S, D]
+// (fp32, bf16, fp16, int8 or fp8; int8/fp8 with per-row scales [Hkv, S, 1]).
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                           const at::Tensor& k_scale_new, const at::Tensor& v_scale_new, at::Tensor k, at::Tensor v,
+                           at::Tensor k_scale, at::Tensor v_scale, const at::Tensor& write, const at::Tensor& key_slots,
+                           const at::Tensor& starts, double scale, int64_t isa) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "spectoolkit::paged_attention: q is fp32 [W, Hq, D]");
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k.scalar_type() == v.scalar_type() && k.is_contiguous() &&
+                  v.is_contiguous(),
+              "spectoolkit::paged_attention: k/v stores [Hkv, S, D] of one dtype");
+  const auto qc = q.contiguous();
+  const auto wc = write.to(at::kLong).contiguous();
+  const auto sc = key_slots.to(at::kLong).contiguous();
+  const auto st = starts.to(at::kLong).contiguous();
+  const int64_t W = qc.size(0), Hq = qc.size(1), D = qc.size(2), Hkv = k.size(0), S = k.size(1);
+  TORCH_CHECK(wc.numel() == W && st.numel() == W + 1 && Hq % Hkv == 0 && k.size(2) == D,
+              "spectoolkit::paged_attention: shapes");
+  TORCH_CHECK(D % PANEL == 0 && D <= MAX_HEAD_DIM, "spectoolkit::paged_attention: head dim a multiple of 16 up to ",
+              MAX_HEAD_DIM, ", not ", D);
+  TORCH_CHECK(sc.numel() == 0 || (sc.max().item<int64_t>() < S && sc.min().item<int64_t>() >= 0),
+              "spectoolkit::paged_attention: key slot outside the pool");
+  const int64_t* first = st.data_ptr<int64_t>();
+  for (int64_t r = 0; r < W; ++r)
+    TORCH_CHECK(first[r] < first[r + 1] && first[r + 1] <= sc.numel(), "spectoolkit::paged_attention: every row "
+                "attends at least one slot, within key_slots");
+  const int64_t* wp = wc.data_ptr<int64_t>();
+  store_rows(k_new, k, wp, W);
+  store_rows(v_new, v, wp, W);
+  store_rows(k_scale_new, k_scale, wp, W);
+  store_rows(v_scale_new, v_scale, wp, W);
+  KvRows kv{nullptr, {k.data_ptr(), v.data_ptr()}, {nullptr, nullptr}, D};
+  if (k_scale.numel()) {
+    TORCH_CHECK(k_scale.scalar_type() == at::kFloat && k_scale.numel() == Hkv * S && v_scale.numel() == Hkv * S,
+                "spectoolkit::paged_attention: scales fp32 [Hkv, S, 1]");
+    kv.scale[0] = k_scale.data_ptr<float>();
+    kv.scale[1] = v_scale.data_ptr<float>();
+  }
+  switch (k.scalar_type()) {
+    case at::kFloat: kv.row = widened_row<float>; break;
+    case at::kBFloat16: kv.row = widened_row<c10::BFloat16>; break;
+    case at::kHalf: kv.row = widened_row<c10::Half>; break;
+    case at::kChar: kv.row = widened_row<int8_t>; break;
+    case at::kFloat8_e4m3fn: kv.row = widened_row<c10::Float8_e4m3fn>; break;
+    default: TORCH_CHECK(false, "spectoolkit::paged_attention: KV stored as fp32, bf16, fp16, int8 or fp8");
+  }
+  auto out = at::empty_like(qc);
+  const AttendFn fn = ATTEND[resolve_isa(isa)];
+  const float* qp = qc.data_ptr<float>();
+  const int64_t* slots = sc.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  at::parallel_for(0, W * Hq, 1, [&](int64_t i0, int64_t i1) { fn(qp, Hq, Hkv, S, slots, first, s, op, i0, i1, kv); });
+  return out;
+}
+
+int64_t cpu_isa() { return best_isa(); }
+
+}  // namespace
+
+TORCH_LIBRARY(spectoolkit, m) {
+  m.def("linear(Tensor x, Tensor w, Tensor scales, Tensor zeros, Tensor? bias, int n, int group, int isa=-1) -> Tensor");
+  m.def("paged_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor k_scale_new, Tensor v_scale_new, "
+        "Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
+        "Tensor starts, float scale, int isa=-1) -> Tensor");
+  m.def("cpu_isa() -> int", &cpu_isa);
+}
+TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
+  m.impl("linear", &linear);
+  m.impl("paged_attention", &paged_attention);
+}

@@ -1,0 +1,78 @@
+"""Pack a loaded model's linears once, at load, into our CPU kernel's panels (DESIGN §7).
+
+Every CPU linear our kernel runs becomes a :class:`~spectoolkit.kernels.cpu_linear.PackedLinear`: float
+``nn.Linear`` (fp32 or bf16 weights, kept in their dtype) and RTN layers (int8/int4, any group size
+that divides K, or per channel) from their canonical codes. The original weight is dropped, except a
+tied output embedding, which stays as the input embedding. Layers the kernel cannot take keep their
+own path, and :func:`pack_model` says which and why: bitsandbytes and GPTQModel layers (their own
+kernels and layouts), fp16 weights, and anything off the CPU. The model's own forward then runs our
+kernels too, so every user of the model (runners, drafters, lm-eval) computes one numerics.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from spectoolkit.kernels.cpu_linear import FLOAT_DTYPES, PackedLinear, pack_float, pack_rtn
+from spectoolkit.quant.rtn import RtnLinear
+
+
+def packable(layer: nn.Module) -> str | None:
+    """Why ``layer`` keeps its own path (None: our kernel takes it)."""
+    weight = getattr(layer, "weight", None)
+    if isinstance(layer, RtnLinear):
+        if layer.group_size != layer.in_features and (layer.group_size % 2 or layer.in_features % layer.group_size):
+            return f"rtn group size {layer.group_size} does not split K={layer.in_features} evenly"
+        return None if layer.bias is None or layer.bias.is_cpu else "not on the CPU"
+    if type(layer) is not nn.Linear:
+        return f"{type(layer).__name__} (its own kernel)"
+    if not weight.is_cpu:
+        return "not on the CPU"
+    if weight.dtype not in FLOAT_DTYPES:
+        return f"{weight.dtype} weights"
+    return None
+
+
+def pack_layer(layer: nn.Module) -> PackedLinear:
+    """The packed twin of a layer :func:`packable` accepts."""
+    bias = layer.bias.detach() if layer.bias is not None else None
+    if isinstance(layer, RtnLinear):
+        return PackedLinear(pack_rtn(layer.quantized()), bias, f"rtn-int{layer.bits} g{layer.group_size}")
+    return PackedLinear(pack_float(layer.weight), bias, str(layer.weight.dtype).removeprefix("torch."))
+
+
+def pack_model(model: nn.Module) -> dict[str, str]:
+    """Replace every linear of ``model`` our kernel takes by its packed twin (idempotent); returns what each
+    kind of layer runs: ``{"<source> <N>x<K>": "packed" | "own path: <why>"}``."""
+    report: dict[str, str] = {}
+    for name, module in list(model.named_modules()):
+        if isinstance(module, PackedLinear) or not hasattr(module, "in_features") or any(module.children()):
+            if isinstance(module, PackedLinear):
+                report[f"{module.source} {module.out_features}x{module.in_features}"] = "packed"
+            continue
+        why = packable(module)
+        shape = f"{module.out_features}x{module.in_features}"
+        if why is not None:
+            report[f"{type(module).__name__} {shape}"] = f"own path: {why}"
+            continue
+        packed = pack_layer(module)
+        report[f"{packed.source} {shape}"] = "packed"
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, packed)
+    return report
+
+
+def fully_packed(model: nn.Module) -> bool:
+    """Whether every linear of ``model`` runs our kernel (then no row of a step depends on its company)."""
+    return all(
+        isinstance(module, PackedLinear)
+        for module in model.modules()
+        if hasattr(module, "in_features") and not any(module.children())
+    )
+
+
+@torch.inference_mode()
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes the packed weights take (the stream a decode step reads)."""
+    return sum(m.data.nbytes + m.scales.nbytes + m.zeros.nbytes for m in model.modules() if isinstance(m, PackedLinear))
