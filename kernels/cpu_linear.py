@@ -145,3 +145,12 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}, from={self.source}"
+
+
+def fully_packed(model: nn.Module) -> bool:
+    """Whether every linear of ``model`` runs our kernel (then no row of a step depends on its company)."""
+    return all(
+        isinstance(module, PackedLinear)
+        for module in model.modules()
+        if hasattr(module, "in_features") and not any(module.children())
+    )

@@ -47,6 +47,8 @@ def load() -> None:
         ) from None
     torch.library.register_fake("spectoolkit::linear")(_fake_linear)
     torch.library.register_fake("spectoolkit::paged_attention")(_fake_paged_attention)
+    for name in ("rms_norm", "silu_mul", "rotary"):  # each returns its first argument's shape
+        torch.library.register_fake(f"spectoolkit::{name}")(_fake_like_first)
 
 
 def best_isa() -> int:
@@ -72,6 +74,10 @@ def available_isas() -> tuple[str, ...]:
 def _fake_linear(x, w, scales, zeros, bias, n, group, isa=-1) -> torch.Tensor:
     """x [M, K] -> [M, n] fp32, for tracing."""
     return x.new_empty((x.shape[0], n), dtype=torch.float32)
+
+
+def _fake_like_first(x, *args) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def _fake_paged_attention(q, *args) -> torch.Tensor:

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -51,6 +52,8 @@ inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
 inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
 inline V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
 inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
+inline V vmin(V a, V b) { return _mm512_min_ps(a, b); }
+inline float vfma_one(float a, float b, float c) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c))); }
 inline V vpow2(V n) {  // 2^n for integer-valued n in [-126, 127]
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
@@ -62,11 +65,11 @@ inline V vload_w(const uint16_t* p) {  // bf16 -> fp32: a 16-bit shift, exact
 inline V vload_int8(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
-inline void vload_int4(const uint8_t* p, V& lo, V& hi) {
+inline void vload_int4(const uint8_t* p, V& lo, V& hi) {  // u - 8 by a 16-entry table: exactly float(u - 8)
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i eight = _mm512_set1_epi32(8);
-  lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(b, _mm512_set1_epi32(15)), eight));
-  hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight));
+  const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  lo = _mm512_permutexvar_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)), table);
+  hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
 }
 #include "isa_body.inc"
 }  // namespace isa_avx512
@@ -89,6 +92,8 @@ inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
 inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
 inline V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
 inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
+inline V vmin(V a, V b) { return _mm256_min_ps(a, b); }
+inline float vfma_one(float a, float b, float c) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c))); }
 inline V vpow2(V n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
@@ -125,6 +130,8 @@ inline V vsub(V a, V b) { return a - b; }
 inline V vmul(V a, V b) { return a * b; }
 inline V vdiv(V a, V b) { return a / b; }
 inline V vmax(V a, V b) { return a > b ? a : b; }  // _mm*_max_ps: the second operand unless a > b
+inline V vmin(V a, V b) { return a < b ? a : b; }  // _mm*_min_ps: the second operand unless a < b
+inline float vfma_one(float a, float b, float c) { return std::fma(a, b, c); }
 inline V vpow2(V n) {
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float out;
@@ -172,6 +179,85 @@ using AttendFn = void (*)(const float*, int64_t, int64_t, int64_t, const int64_t
                           int64_t, int64_t, const KvRows&);
 constexpr LinearFn LINEAR[] = {isa_scalar::linear_panels, isa_avx2::linear_panels, isa_avx512::linear_panels};
 constexpr AttendFn ATTEND[] = {isa_scalar::attend<>, isa_avx2::attend<>, isa_avx512::attend<>};
+using NormFn = void (*)(const float*, const float*, float, int64_t, float*, int64_t, int64_t);
+using SiluFn = void (*)(const float*, const float*, float*, int64_t, int64_t);
+using RotaryFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, float*, int64_t, int64_t);
+constexpr NormFn NORM[] = {isa_scalar::rms_norm_rows, isa_avx2::rms_norm_rows, isa_avx512::rms_norm_rows};
+constexpr SiluFn SILU[] = {isa_scalar::silu_mul_range, isa_avx2::silu_mul_range, isa_avx512::silu_mul_range};
+constexpr RotaryFn ROTARY[] = {isa_scalar::rotary_rows, isa_avx2::rotary_rows, isa_avx512::rotary_rows};
+
+void check_fp32(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "spectoolkit: ", what, " is a contiguous fp32 tensor");
+}
+
+// x [M, E] fp32, w [E] fp32 -> [M, E]: RMSNorm, one row at a time (E a multiple of 16).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, int64_t isa) {
+  check_fp32(x, "rms_norm x");
+  check_fp32(w, "rms_norm weight");
+  const int64_t E = x.size(-1), M = x.numel() / E;
+  TORCH_CHECK(E % PANEL == 0 && w.numel() == E, "spectoolkit::rms_norm: width a multiple of 16, weight [E]");
+  auto out = at::empty_like(x);
+  const NormFn fn = NORM[resolve_isa(isa)];
+  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) { fn(xp, wp, e, E, op, m0, m1); });
+  return out;
+}
+
+// gate, up [..., I] fp32 -> silu(gate) * up.
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up, int64_t isa) {
+  check_fp32(gate, "silu_mul gate");
+  check_fp32(up, "silu_mul up");
+  TORCH_CHECK(gate.sizes() == up.sizes(), "spectoolkit::silu_mul: gate and up of one shape");
+  auto out = at::empty_like(gate);
+  const SiluFn fn = SILU[resolve_isa(isa)];
+  const float *g = gate.data_ptr<float>(), *u = up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, gate.numel(), 4096, [&](int64_t i0, int64_t i1) { fn(g, u, op, i0, i1); });
+  return out;
+}
+
+// x [R, H, D] fp32, cos/sin [R, D] fp32 -> x rotated (the Llama pairing of d and d + D/2).
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t isa) {
+  check_fp32(x, "rotary x");
+  check_fp32(cos, "rotary cos");
+  check_fp32(sin, "rotary sin");
+  TORCH_CHECK(x.dim() == 3 && cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == x.size(0) &&
+                  cos.size(1) == x.size(2) && x.size(2) % 2 == 0,
+              "spectoolkit::rotary: x [R, H, D], cos/sin [R, D]");
+  auto out = at::empty_like(x);
+  const RotaryFn fn = ROTARY[resolve_isa(isa)];
+  const float *xp = x.data_ptr<float>(), *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, x.size(0), 1, [&](int64_t r0, int64_t r1) { fn(xp, c, s, x.size(1), x.size(2), op, r0, r1); });
+  return out;
+}
+
+// Rows [first, first + count) of the rotary tables: freq = position * inv_freq[i] (fp32, as transformers),
+// cos/sin of it in double, rounded to fp32, times ``scaling`` when it is not 1; columns i and i + D/2 alike.
+// Scalar code, one position at a time: a position's row is the same bits whichever rows are computed with it.
+std::tuple<at::Tensor, at::Tensor> rope_table(const at::Tensor& inv_freq, int64_t first, int64_t count, double scaling) {
+  check_fp32(inv_freq, "rope_table inv_freq");
+  const int64_t half = inv_freq.numel(), D = 2 * half;
+  auto cos = at::empty({count, D}, inv_freq.options()), sin = at::empty({count, D}, inv_freq.options());
+  const float* f = inv_freq.data_ptr<float>();
+  float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
+  const float scale = static_cast<float>(scaling);
+  for (int64_t r = 0; r < count; ++r)
+    for (int64_t i = 0; i < half; ++i) {
+      const float freq = static_cast<float>(first + r) * f[i];
+      float cv = static_cast<float>(std::cos(static_cast<double>(freq)));
+      float sv = static_cast<float>(std::sin(static_cast<double>(freq)));
+      if (scale != 1.f) {
+        cv = cv * scale;
+        sv = sv * scale;
+      }
+      c[r * D + i] = c[r * D + i + half] = cv;
+      s[r * D + i] = s[r * D + i + half] = sv;
+    }
+  return {cos, sin};
+}
 
 // x [M, K] fp32 @ packed weight -> [M, n] fp32 (+ bias). Packed (kernels/cpu.py): fp32/bf16 [P, K, 16];
 // int8 [P, K, 16] codes; int4 (uint8) [P, K/2, 16] bytes; scales/zeros fp32 [P, G, 16] (quantized only).
@@ -339,9 +425,17 @@ TORCH_LIBRARY(spectoolkit, m) {
   m.def("paged_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor k_scale_new, Tensor v_scale_new, "
         "Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
         "Tensor starts, float scale, int isa=-1) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor w, float eps, int isa=-1) -> Tensor");
+  m.def("silu_mul(Tensor gate, Tensor up, int isa=-1) -> Tensor");
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin, int isa=-1) -> Tensor");
+  m.def("rope_table(Tensor inv_freq, int first, int count, float scaling) -> (Tensor, Tensor)");
   m.def("cpu_isa() -> int", &cpu_isa);
 }
 TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
   m.impl("linear", &linear);
   m.impl("paged_attention", &paged_attention);
+  m.impl("rms_norm", &rms_norm);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("rotary", &rotary);
+  m.impl("rope_table", &rope_table);
 }

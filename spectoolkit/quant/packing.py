@@ -14,7 +14,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from spectoolkit.kernels.cpu_linear import FLOAT_DTYPES, PackedLinear, pack_float, pack_rtn
+from spectoolkit.kernels.cpu_linear import (
+    FLOAT_DTYPES,
+    PANEL,
+    PackedLinear,
+    PackedWeight,
+    pack_float,
+    pack_rtn,
+)
 from spectoolkit.quant.rtn import RtnLinear
 
 
@@ -60,16 +67,45 @@ def pack_model(model: nn.Module) -> dict[str, str]:
         report[f"{packed.source} {shape}"] = "packed"
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, packed)
+    for layer in getattr(getattr(model, "model", None), "layers", []):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is not None and not hasattr(attn, "qkv_fused"):
+            _fuse(attn, "qkv_fused", ("q_proj", "k_proj", "v_proj"))
+        if mlp is not None and not hasattr(mlp, "gate_up_fused"):
+            _fuse(mlp, "gate_up_fused", ("gate_proj", "up_proj"))
     return report
 
 
-def fully_packed(model: nn.Module) -> bool:
-    """Whether every linear of ``model`` runs our kernel (then no row of a step depends on its company)."""
-    return all(
-        isinstance(module, PackedLinear)
-        for module in model.modules()
-        if hasattr(module, "in_features") and not any(module.children())
+def _fuse(parent: nn.Module, name: str, parts: tuple[str, ...]) -> None:
+    """One packed linear over ``parts`` (their panels end to end, one call), the parts becoming views of it.
+
+    A column's result does not depend on the other columns of the call, so the fused call gives each part's
+    bits; the parts keep working alone (the model's own forward), with no second copy of the weights."""
+    layers = [getattr(parent, part, None) for part in parts]
+    if not all(isinstance(layer, PackedLinear) for layer in layers):
+        return
+    first = layers[0]
+    same = all(
+        (layer.kind, layer.group, layer.in_features) == (first.kind, first.group, first.in_features) for layer in layers
     )
+    if not same or any(layer.out_features % PANEL for layer in layers[:-1]):
+        return
+    if len({layer.bias is None for layer in layers}) > 1:
+        return
+    fields = [torch.cat([getattr(layer, field) for layer in layers]) for field in ("data", "scales", "zeros")]
+    out_features = sum(layer.out_features for layer in layers)
+    bias = None if first.bias is None else torch.cat([layer.bias for layer in layers])
+    packed = PackedWeight(*fields, out_features, first.in_features, first.group)
+    fused = PackedLinear(packed, bias, f"{first.source} fused {'+'.join(parts)}")
+    fused.splits = [layer.out_features for layer in layers]
+    panel = 0
+    for layer in layers:
+        panels = -(-layer.out_features // PANEL)
+        for field in ("data", "scales", "zeros"):
+            if getattr(layer, field).numel():
+                setattr(layer, field, getattr(fused, field)[panel : panel + panels])
+        panel += panels
+    object.__setattr__(parent, name, fused)  # not a submodule: its buffers are the parts' (no double count)
 
 
 @torch.inference_mode()

@@ -33,7 +33,8 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels import cpu_ops
 from spectoolkit.models.static_decoder import StaticDecoder
 from spectoolkit.quant.packing import pack_model
-from spectoolkit.runtime.attention import KERNEL_KV, kernel_attends, kernel_attention, pool_stores, row_key_lists
+from spectoolkit.runtime.attention import KERNEL_KV, kernel_attends, pool_stores, row_key_lists
+from spectoolkit.runtime.decoder_rows import decoder_rows
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
@@ -90,12 +91,14 @@ class CompiledRunner:
                 f"({why.removeprefix('own path: ')}): use runtime.compile=false, or a float/rtn-* precision"
             )
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        # A bf16 value rounded in eager code is rounded in the graph too (no fused upcast skips it): the eager bits.
+        torch._inductor.config.emulate_precision_casts = True
         self.model, self.pool = model, pool
         self.device = next(model.parameters()).device
-        self.decoder = StaticDecoder(model)
+        self.isa = cpu_ops.best_isa()
+        self.decoder = StaticDecoder(model, self.isa)
         if not kernel_attends(pool, self.decoder.head_dim):
             raise SpecToolkitError(f"runtime.compile=true runs head dims 16, 32, ..., 256, not {self.decoder.head_dim}")
-        self.isa = cpu_ops.best_isa()
         self.row_exact = True  # our linears and attention: every row computed by itself
         self.stores = [pool_stores(pool, index) for index in range(len(pool.layers))]  # (k, v, k_scale, v_scale)
         self.widths = tuple(sorted(widths))
@@ -119,11 +122,12 @@ class CompiledRunner:
         call pads up to the smallest of them that holds it); writes nothing to the pool."""
         self.widths = tuple(sorted(set(widths))) if widths else self.widths
         for width in self.widths:  # every row reads two slots: a key list of one would be specialized to size 1
-            ids, positions = (torch.zeros(width, dtype=torch.long, device=self.device) for _ in range(2))
+            ids = torch.zeros(width, dtype=torch.long, device=self.device)
+            cos, sin = self.decoder.rope.rows(ids)
             keys = torch.zeros(2 * width, dtype=torch.long, device=self.device)
             write = torch.full((width,), -1, dtype=torch.long, device=self.device)
             starts = torch.arange(0, 2 * width + 1, 2, dtype=torch.long, device=self.device)
-            self._timed(width, ids, positions, write, keys, starts)
+            self._timed(width, ids, cos, sin, write, keys, starts)
 
     def _call(self, batch: StepBatch, keys: list[torch.Tensor], first: int, last: int) -> torch.Tensor:
         """Rows [first, last) of ``batch`` padded to a width: their final hidden states [last-first, E]."""
@@ -139,10 +143,11 @@ class CompiledRunner:
             write = torch.cat([write, zeros - 1])  # padding rows write nothing
             keys = keys + [keys[0][:1]] * pad  # ... and read one slot (their output is dropped)
         lengths = torch.tensor([0] + [len(k) for k in keys], dtype=torch.long, device=self.device)
-        return self._timed(width, ids, positions, write, torch.cat(keys), lengths.cumsum(0))[:count]
+        cos, sin = self.decoder.rope.rows(positions)  # [W, D] each, gathered outside the graph
+        return self._timed(width, ids, cos, sin, write, torch.cat(keys), lengths.cumsum(0))[:count]
 
     def _timed(self, width: int, *args: torch.Tensor) -> torch.Tensor:
-        torch._dynamo.mark_dynamic(args[3], 0)  # the flat key-slot list: its length changes every step
+        torch._dynamo.mark_dynamic(args[4], 0)  # the flat key-slot list: its length changes every step
         if width in self.compile_stats.built:
             return self._step(*args)
         began = time.perf_counter()
@@ -151,18 +156,9 @@ class CompiledRunner:
         self.compile_stats.compile_seconds += time.perf_counter() - began
         return out
 
-    def _rows(self, ids, positions, write, key_slots, starts) -> torch.Tensor:
-        """ids/positions/write [W], key_slots [N] with row i's slots at [starts[i], starts[i+1]) -> hidden [W, E]."""
-        dec = self.decoder
-        hidden = dec.embed(ids)  # [W, E]
-        cos, sin = dec.rotary(hidden[None], positions[None])  # [1, W, D] each
-        for layer, stores in zip(dec.layers, self.stores, strict=True):
-            attn = layer.self_attn
-            q, k, v = dec.qkv(attn, layer.input_layernorm(hidden), cos, sin)  # [W, Hq|Hkv, D]
-            out = kernel_attention(self.pool, stores, q, k, v, write, key_slots, starts, dec.scale, self.isa)
-            hidden = hidden + attn.o_proj(out.to(hidden.dtype).reshape(out.shape[0], -1))
-            hidden = hidden + dec.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
-        return dec.norm(hidden)
+    def _rows(self, ids, cos, sin, write, key_slots, starts) -> torch.Tensor:
+        """ids/write [W], cos/sin [W, D], key_slots [N] (row i: [starts[i], starts[i+1])) -> hidden [W, E]."""
+        return decoder_rows(self.decoder, self.pool, self.stores, ids, cos, sin, write, key_slots, starts)
 
 
 def bucket(rows: int) -> int:

@@ -2,12 +2,17 @@
 
 Embeddings, norms, rotary embedding and every linear are the loaded model's own modules (weights are
 shared, nothing is copied); the decoder loop is ours, so the step metadata reaches the attention as an
-argument (:class:`~spectoolkit.runtime.step.StepBatch`). On the CPU the linears are our packed kernel
-(:mod:`spectoolkit.quant.packing`) and attention is our kernel over the pool
-(:func:`~spectoolkit.runtime.attention.kernel_attention`): every row is computed by itself, so the row
-mode changes nothing. Linears that keep their own path run their measured row-invariant variant in the
-step's row mode (:mod:`spectoolkit.models.kernel_choice`). The loop is the transformers Llama forward op
-for op — same shapes ([1, T, ·] hidden states), same order of adds.
+argument (:class:`~spectoolkit.runtime.step.StepBatch`).
+
+- **Our kernels throughout** (the CPU default: every linear packed, :mod:`spectoolkit.quant.packing`):
+  the step is :func:`~spectoolkit.runtime.decoder_rows.decoder_rows`, the very body the compiled runner
+  compiles, run op by op — every row computed by itself (the row mode changes nothing), and the same
+  bits as the compiled runner.
+- **Otherwise** (CUDA, bitsandbytes/GPTQ/fp16 layers, int4 KV): the transformers modules, op for op as
+  the transformers Llama forward — same shapes ([1, T, ·] hidden states), same order of adds — with
+  attention over the pool (our kernel where it reads the KV, else torch's), and linears that keep their
+  own path run their measured row-invariant variant in the step's row mode
+  (:mod:`spectoolkit.models.kernel_choice`).
 """
 
 from __future__ import annotations
@@ -17,8 +22,7 @@ from torch import nn
 
 from spectoolkit.kernels import cpu_ops
 from spectoolkit.models.kernel_choice import ChunkedForward
-from spectoolkit.models.static_decoder import check_decoder, rotate_half
-from spectoolkit.quant.packing import fully_packed
+from spectoolkit.models.static_decoder import StaticDecoder, check_decoder, exact_decoder_reason, rotate_half
 from spectoolkit.runtime.attention import (
     flat_key_slots,
     kernel_attends,
@@ -27,6 +31,7 @@ from spectoolkit.runtime.attention import (
     pool_stores,
     row_key_lists,
 )
+from spectoolkit.runtime.decoder_rows import decoder_rows
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
@@ -54,12 +59,17 @@ class EagerRunner:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.ours = kernel_attends(pool, self.head_dim)  # our attention kernel (else the torch path)
         self.isa = cpu_ops.best_isa() if self.ours else -1
-        # Every row computed by itself whatever the step (our linears and attention): row modes change nothing.
-        self.row_exact = self.ours and fully_packed(model)
+        # Our kernels throughout (StaticDecoder): every row computed by itself, the compiled runner's bits.
+        exact = self.ours and exact_decoder_reason(model) is None
+        self.decoder = StaticDecoder(model, self.isa) if exact else None
+        self.stores = [pool_stores(pool, index) for index in range(len(pool.layers))] if exact else []
+        self.row_exact = exact
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's KV to the pool; logits [R, V] of ``batch.logit_rows``."""
+        if self.decoder is not None:
+            return self._exact_forward(batch)
         mode = batch.mode
         keys = flat_key_slots(row_key_lists(batch)) if self.ours else None  # (key_slots, starts)
         hidden = self.embed(batch.token_ids[None])  # [1, T, E]
@@ -74,6 +84,14 @@ class EagerRunner:
             hidden = hidden + run_linear(mlp.down_proj, gated, mode)
         hidden = self.norm(hidden)[:, batch.logit_rows]  # [1, R, E]
         return run_linear(self.head, hidden, mode)[0]  # [R, V]
+
+    def _exact_forward(self, batch: StepBatch) -> torch.Tensor:
+        """The step on our kernels throughout: the compiled runner's body, op by op (module docstring)."""
+        dec = self.decoder
+        key_slots, starts = flat_key_slots(row_key_lists(batch))
+        cos, sin = dec.rope.rows(batch.positions)  # [T, D] each
+        hidden = decoder_rows(dec, self.pool, self.stores, batch.token_ids, cos, sin, batch.slots, key_slots, starts)
+        return dec.head(hidden[batch.logit_rows])  # [R, V]
 
     def _attention(
         self, attn: nn.Module, x: torch.Tensor, cos, sin, index: int, batch: StepBatch, keys

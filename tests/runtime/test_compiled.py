@@ -9,6 +9,7 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.quant.packing import pack_model
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.compiled import CompiledRunner, bucket, compiled_runners
 from spectoolkit.runtime.eager import EagerRunner
@@ -180,3 +181,25 @@ def test_a_lone_prompt_past_the_widest_width_is_the_graphs_chunks_in_every_mode(
     assert torch.equal(keys[0], keys[1])
     for table in tables:
         table.release()
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_eager_runner_gives_the_compiled_bits(dtype):
+    """Both runners run one body on our kernels (runtime/decoder_rows.py): a prompt, decode steps, a verify window
+    and a tree give the same logits and store the same KV bits, whichever runner and however the rows are batched."""
+    model = tiny_llama(vocab_size=128, seed=5).to(dtype)
+    pack_model(model)
+    ids, nodes, parents = _ids(11, seed=9), [10, 11, 12, 13], [-1, 0, 0, 1]
+    outputs, pools = [], []
+    for make in (lambda pool: EagerRunner(model, pool), lambda pool: CompiledRunner(model, pool, (1, 4))):
+        runner, allocator = make(make_pool(model, "auto", BLOCKS * BLOCK)), BlockAllocator(BLOCKS, BLOCK)
+        assert runner.row_exact
+        table = BlockTable(allocator)
+        tree = tree_layout(parents, 11)
+        logits = [_feed(runner, table, ids[:7], 0), _feed(runner, table, [ids[7]], 7),
+                  _feed(runner, table, ids[8:], 8), _feed(runner, table, nodes, 11, tree)]  # fmt: skip
+        outputs.append(torch.cat(logits))
+        pools.append(runner.pool.gather(0, "value", torch.tensor(table.slots(0, 15))))
+    assert outputs[0].dtype == dtype and torch.equal(outputs[0], outputs[1])
+    assert torch.equal(pools[0], pools[1])

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.kernels.cpu_linear import PackedLinear
+from spectoolkit.kernels.cpu_linear import PackedLinear, fully_packed
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.kernel_choice import BY_NAME, ChunkedForward, linear_layers
 from spectoolkit.models.tiny import save_tiny_llama
-from spectoolkit.quant.packing import fully_packed
 from spectoolkit.wiring.loading import load_model
 
 
