@@ -8,8 +8,10 @@ policy and an int8 KV cache:
 - concurrency 4 in batch-invariant mode (``serve.batch_invariant``): four requests at once, each output
   equal to the target alone's with that request alone — no row's numerics depend on its companions.
 
-Both runners: eager, and compiled (``runtime.compile``; every row row-invariant, so concurrency 4 needs no
-batch-invariant switch; three graph widths per runner, built once per session).
+Both runners: eager, and compiled (``runtime.compile``; three graph widths per runner, built once per
+session). And concurrency 8 in the default mode (issue 29): our kernels compute every row by itself, so fp32
+and rtn-int4 targets, int8 KV, n-gram and a tree drafter give each request the target alone's output
+without the batch-invariant switch.
 """
 
 from __future__ import annotations
@@ -82,3 +84,36 @@ def test_four_at_once_equal_the_target_alone(case, compiled):
     assert [done[str(i)].output_ids for i in range(len(prompts))] == references, case
     assert sum(done[str(i)].drafted_tokens for i in range(len(prompts))) > 0
     assert spec.allocator.num_free == spec.allocator.num_blocks  # every block back
+
+
+EIGHT = {  # name: (target precision, draft, KV of the target, tree)
+    "fp32-ngram": ("fp32", "ngram", "auto", None),
+    "rtn-int4-ngram": ("rtn-int4", "ngram", "auto", None),
+    "int8-kv-ngram": ("fp32", "ngram", "int8", None),
+    "fp32-tree-3211": ("fp32", "rtn-int4", "auto", TREE),
+}
+
+
+@pytest.mark.parametrize("case", list(EIGHT))
+def test_eight_at_once_in_the_default_mode_equal_the_target_alone(case):
+    """Concurrency 8 without ``serve.batch_invariant`` (issue 29): our kernels compute every row by itself, so each
+    output equals the target alone's with its request alone, and the engine holds itself batch-invariant."""
+    precision, draft, kv, tree = EIGHT[case]
+    target = embedded.model(precision)
+    eos = eos_ids_of(embedded.tokenizer(), target.model)
+    budget = tree.max_nodes if tree else GAMMA
+    drafter = embedded.drafter(draft, target, "auto", eos)
+    spec = embedded.engine(target, kv, eos, drafter, budget, tree=tree, max_seqs=8)
+    baseline = embedded.engine(target, kv, eos)
+    assert spec.invariant and baseline.invariant  # by construction, not by the switch
+    alone = OneRequestEngine(baseline, "baseline")
+    prompts = [list(prompt) for prompt in embedded.encoded(PROMPTS)] * 2  # eight in flight
+    prompts = prompts[:4] + [prompt[1:] for prompt in prompts[4:]]  # the second four one token shorter
+    references = [alone.generate(prompt, MAX_NEW, None).output_ids for prompt in prompts]
+    for index, prompt in enumerate(prompts):
+        spec.submit(ServeRequest(str(index), prompt, MAX_NEW))
+    done = {}
+    while spec.has_work():
+        done.update({result.request_id: result for result in spec.step()})
+    assert [done[str(i)].output_ids for i in range(len(prompts))] == references, case
+    assert sum(done[str(i)].drafted_tokens for i in range(len(prompts))) > 0
