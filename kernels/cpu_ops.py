@@ -23,6 +23,7 @@ from spectoolkit.errors import SpecToolkitError, first_line
 SOURCE_DIR = Path(__file__).parent / "csrc"
 SOURCES = ("ops.cpp", "isa_body.inc")
 ISAS = ("scalar", "avx2", "avx512")  # index = the ops' ``isa`` argument
+HEAD_DIMS = tuple(range(16, 257, 16))  # head dims the attention, rotary and norm kernels take (csrc MAX_HEAD_DIM)
 
 
 @functools.cache
@@ -46,8 +47,7 @@ def load() -> None:
             "runtime.kernels=reference"
         ) from None
     torch.library.register_fake("spectoolkit::linear")(_fake_linear)
-    torch.library.register_fake("spectoolkit::paged_attention")(_fake_paged_attention)
-    for name in ("rms_norm", "silu_mul", "rotary"):  # each returns its first argument's shape
+    for name in ("paged_attention", "rms_norm", "silu_mul", "rotary"):  # each returns its first argument's shape
         torch.library.register_fake(f"spectoolkit::{name}")(_fake_like_first)
 
 
@@ -77,9 +77,5 @@ def _fake_linear(x, w, scales, zeros, bias, n, group, isa=-1) -> torch.Tensor:
 
 
 def _fake_like_first(x, *args) -> torch.Tensor:
+    """The output's shape for tracing: the first argument's (paged_attention's q [W, Hq, D], a norm's x, ...)."""
     return torch.empty_like(x)
-
-
-def _fake_paged_attention(q, *args) -> torch.Tensor:
-    """q [W, Hq, D] -> [W, Hq, D] fp32, for tracing."""
-    return torch.empty_like(q)

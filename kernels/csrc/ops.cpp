@@ -157,13 +157,18 @@ namespace {
 
 enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
 
-int64_t best_isa() {
+int64_t detect_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq"))
     return AVX512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
   return SCALAR;
+}
+
+int64_t best_isa() {  // detected once per process
+  static const int64_t best = detect_isa();
+  return best;
 }
 
 int64_t resolve_isa(int64_t isa) {  // -1: the best this CPU has; a path it lacks is an error, never a crash
@@ -380,8 +385,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
               "spectoolkit::paged_attention: shapes");
   TORCH_CHECK(D % PANEL == 0 && D <= MAX_HEAD_DIM, "spectoolkit::paged_attention: head dim a multiple of 16 up to ",
               MAX_HEAD_DIM, ", not ", D);
-  TORCH_CHECK(sc.numel() == 0 || (sc.max().item<int64_t>() < S && sc.min().item<int64_t>() >= 0),
-              "spectoolkit::paged_attention: key slot outside the pool");
+  const int64_t* slots = sc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < sc.numel(); ++i)
+    TORCH_CHECK(slots[i] >= 0 && slots[i] < S, "spectoolkit::paged_attention: key slot outside the pool");
   const int64_t* first = st.data_ptr<int64_t>();
   for (int64_t r = 0; r < W; ++r)
     TORCH_CHECK(first[r] < first[r + 1] && first[r + 1] <= sc.numel(), "spectoolkit::paged_attention: every row "
@@ -409,7 +415,6 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
   auto out = at::empty_like(qc);
   const AttendFn fn = ATTEND[resolve_isa(isa)];
   const float* qp = qc.data_ptr<float>();
-  const int64_t* slots = sc.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float s = static_cast<float>(scale);
   at::parallel_for(0, W * Hq, 1, [&](int64_t i0, int64_t i1) { fn(qp, Hq, Hkv, S, slots, first, s, op, i0, i1, kv); });

@@ -19,35 +19,44 @@ from torch import nn
 
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.cpu_linear import fully_packed
+from spectoolkit.kernels.cpu_ops import HEAD_DIMS
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def check_decoder(model: nn.Module, what: str, remedy: str = "") -> None:
-    """Refuse a model our decoder loops do not implement: outside the Llama family, or with sliding-window
-    attention (``what`` names the feature that needs the loop, ``remedy`` ends the message)."""
+def decoder_reason(model: nn.Module) -> str | None:
+    """Why our decoder loops do not implement ``model`` (None: they do): outside the Llama family, or
+    sliding-window attention."""
     config = model.config.get_text_config()
     kind = getattr(config, "model_type", "?")
     if kind not in SUPPORTED_TYPES:
-        raise SpecToolkitError(
-            f"{what} runs Llama-family decoders ({', '.join(SUPPORTED_TYPES)}), not model_type '{kind}'{remedy}"
-        )
+        return f"runs Llama-family decoders ({', '.join(SUPPORTED_TYPES)}), not model_type '{kind}'"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        raise SpecToolkitError(f"{what} does not implement sliding-window attention{remedy}")
+        return "does not implement sliding-window attention"
+    return None
+
+
+def check_decoder(model: nn.Module, what: str, remedy: str = "") -> None:
+    """Refuse a model our decoder loops do not implement (:func:`decoder_reason`; ``what`` names the feature that
+    needs the loop, ``remedy`` ends the message)."""
+    why = decoder_reason(model)
+    if why is not None:
+        raise SpecToolkitError(f"{what} {why}{remedy}")
 
 
 def exact_decoder_reason(model: nn.Module) -> str | None:
     """Why ``model``'s decoder cannot run on our kernels throughout (None: it can)."""
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if getattr(config, "model_type", "?") not in SUPPORTED_TYPES:
-        return f"model_type {getattr(config, 'model_type', '?')}"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "sliding-window attention"
+    family = decoder_reason(model)
+    if family is not None:
+        return family
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act} (our SwiGLU kernel is silu)"
-    if config.hidden_size % 16 or head_dim % 16 or head_dim > 256:
-        return f"hidden size {config.hidden_size} / head dim {head_dim} (multiples of 16, head dim up to 256)"
+    if config.hidden_size % 16 or head_dim not in HEAD_DIMS:
+        return (
+            f"hidden size {config.hidden_size} / head dim {head_dim} (multiples of 16, head dim up to {HEAD_DIMS[-1]})"
+        )
     rope = getattr(config, "rope_scaling", None) or {}
     if rope.get("rope_type", rope.get("type", "default")) == "dynamic":
         return "dynamic rope scaling"
@@ -86,7 +95,7 @@ class StaticDecoder:
         why = exact_decoder_reason(model)
         if why is not None:
             raise SpecToolkitError(
-                f"runtime.compile=true runs our decoder kernels, which do not run this model ({why}): "
+                f"runtime.compile=true runs our decoder kernels, which do not take this model (it {why}): "
                 "use runtime.compile=false"
             )
         inner = model.model

@@ -54,12 +54,13 @@ def pack_model(model: nn.Module) -> dict[str, str]:
     kind of layer runs: ``{"<source> <N>x<K>": "packed" | "own path: <why>"}``."""
     report: dict[str, str] = {}
     for name, module in list(model.named_modules()):
-        if isinstance(module, PackedLinear) or not hasattr(module, "in_features") or any(module.children()):
-            if isinstance(module, PackedLinear):
-                report[f"{module.source} {module.out_features}x{module.in_features}"] = "packed"
+        if not hasattr(module, "in_features") or any(module.children()):
+            continue
+        shape = f"{module.out_features}x{module.in_features}"
+        if isinstance(module, PackedLinear):
+            report[f"{module.source} {shape}"] = "packed"
             continue
         why = packable(module)
-        shape = f"{module.out_features}x{module.in_features}"
         if why is not None:
             report[f"{type(module).__name__} {shape}"] = f"own path: {why}"
             continue
@@ -108,7 +109,6 @@ def _fuse(parent: nn.Module, name: str, parts: tuple[str, ...]) -> None:
     object.__setattr__(parent, name, fused)  # not a submodule: its buffers are the parts' (no double count)
 
 
-@torch.inference_mode()
 def packed_bytes(model: nn.Module) -> int:
     """Bytes the packed weights take (the stream a decode step reads)."""
-    return sum(m.data.nbytes + m.scales.nbytes + m.zeros.nbytes for m in model.modules() if isinstance(m, PackedLinear))
+    return sum(m.packed.nbytes() for m in model.modules() if isinstance(m, PackedLinear))

@@ -30,13 +30,12 @@ from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
 KERNEL_KV = ("auto", "fp32", "bf16", "fp16", "int8", "fp8")  # KV precisions our attention kernel reads
-KERNEL_HEAD_DIMS = tuple(range(16, 257, 16))
 
 
 def kernel_attends(pool: PagedKVPool, head_dim: int) -> bool:
     """Whether our attention kernel runs over ``pool`` (CPU, a KV precision and head size it reads)."""
     device = pool.layers[0]["key"][pool.fields[0]].device
-    if device.type != "cpu" or pool.precision not in KERNEL_KV or head_dim not in KERNEL_HEAD_DIMS:
+    if device.type != "cpu" or pool.precision not in KERNEL_KV or head_dim not in cpu_ops.HEAD_DIMS:
         return False
     cpu_ops.load()
     return True

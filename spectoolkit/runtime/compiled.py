@@ -33,7 +33,7 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels import cpu_ops
 from spectoolkit.models.static_decoder import StaticDecoder
 from spectoolkit.quant.packing import pack_model
-from spectoolkit.runtime.attention import KERNEL_KV, kernel_attends, pool_stores, row_key_lists
+from spectoolkit.runtime.attention import KERNEL_KV, pool_stores, row_key_lists
 from spectoolkit.runtime.decoder_rows import decoder_rows
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
@@ -96,9 +96,7 @@ class CompiledRunner:
         self.model, self.pool = model, pool
         self.device = next(model.parameters()).device
         self.isa = cpu_ops.best_isa()
-        self.decoder = StaticDecoder(model, self.isa)
-        if not kernel_attends(pool, self.decoder.head_dim):
-            raise SpecToolkitError(f"runtime.compile=true runs head dims 16, 32, ..., 256, not {self.decoder.head_dim}")
+        self.decoder = StaticDecoder(model, self.isa)  # refuses what our kernels do not take (head dims included)
         self.row_exact = True  # our linears and attention: every row computed by itself
         self.stores = [pool_stores(pool, index) for index in range(len(pool.layers))]  # (k, v, k_scale, v_scale)
         self.widths = tuple(sorted(widths))

@@ -75,14 +75,7 @@ def test_four_at_once_equal_the_target_alone(case, compiled):
     baseline, spec = _engines(case, True, 4, compiled)
     alone = OneRequestEngine(baseline, "baseline")
     prompts = [list(prompt) for prompt in embedded.encoded(PROMPTS)]
-    references = [alone.generate(prompt, MAX_NEW, None).output_ids for prompt in prompts]
-    for index, prompt in enumerate(prompts):
-        spec.submit(ServeRequest(str(index), prompt, MAX_NEW))
-    done = {}
-    while spec.has_work():
-        done.update({result.request_id: result for result in spec.step()})
-    assert [done[str(i)].output_ids for i in range(len(prompts))] == references, case
-    assert sum(done[str(i)].drafted_tokens for i in range(len(prompts))) > 0
+    _all_at_once_equal_alone(case, alone, spec, prompts)
     assert spec.allocator.num_free == spec.allocator.num_blocks  # every block back
 
 
@@ -109,6 +102,11 @@ def test_eight_at_once_in_the_default_mode_equal_the_target_alone(case):
     alone = OneRequestEngine(baseline, "baseline")
     prompts = [list(prompt) for prompt in embedded.encoded(PROMPTS)] * 2  # eight in flight
     prompts = prompts[:4] + [prompt[1:] for prompt in prompts[4:]]  # the second four one token shorter
+    _all_at_once_equal_alone(case, alone, spec, prompts)
+
+
+def _all_at_once_equal_alone(case: str, alone: OneRequestEngine, spec, prompts: list[list[int]]) -> None:
+    """Every prompt submitted to ``spec`` at once: each output equals ``alone``'s for it, and something was drafted."""
     references = [alone.generate(prompt, MAX_NEW, None).output_ids for prompt in prompts]
     for index, prompt in enumerate(prompts):
         spec.submit(ServeRequest(str(index), prompt, MAX_NEW))
