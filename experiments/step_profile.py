@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.wiring.loading import load_model
 
-LINEAR = ("aten::mm", "aten::addmm", "aten::linear", "mkl::", "_weight_int4pack", "_weight_int8pack", "row_linear")
+LINEAR = ("aten::mm", "aten::addmm", "aten::linear", "mkl::", "_weight_int4pack", "_weight_int8pack", "row_linear", "spectoolkit::linear")
 ATTENTION = ("attention", "aten::bmm")  # SDPA, spectoolkit::paged_attention
 PROMPT = list(range(100, 180))
 
@@ -53,7 +53,7 @@ def _steps(runner: LoneSequence, count: int) -> None:
     runner.truncate(len(PROMPT))
 
 
-def _split(runner: LoneSequence, steps: int) -> dict[str, float]:
+def _split(runner: LoneSequence, steps: int, top: int = 0) -> dict[str, float]:
     """ms per step: measured wall time, then the profiler's classes."""
     runner.reset()
     runner.forward(PROMPT, last_only=True)
@@ -73,6 +73,8 @@ def _split(runner: LoneSequence, steps: int) -> dict[str, float]:
             continue
         shares[_classify(event.key)] += event.self_cpu_time_total / 1e3 / steps
     shares["overhead"] = max(profiled - sum(shares.values()), 0.0)
+    if top:
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
     return {"step": wall, **shares}
 
 
@@ -92,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--precisions", nargs="+", default=["fp32", "rtn-int4"])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--top", type=int, default=0, help="also print the N operators with the most self time")
     args = parser.parse_args()
     cpu = torch.device("cpu")
     print(f"{'model':<22} {'step ms':>8} {'linear':>7} {'attn':>6} {'kernels':>8} {'overhead':>9}")
@@ -105,7 +108,7 @@ def main() -> None:
         compiled.runner.warm((1,))  # the decode step's graph; the prompt runs through it too
         eager = lone_sequence(load_model(None, precision, cpu, group_size=32).model, positions=positions)
         for name, runner in (("eager", eager), ("compiled", compiled)):
-            split = _split(runner, args.steps)
+            split = _split(runner, args.steps, args.top)
             label = f"{precision} {name}"
             print(f"{label:<22} {split['step']:>8.1f} {split['linear']:>7.1f} {split['attention']:>6.1f} "
                   f"{split['kernels']:>8.1f} {split['overhead']:>9.1f}")  # fmt: skip

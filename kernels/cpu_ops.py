@@ -21,7 +21,7 @@ import torch
 from spectoolkit.errors import SpecToolkitError, first_line
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "isa_body.inc")
+SOURCES = ("ops.cpp", "isa_body.inc", "layer.inc")
 ISAS = ("scalar", "avx2", "avx512")  # index = the ops' ``isa`` argument
 HEAD_DIMS = tuple(range(16, 257, 16))  # head dims the attention, rotary and norm kernels take (csrc MAX_HEAD_DIM)
 
@@ -47,8 +47,9 @@ def load() -> None:
             "runtime.kernels=reference"
         ) from None
     torch.library.register_fake("spectoolkit::linear")(_fake_linear)
-    for name in ("paged_attention", "rms_norm", "silu_mul", "rotary"):  # each returns its first argument's shape
+    for name in ("paged_attention", "rms_norm", "silu_mul", "rotary", "layer_tail"):  # the first argument's shape
         torch.library.register_fake(f"spectoolkit::{name}")(_fake_like_first)
+    torch.library.register_fake("spectoolkit::attn_in")(_fake_attn_in)
 
 
 def best_isa() -> int:
@@ -74,6 +75,13 @@ def available_isas() -> tuple[str, ...]:
 def _fake_linear(x, w, scales, zeros, bias, n, group, isa=-1) -> torch.Tensor:
     """x [M, K] -> [M, n] fp32, for tracing."""
     return x.new_empty((x.shape[0], n), dtype=torch.float32)
+
+
+def _fake_attn_in(hidden, norm_w, eps, qkv, meta, cos, sin, heads, kv_heads, head_dim, *args):
+    """hidden [W, E] -> q [W, Hq, D], k and v [W, Hkv, D] fp32, for tracing."""
+    rows = hidden.shape[0]
+    shapes = ((rows, heads, head_dim), (rows, kv_heads, head_dim), (rows, kv_heads, head_dim))
+    return tuple(hidden.new_empty(shape, dtype=torch.float32) for shape in shapes)
 
 
 def _fake_like_first(x, *args) -> torch.Tensor:

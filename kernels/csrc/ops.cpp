@@ -68,7 +68,7 @@ inline V vload_int8(const uint8_t* p) {
 inline void vload_int4(const uint8_t* p, V& lo, V& hi) {  // u - 8 by a 16-entry table: exactly float(u - 8)
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-  lo = _mm512_permutexvar_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)), table);
+  lo = _mm512_permutexvar_ps(b, table);  // vpermps reads an index's low 4 bits: the low nibble
   hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
 }
 #include "isa_body.inc"
@@ -421,6 +421,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
   return out;
 }
 
+#include "layer.inc"
+
 int64_t cpu_isa() { return best_isa(); }
 
 }  // namespace
@@ -434,6 +436,11 @@ TORCH_LIBRARY(spectoolkit, m) {
   m.def("silu_mul(Tensor gate, Tensor up, int isa=-1) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, int isa=-1) -> Tensor");
   m.def("rope_table(Tensor inv_freq, int first, int count, float scaling) -> (Tensor, Tensor)");
+  m.def("attn_in(Tensor hidden, Tensor norm_w, float eps, Tensor[] qkv, int[] meta, Tensor cos, Tensor sin, int Hq, "
+        "int Hkv, int D, Tensor q_norm_w, Tensor k_norm_w, float qk_eps, int isa=-1) -> (Tensor, Tensor, Tensor)");
+  m.def("layer_tail(Tensor hidden, Tensor q, Tensor k_new, Tensor v_new, Tensor k_scale_new, Tensor v_scale_new, "
+        "Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
+        "Tensor starts, float scale, Tensor norm_w, float eps, Tensor[] linears, int[] meta, int isa=-1) -> Tensor");
   m.def("cpu_isa() -> int", &cpu_isa);
 }
 TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
@@ -443,4 +450,6 @@ TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
   m.impl("silu_mul", &silu_mul);
   m.impl("rotary", &rotary);
   m.impl("rope_table", &rope_table);
+  m.impl("attn_in", &attn_in);
+  m.impl("layer_tail", &layer_tail);
 }

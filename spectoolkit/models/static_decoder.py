@@ -2,17 +2,19 @@
 
 No transformers ``Cache``, no mask construction, no Python per-layer objects between kernels — gpt-fast's
 shape of a step, on the loaded model's own weights (shared, not copied). Every operation is one of our
-CPU kernels (DESIGN §7) or an exact one: linears are the packed kernel (:mod:`spectoolkit.quant.packing`),
-RMSNorm, the rotary embedding and SwiGLU's ``silu(gate) * up`` are ``spectoolkit::rms_norm`` /
-``rotary`` / ``silu_mul``, the rotary tables come from :class:`RopeTable` (one row per position, computed
-once), and what is left is embedding gathers, residual adds and dtype casts. So a row's result depends
-on nothing but its own inputs, and the eager runner (this code run op by op) and the compiled runner
-(this code compiled by inductor) give the same bits. :func:`exact_decoder_reason` says why a model cannot
-run it (then the eager runner keeps the transformers modules). The step itself (KV writes and attention
-over the paged pool) is the runners'.
+CPU kernels (DESIGN §7) or an exact one: a layer is two calls, ``spectoolkit::attn_in`` (the input norm,
+q/k/v on the packed linear kernel of :mod:`spectoolkit.quant.packing`, rotary) and ``layer_tail``
+(attention over the pool, o, the post-attention norm, SwiGLU, the residuals), which run our norm, rotary,
+SwiGLU, linear and attention kernels with ATen's casts and adds in between (csrc/layer.inc). The rotary
+tables come from :class:`RopeTable` (one row per position, computed once). So a row's result depends on
+nothing but its own inputs, and the eager runner (this code run op by op) and the compiled runner (this
+code compiled by inductor) give the same bits. :func:`exact_decoder_reason` says why a model cannot run it
+(then the eager runner keeps the transformers modules).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -111,6 +113,7 @@ class StaticDecoder:
         self.dtype = self.embed.weight.dtype
         self.isa = isa
         self.norm_weights = {id(m): m.weight.detach().float().contiguous() for m in model.modules() if _is_norm(m)}
+        self.layer_args = [_layer_args(layer, lambda m: self.norm_weights[id(m)]) for layer in self.layers]
 
     def rms_norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., E] -> RMSNorm(x) in x's dtype (``spectoolkit::rms_norm`` on fp32)."""
@@ -118,30 +121,66 @@ class StaticDecoder:
         out = torch.ops.spectoolkit.rms_norm(x.float().contiguous(), weight, norm.variance_epsilon, self.isa)
         return out.to(x.dtype)
 
-    def qkv(self, attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [W, E], cos/sin [W, D] fp32 -> rotated q [W, Hq, D], k [W, Hkv, D] and v [W, Hkv, D] (fp32)."""
-        rows = x.shape[0]
-        fused = getattr(attn, "qkv_fused", None)  # q, k and v in one call (quant.packing): the same bits
-        if fused is not None:
-            q, k, v = fused(x).float().split(fused.splits, dim=-1)
-        else:
-            q, k, v = attn.q_proj(x).float(), attn.k_proj(x).float(), attn.v_proj(x).float()
-        q = q.reshape(rows, self.num_heads, self.head_dim)
-        k = k.reshape(rows, self.kv_heads, self.head_dim)
-        v = v.reshape(rows, self.kv_heads, self.head_dim)
-        if hasattr(attn, "q_norm"):  # qwen3
-            q, k = self.rms_norm(attn.q_norm, q), self.rms_norm(attn.k_norm, k)
-        rotary = torch.ops.spectoolkit.rotary
-        return rotary(q.contiguous(), cos, sin, self.isa), rotary(k.contiguous(), cos, sin, self.isa), v
+    def attn_in(self, args: LayerArgs, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """hidden [W, E], cos/sin [W, D] fp32 -> rotated q [W, Hq, D], k [W, Hkv, D] and v [W, Hkv, D] (fp32):
+        the input norm, q/k/v, qwen3's head norms and rotary in one call (``spectoolkit::attn_in``)."""
+        return torch.ops.spectoolkit.attn_in(
+            hidden, args.norm_in, args.eps_in, args.qkv, args.qkv_meta, cos, sin, self.num_heads, self.kv_heads,
+            self.head_dim, args.q_norm, args.k_norm, args.qk_eps, self.isa,
+        )  # fmt: skip
 
-    def mlp(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """SwiGLU: down(silu(gate(x)) * up(x)), x [W, E] -> [W, E]."""
-        fused = getattr(mlp, "gate_up_fused", None)
-        if fused is not None:
-            gate, up = (part.contiguous() for part in fused(x).float().split(fused.splits, dim=-1))
-        else:
-            gate, up = mlp.gate_proj(x).float().contiguous(), mlp.up_proj(x).float().contiguous()
-        return mlp.down_proj(torch.ops.spectoolkit.silu_mul(gate, up, self.isa).to(x.dtype))
+    def layer_tail(self, args: LayerArgs, hidden: torch.Tensor, q: torch.Tensor, kv_rows, stores, write, key_slots,
+                   starts) -> torch.Tensor:  # fmt: skip
+        """The layer after q/k/v: this step's encoded KV rows stored, attention over the pool, o, residual, the
+        post-attention norm, SwiGLU, residual (``spectoolkit::layer_tail``) -> the new hidden [W, E]."""
+        return torch.ops.spectoolkit.layer_tail(
+            hidden, q, *kv_rows, *stores, write, key_slots, starts, self.scale, args.norm_post, args.eps_post,
+            args.tail, args.tail_meta, self.isa,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LayerArgs:
+    """A layer's weights as the layer ops take them (csrc/layer.inc): each packed linear is 4 tensors (data,
+    scales, zeros, bias; no bias: 0 elements) and 2 ints (out features, group); norms as fp32 weights."""
+
+    norm_in: torch.Tensor
+    eps_in: float
+    qkv: list[torch.Tensor]  # one fused q/k/v linear or q, k, v
+    qkv_meta: list[int]
+    q_norm: torch.Tensor  # qwen3's per-head norms (0 elements: none)
+    k_norm: torch.Tensor
+    qk_eps: float
+    norm_post: torch.Tensor
+    eps_post: float
+    tail: list[torch.Tensor]  # o, then gate_up fused or gate and up, then down
+    tail_meta: list[int]
+
+
+def _linear_args(modules: list[nn.Module]) -> tuple[list[torch.Tensor], list[int]]:
+    tensors, meta = [], []
+    for m in modules:
+        bias = m.bias if m.bias is not None else torch.empty(0)
+        tensors += [m.data, m.scales, m.zeros, bias]
+        meta += [m.out_features, m.group]
+    return tensors, meta
+
+
+def _layer_args(layer: nn.Module, norm_weight) -> LayerArgs:
+    attn, mlp = layer.self_attn, layer.mlp
+    fused = getattr(attn, "qkv_fused", None)  # quant.packing's fused calls: the same bits as the parts
+    qkv = _linear_args([fused] if fused is not None else [attn.q_proj, attn.k_proj, attn.v_proj])
+    fused = getattr(mlp, "gate_up_fused", None)
+    gate_up = [fused] if fused is not None else [mlp.gate_proj, mlp.up_proj]
+    tail = _linear_args([attn.o_proj, *gate_up, mlp.down_proj])
+    none = torch.empty(0)
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    return LayerArgs(
+        norm_weight(layer.input_layernorm), layer.input_layernorm.variance_epsilon, *qkv,
+        none if q_norm is None else norm_weight(q_norm), none if k_norm is None else norm_weight(k_norm),
+        q_norm.variance_epsilon if q_norm is not None else 0.0,
+        norm_weight(layer.post_attention_layernorm), layer.post_attention_layernorm.variance_epsilon, *tail,
+    )  # fmt: skip
 
 
 def _is_norm(module: nn.Module) -> bool:

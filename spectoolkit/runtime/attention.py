@@ -75,12 +75,20 @@ def kernel_attention(
     """query [W, Hq, D], key/value [W, Hkv, D] (this step's rows) -> [W, Hq, D] fp32: the new rows are stored
     in the pool's format at ``write`` [W] (-1: not stored), then each row attends its slots (``isa``: the kernel
     path, :func:`~spectoolkit.kernels.cpu_ops.best_isa`)."""
+    return torch.ops.spectoolkit.paged_attention(
+        query.float(), *encoded_rows(pool, stores, key, value), *stores, write, key_slots, starts, scaling, isa
+    )
+
+
+def encoded_rows(
+    pool: PagedKVPool, stores: tuple[torch.Tensor, ...], key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """This step's key/value rows [W, Hkv, D] in the pool's format, as the kernel stores them: (keys, values,
+    key scales, value scales; no scales: the stores' empty ones)."""
     k_new, v_new = pool._encode(key), pool._encode(value)  # field -> [W, Hkv, width]
     k_scale = k_new["scale"] if stores[2].numel() else stores[2]
     v_scale = v_new["scale"] if stores[3].numel() else stores[3]
-    return torch.ops.spectoolkit.paged_attention(
-        query.float(), k_new["data"], v_new["data"], k_scale, v_scale, *stores, write, key_slots, starts, scaling, isa,
-    )  # fmt: skip
+    return k_new["data"], v_new["data"], k_scale, v_scale
 
 
 def paged_attention(

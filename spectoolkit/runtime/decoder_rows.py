@@ -1,12 +1,13 @@
 """One step of a decoder over the paged pool on our kernels: the body the eager runner runs op by op and the
-compiled runner hands to ``torch.compile`` — the same code, so the two give the same bits (DESIGN §7)."""
+compiled runner hands to ``torch.compile`` — the same code, so the two give the same bits (DESIGN §7). A layer
+is two calls (``spectoolkit::attn_in`` and ``layer_tail``) around the KV rows' encoding to the pool's format."""
 
 from __future__ import annotations
 
 import torch
 
 from spectoolkit.models.static_decoder import StaticDecoder
-from spectoolkit.runtime.attention import kernel_attention
+from spectoolkit.runtime.attention import encoded_rows
 from spectoolkit.runtime.paged_kv import PagedKVPool
 
 
@@ -17,10 +18,8 @@ def decoder_rows(
     """ids/write [W], cos/sin [W, D] (the rows' rotary rows), key_slots [N] with row i's slots at
     [starts[i], starts[i+1]) -> final hidden states [W, E]; row i's keys/values are stored at write[i] (-1: not)."""
     hidden = dec.embed(ids)  # [W, E]
-    for layer, layer_stores in zip(dec.layers, stores, strict=True):
-        attn = layer.self_attn
-        q, k, v = dec.qkv(attn, dec.rms_norm(layer.input_layernorm, hidden), cos, sin)  # [W, Hq|Hkv, D] fp32
-        out = kernel_attention(pool, layer_stores, q, k, v, write, key_slots, starts, dec.scale, dec.isa)
-        hidden = hidden + attn.o_proj(out.to(hidden.dtype).reshape(out.shape[0], -1))
-        hidden = hidden + dec.mlp(layer.mlp, dec.rms_norm(layer.post_attention_layernorm, hidden))
+    for args, layer_stores in zip(dec.layer_args, stores, strict=True):
+        q, k, v = dec.attn_in(args, hidden, cos, sin)  # [W, Hq|Hkv, D] fp32
+        kv_rows = encoded_rows(pool, layer_stores, k, v)
+        hidden = dec.layer_tail(args, hidden, q, kv_rows, layer_stores, write, key_slots, starts)
     return dec.rms_norm(dec.norm, hidden)

@@ -1,0 +1,122 @@
+"""The layer ops (``spectoolkit::attn_in`` / ``layer_tail``, csrc/layer.inc) give the bits of the ops they
+compose called one by one — the body as it ran before they existed, kept here as the reference."""
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from spectoolkit.kernels.rtn_format import RtnConfig
+from spectoolkit.models.static_decoder import StaticDecoder
+from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.quant.packing import pack_model
+from spectoolkit.quant.rtn import quantize_model_rtn
+from spectoolkit.runtime.attention import flat_key_slots, kernel_attention, pool_stores
+from spectoolkit.runtime.decoder_rows import decoder_rows
+from spectoolkit.runtime.paged_kv import make_pool
+
+ops = torch.ops.spectoolkit
+
+
+def _rms(dec, norm, x):
+    out = ops.rms_norm(x.float().contiguous(), dec.norm_weights[id(norm)], norm.variance_epsilon, dec.isa)
+    return out.to(x.dtype)
+
+
+def _reference_rows(dec, pool, ids, cos, sin, write, key_slots, starts):
+    """decoder_rows op by op: norms, each linear, rotary, attention, SwiGLU as separate calls."""
+    hidden = dec.embed(ids)
+    for index, layer in enumerate(dec.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        x = _rms(dec, layer.input_layernorm, hidden)
+        fused = getattr(attn, "qkv_fused", None)
+        if fused is not None:
+            q, k, v = fused(x).float().split(fused.splits, dim=-1)
+        else:
+            q, k, v = attn.q_proj(x).float(), attn.k_proj(x).float(), attn.v_proj(x).float()
+        rows = x.shape[0]
+        q, k = q.reshape(rows, dec.num_heads, dec.head_dim), k.reshape(rows, dec.kv_heads, dec.head_dim)
+        v = v.reshape(rows, dec.kv_heads, dec.head_dim)
+        if hasattr(attn, "q_norm"):
+            q, k = _rms(dec, attn.q_norm, q), _rms(dec, attn.k_norm, k)
+        q, k = ops.rotary(q.contiguous(), cos, sin, dec.isa), ops.rotary(k.contiguous(), cos, sin, dec.isa)
+        stores = pool_stores(pool, index)
+        out = kernel_attention(pool, stores, q, k, v, write, key_slots, starts, dec.scale, dec.isa)
+        hidden = hidden + attn.o_proj(out.to(hidden.dtype).reshape(out.shape[0], -1))
+        x = _rms(dec, layer.post_attention_layernorm, hidden)
+        fused = getattr(mlp, "gate_up_fused", None)
+        if fused is not None:
+            gate, up = (part.contiguous() for part in fused(x).float().split(fused.splits, dim=-1))
+        else:
+            gate, up = mlp.gate_proj(x).float().contiguous(), mlp.up_proj(x).float().contiguous()
+        hidden = hidden + mlp.down_proj(ops.silu_mul(gate, up, dec.isa).to(x.dtype))
+    return _rms(dec, dec.norm, hidden)
+
+
+def _qwen(kind):
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(3)
+    if kind == "qwen3":  # per-head q/k norms
+        return Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**common)).eval()  # q/k/v biases
+
+
+def _model(case):
+    if case.startswith("qwen"):
+        model = _qwen(case)
+        with torch.no_grad():
+            for layer in model.model.layers:  # norms away from 1, biases away from 0
+                for module in layer.modules():
+                    if hasattr(module, "variance_epsilon"):
+                        module.weight.add_(torch.randn_like(module.weight) * 0.3)
+                    if getattr(module, "bias", None) is not None:
+                        module.bias.add_(torch.randn_like(module.bias))
+        return model
+    model = tiny_llama(vocab_size=96, seed=4)
+    if case == "bf16":
+        model = model.to(torch.bfloat16)
+    if case == "rtn-int4":
+        quantize_model_rtn(model, RtnConfig(4, 32))
+    return model
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("case", ["fp32", "bf16", "rtn-int4", "qwen2", "qwen3"])
+def test_the_layer_ops_give_the_bits_of_their_ops_one_by_one(case, fused, kv):
+    model = _model(case)
+    pack_model(model)
+    if not fused:
+        for layer in model.model.layers:
+            object.__delattr__(layer.self_attn, "qkv_fused")
+            object.__delattr__(layer.mlp, "gate_up_fused")
+    dec = StaticDecoder(model, isa=-1)
+    ids = torch.randint(0, 96, (6,), generator=torch.Generator().manual_seed(1))
+    cos, sin = dec.rope.rows(torch.arange(6))
+    write = torch.tensor([0, 1, 2, 3, 4, -1])  # the last row attends without being stored
+    key_slots, starts = flat_key_slots([torch.arange(r + 1) for r in range(5)] + [torch.tensor([0, 2, 4])])
+    results = []
+    for body in (decoder_rows, None):
+        pool = make_pool(model, kv, 16)
+        if body is None:
+            hidden = _reference_rows(dec, pool, ids, cos, sin, write, key_slots, starts)
+        else:
+            stores = [pool_stores(pool, i) for i in range(len(dec.layers))]
+            hidden = body(dec, pool, stores, ids, cos, sin, write, key_slots, starts)
+        results.append((hidden, [pool.stored(1, "value", torch.arange(5))[f] for f in pool.fields]))
+    (got, got_kv), (want, want_kv) = results
+    assert got.dtype == model.dtype and torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(got_kv, want_kv, strict=True))
+    assert not torch.equal(got[0], got[1])  # the rows computed something
+
+
+def test_the_layer_ops_refuse_a_wrong_linear_list():
+    model = tiny_llama(vocab_size=96, seed=4)
+    pack_model(model)
+    dec = StaticDecoder(model, isa=-1)
+    args = dec.layer_args[0]
+    cos, sin = dec.rope.rows(torch.arange(1))
+    with pytest.raises(RuntimeError, match="4 tensors and 2 ints"):
+        ops.attn_in(dec.embed(torch.tensor([1])), args.norm_in, args.eps_in, args.qkv[:3], args.qkv_meta, cos, sin,
+                    dec.num_heads, dec.kv_heads, dec.head_dim, args.q_norm, args.k_norm, args.qk_eps)  # fmt: skip
