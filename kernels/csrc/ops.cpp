@@ -21,7 +21,6 @@ namespace {
 
 constexpr int PANEL = 16;  // output columns per packed panel (and partial sums of a dot)
 constexpr int MAX_HEAD_DIM = 256;
-inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 0); }  // a hint: no arithmetic
 
 // Where a slot's key or value row comes from: the store's own fp32 memory, or a widened copy (exact
 // conversions, made here in common code, so the same on every path).
