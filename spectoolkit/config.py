@@ -314,16 +314,32 @@ class RuntimeConfig:
     (bitsandbytes, GPTQ, fp16 weights, CUDA) get the fastest row-invariant variant measured on this
     machine (:mod:`spectoolkit.models.kernel_choice`, cached per machine fingerprint), and the load
     reports them. ``reference``: every linear as loaded, through its reference variant (stock numerics).
-    ``compile``: steps run compiled over the paged pool (:mod:`spectoolkit.runtime.compiled`, Llama-family
-    models, KV other than int4), their own row-invariant kernels replacing ``kernels``; false: the eager
-    runner (:mod:`spectoolkit.runtime.eager`).
+    ``compile``: true runs the steps compiled over the paged pool (:mod:`spectoolkit.runtime.compiled`,
+    Llama-family models, KV other than int4), their own row-invariant kernels replacing ``kernels``; false
+    the eager runner (:mod:`spectoolkit.runtime.eager`); ``auto`` (the default) the eager runner, for the
+    reason :data:`AUTO_COMPILE` gives — the report records it (``conditions.compile``).
     """
 
     kernels: str = "auto"
-    compile: bool = False
+    compile: bool | str = "auto"
 
     def __post_init__(self) -> None:
         _one_of("runtime.kernels", self.kernels, KERNEL_MODES)
+        if self.compile is not True and self.compile is not False:
+            _one_of("runtime.compile", self.compile, ("auto",))
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the steps run compiled (``compile`` true; ``auto`` resolves to eager, :data:`AUTO_COMPILE`)."""
+        return self.compile is True
+
+
+# What runtime.compile=auto resolves to, and why (measured: experiments/kernel_bench.py, DESIGN §7).
+AUTO_COMPILE = (
+    "eager: a decoder layer already runs as two calls on our kernels (spectoolkit::attn_in, layer_tail), "
+    "so compiling has nothing left to fuse; compiled steps measured slower (fp32 36.3 vs 39.6 tok/s, "
+    "rtn-int4 69.9 vs 75.9) and cost ~45 s of compiling per run"
+)
 
 
 @dataclass(frozen=True)

@@ -192,7 +192,7 @@ RULES: tuple[Rule, ...] = (
            lambda c, e: e != "run" or not c.sampling.greedy or c.eval.kind == "exactness",
            "with greedy decoding (sampling.temperature=0)", "set sampling=random (or sampling.temperature > 0)"),
     Rule("workload.path", lambda c, e: c.workload.kind == "jsonl", "without workload=jsonl", "set workload=jsonl"),
-    Rule("runtime.kernels", lambda c, e: not c.runtime.compile,
+    Rule("runtime.kernels", lambda c, e: not c.runtime.compiled,
          "with runtime.compile=true (the compiled steps bring their own row-invariant kernels)",
          "set runtime.compile=false"),
 )

@@ -260,3 +260,15 @@ def test_from_dict_round_trip() -> None:
         output_dir="/out",
     )
     assert run_config_from_dict(dataclasses.asdict(cfg)) == cfg
+
+
+@pytest.mark.parametrize(("value", "compiled"), [(None, False), ("auto", False), ("true", True), ("false", False)])
+def test_runtime_compile_is_auto_by_default_and_auto_runs_eager(value, compiled) -> None:
+    cfg = _run_config(*([f"runtime.compile={value}"] if value else []))
+    assert cfg.runtime.compile == {None: "auto", "true": True, "false": False}.get(value, value)
+    assert cfg.runtime.compiled is compiled
+
+
+def test_runtime_compile_refuses_other_words() -> None:
+    with pytest.raises(SpecToolkitError, match="runtime.compile"):
+        _run_config("runtime.compile=sometimes")

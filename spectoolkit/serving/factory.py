@@ -97,7 +97,7 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
                              serve.max_draft_tokens)  # fmt: skip
     target = models.target.model
     runner = share.runner if share else make_runner(target, make_pool(target, cfg.kv.target, blocks * serve.block_size),
-                                                    cfg.runtime.compile)  # fmt: skip
+                                                    cfg.runtime.compiled)  # fmt: skip
     allocator = share.allocator if share else BlockAllocator(blocks, serve.block_size)
     engine = ContinuousEngine(
         name, runner, allocator, make_verifier(cfg.sampling, models.device), limits,
@@ -124,5 +124,5 @@ def batched_drafter(cfg: RunConfig, models, slots: int):
     shared = min(target.vocab_size, draft.vocab_size)
     allocator = BlockAllocator(blocks, cfg.serve.block_size)
     name, chooser = draft_model_name(cfg.draft, draft.model, target.model), make_chooser(cfg.sampling)
-    runner = make_runner(draft.model, pool, cfg.runtime.compile)
+    runner = make_runner(draft.model, pool, cfg.runtime.compiled)
     return ModelDrafter(runner, chooser, allocator, target.vocab_size, shared, models.eos_ids, name, None, tree, gamma)

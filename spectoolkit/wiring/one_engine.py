@@ -79,7 +79,7 @@ class OneEngines:
         """``model``'s runner over its pool (one per model, shared by its arms) and the pool's allocator."""
         if id(model) not in self._runners:
             slots, block = self._slots(), self.cfg.serve.block_size
-            runner = make_runner(model, make_pool(model, self.cfg.kv.target, slots), self.cfg.runtime.compile)
+            runner = make_runner(model, make_pool(model, self.cfg.kv.target, slots), self.cfg.runtime.compiled)
             self._runners[id(model)] = (runner, BlockAllocator(slots // block, block))
         return self._runners[id(model)]
 

@@ -169,7 +169,7 @@ def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
     one = OneEngines(cfg, models, verifier)
     drafter = one.drafter() if cfg.draft.kind != "none" else None
     arms, primary = _ARM_SETS[cfg.bench.arms](_Parts(cfg, device, target, one, draft))
-    if cfg.runtime.compile:  # every graph the arms can use, compiled before anything is measured
+    if cfg.runtime.compiled:  # every graph the arms can use, compiled before anything is measured
         one.warm_compiled(_verify_sizes(cfg), cfg.bench.arms == "tree_chain")
     separate_draft = bool(cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path)
     facts = RunFacts(drafter.name if drafter else "none", warnings, separate_draft and cfg.draft.kind == "model")
@@ -288,7 +288,7 @@ def _kernels(cfg: RunConfig) -> tuple[str | None, tuple[int, int]]:
 def _kernel_mode(cfg: RunConfig) -> str | None:
     """``runtime.kernels`` for :func:`load_model`; None under ``runtime.compile`` (the compiled steps bring
     their own row-invariant kernels)."""
-    return None if cfg.runtime.compile else cfg.runtime.kernels
+    return None if cfg.runtime.compiled else cfg.runtime.kernels
 
 
 def _max_gamma(cfg: RunConfig) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from spectoolkit.config import RunConfig
+from spectoolkit.config import AUTO_COMPILE, RunConfig
 from spectoolkit.config_checks import config_warnings
 from spectoolkit.kernels.runtime import kernels_usable
 from spectoolkit.models.kernel_choice import cpu_model
@@ -77,7 +77,10 @@ def _compile(cfg: RunConfig, arm_set: ArmSet) -> dict[str, Any]:
     """``runtime.compile``: the graphs each compiled runner built and what compiling took. They are built at
     setup, before warm-up, so measured times exclude them; ``compiled_after_warm_up`` > 0 says otherwise."""
     runners = compiled_runners(arm.engine for arm in arm_set.arms)
-    return {"enabled": cfg.runtime.compile, **{role: r.compile_stats.as_dict() for role, r in runners.items()}}
+    stats = {role: r.compile_stats.as_dict() for role, r in runners.items()}
+    if cfg.runtime.compile == "auto":
+        return {"setting": "auto", "enabled": False, "why": AUTO_COMPILE, **stats}
+    return {"setting": cfg.runtime.compile, "enabled": cfg.runtime.compiled, **stats}
 
 
 def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
