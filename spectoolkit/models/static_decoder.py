@@ -113,7 +113,7 @@ class StaticDecoder:
         self.dtype = self.embed.weight.dtype
         self.isa = isa
         self.norm_weights = {id(m): m.weight.detach().float().contiguous() for m in model.modules() if _is_norm(m)}
-        self.layer_args = [_layer_args(layer, lambda m: self.norm_weights[id(m)]) for layer in self.layers]
+        self.layer_args = [_layer_args(layer, self.norm_weights) for layer in self.layers]
 
     def rms_norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., E] -> RMSNorm(x) in x's dtype (``spectoolkit::rms_norm`` on fp32)."""
@@ -166,7 +166,8 @@ def _linear_args(modules: list[nn.Module]) -> tuple[list[torch.Tensor], list[int
     return tensors, meta
 
 
-def _layer_args(layer: nn.Module, norm_weight) -> LayerArgs:
+def _layer_args(layer: nn.Module, norm_weights: dict[int, torch.Tensor]) -> LayerArgs:
+    """``layer``'s LayerArgs; ``norm_weights``: the decoder's fp32 norm weights by module id."""
     attn, mlp = layer.self_attn, layer.mlp
     fused = getattr(attn, "qkv_fused", None)  # quant.packing's fused calls: the same bits as the parts
     qkv = _linear_args([fused] if fused is not None else [attn.q_proj, attn.k_proj, attn.v_proj])
@@ -174,12 +175,13 @@ def _layer_args(layer: nn.Module, norm_weight) -> LayerArgs:
     gate_up = [fused] if fused is not None else [mlp.gate_proj, mlp.up_proj]
     tail = _linear_args([attn.o_proj, *gate_up, mlp.down_proj])
     none = torch.empty(0)
-    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # qwen3 only
+    first, post = layer.input_layernorm, layer.post_attention_layernorm
     return LayerArgs(
-        norm_weight(layer.input_layernorm), layer.input_layernorm.variance_epsilon, *qkv,
-        none if q_norm is None else norm_weight(q_norm), none if k_norm is None else norm_weight(k_norm),
+        norm_weights[id(first)], first.variance_epsilon, *qkv,
+        norm_weights.get(id(q_norm), none), norm_weights.get(id(k_norm), none),
         q_norm.variance_epsilon if q_norm is not None else 0.0,
-        norm_weight(layer.post_attention_layernorm), layer.post_attention_layernorm.variance_epsilon, *tail,
+        norm_weights[id(post)], post.variance_epsilon, *tail,
     )  # fmt: skip
 
 

@@ -77,10 +77,9 @@ def _compile(cfg: RunConfig, arm_set: ArmSet) -> dict[str, Any]:
     """``runtime.compile``: the graphs each compiled runner built and what compiling took. They are built at
     setup, before warm-up, so measured times exclude them; ``compiled_after_warm_up`` > 0 says otherwise."""
     runners = compiled_runners(arm.engine for arm in arm_set.arms)
+    why = {"why": AUTO_COMPILE} if cfg.runtime.compile == "auto" else {}
     stats = {role: r.compile_stats.as_dict() for role, r in runners.items()}
-    if cfg.runtime.compile == "auto":
-        return {"setting": "auto", "enabled": False, "why": AUTO_COMPILE, **stats}
-    return {"setting": cfg.runtime.compile, "enabled": cfg.runtime.compiled, **stats}
+    return {"setting": cfg.runtime.compile, "enabled": cfg.runtime.compiled, **why, **stats}
 
 
 def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
