@@ -72,12 +72,19 @@ def pack_rtn(quantized: QuantizedWeight) -> PackedWeight:
     """A canonical RTN weight (:class:`~spectoolkit.kernels.rtn_format.QuantizedWeight`) -> panels."""
     rows, columns = quantized.shape
     group = quantized.group_size
-    scales = _panels(quantized.scales.float())  # [P, G, 16]
     if quantized.bits == 8:
+        scales = _panels(quantized.scales.float())  # [P, G, 16]
         return PackedWeight(_panels(quantized.qweight), scales, _EMPTY, rows, columns, group)
-    codes = _panels(unpack_int4(quantized.qweight).to(torch.uint8))  # [P, K, 16], u in [0, 15]
-    data = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()  # [P, K/2, 16]
-    return PackedWeight(data, scales, _panels(quantized.zeros.float()), rows, columns, group)
+    return pack_int4_codes(unpack_int4(quantized.qweight), quantized.scales.float(), quantized.zeros.float(), group)
+
+
+def pack_int4_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int) -> PackedWeight:
+    """int4 codes u [N, K] in [0, 15] and fp32 ``scales``/``zeros`` [N, K / group] -> panels; the weight is
+    ``(u - 8) * scale + zero`` (the canonical formula; other int4 formats map onto it exactly, e.g. GPTQ)."""
+    rows, columns = codes.shape
+    panels = _panels(codes.to(torch.uint8))  # [P, K, 16]
+    data = (panels[:, 0::2] | (panels[:, 1::2] << 4)).contiguous()  # [P, K/2, 16]
+    return PackedWeight(data, _panels(scales.float()), _panels(zeros.float()), rows, columns, group)
 
 
 def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None, isa: int = -1) -> torch.Tensor:

@@ -12,8 +12,10 @@ imports with transformers 5) for the algorithm, the standard GPTQ checkpoint for
   directory is built in a temporary sibling and renamed into place, so a concurrent job never sees
   half a checkpoint. A directory that already is a GPTQ checkpoint is returned as is.
 - :func:`load_quantized` returns the plain transformers causal LM under GPTQModel's wrapper, with
-  GPTQModel's quantized linears in place of ``nn.Linear``. On the CPU it runs in bf16 on torch's
-  int4 matmul (``_weight_int4pack_mm_for_cpu``, GPTQModel's ``TorchAtenLinear``).
+  GPTQModel's quantized linears in place of ``nn.Linear``. On the CPU they run in bf16 on torch's
+  int4 matmul (``_weight_int4pack_mm_for_cpu``, GPTQModel's ``TorchAtenLinear``) until the loader
+  re-packs them into our kernel's int4 panels (:mod:`spectoolkit.quant.gptq_codes`, the same weights
+  exactly), which it does by default; ``runtime.kernels=reference`` keeps GPTQModel's kernel.
 
 That kernel needs whole groups: ``group_size`` must divide every quantized layer's input width.
 SmolLM2-135M (hidden 576) therefore takes 64 or 32, not 128 — GPTQModel would quantize with a

@@ -232,6 +232,43 @@ def test_cached_model_decodes_and_truncates(tiny_model: torch.nn.Module) -> None
     torch.testing.assert_close(five.float(), full.float(), atol=0.15, rtol=0.05)
 
 
+def test_gptq_layers_are_repacked_for_our_kernel_with_exactly_their_weights(tiny_quantized: Path) -> None:
+    """Every GPTQ layer becomes our int4 panels holding GPTQModel's own dequantized weights bit for bit, and the
+    packed model computes what GPTQModel's kernel does (up to its bf16 rounding)."""
+    from spectoolkit.kernels.cpu_linear import PackedLinear, dequantized, fully_packed
+    from spectoolkit.quant.gptq_codes import is_gptq_layer
+    from spectoolkit.quant.packing import pack_layer, pack_model, packable
+
+    model = load_quantized(str(tiny_quantized), "int4", torch.device("cpu"), 64)
+    own = load_quantized(str(tiny_quantized), "int4", torch.device("cpu"), 64)  # GPTQModel's kernel, unpacked
+    layers = [module for module in model.modules() if is_gptq_layer(module)]
+    assert len(layers) == 2 * 7
+    for layer in layers:
+        assert packable(layer) is None
+        ours = dequantized(pack_layer(layer).packed)  # [N, K] fp64: (u - 8)·scale + zero
+        assert torch.equal(ours.to(layer.scales.dtype), layer.dequantize_weight().t()), layer.name
+        assert torch.equal(ours, ours.float().double())  # exact in fp32: (q - z)·scale needs no rounding
+    report = pack_model(model)
+    assert fully_packed(model) and report["gptq-int4 g32 128x128"] == "packed", report
+    assert isinstance(model.model.layers[0].mlp.gate_up_fused, PackedLinear)
+    prompt = torch.tensor([list(range(100, 116))])
+    with torch.inference_mode():
+        ours, theirs = model(input_ids=prompt).logits.float(), own(input_ids=prompt).logits.float()
+    torch.testing.assert_close(ours, theirs, atol=0.15, rtol=0.05)  # same weights; their kernel rounds x to bf16
+
+
+def test_gptq_layers_the_bits_do_not_allow_keep_their_path_and_say_why(tiny_quantized: Path) -> None:
+    from spectoolkit.quant.gptq_codes import unpackable
+
+    model = load_quantized(str(tiny_quantized), "int4", torch.device("cpu"), 64)
+    attn = model.model.layers[0].self_attn
+    attn.q_proj.g_idx = attn.q_proj.g_idx.flip(0)  # act-order: groups are no longer runs of columns
+    assert "act-order" in unpackable(attn.q_proj)
+    with torch.inference_mode():
+        attn.k_proj(torch.zeros(1, attn.k_proj.in_features, dtype=torch.bfloat16))  # converts to torch's layout
+    assert "layout" in unpackable(attn.k_proj)
+
+
 def _rtn_int4(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     """Round-to-nearest asymmetric int4 with a scale and zero per group: GPTQ without error feedback."""
     rows, cols = weight.shape
