@@ -7,12 +7,15 @@ panel, so one SIMD lane holds one output column and a panel streams as one run o
 - rtn-int8 (symmetric): ``data`` int8 [P, K, 16] codes, ``scales`` fp32 [P, G, 16];
 - rtn-int4 (asymmetric, :mod:`spectoolkit.kernels.rtn_format`): ``data`` uint8 [P, K/2, 16], byte (p, i, c)
   holding code u of column k = 2i in its low nibble and of 2i + 1 in its high one; the kernel uses u - 8;
-  ``scales``, ``zeros`` fp32 [P, G, 16] (bf16 values widened exactly).
+  ``scales``, ``zeros`` fp32 [P, G, 16] (bf16 values widened exactly);
+- nf4 (bitsandbytes' 4-bit NormalFloat): ``data`` as int4, code u standing for :data:`NF4` [u]; ``scales`` fp32
+  [P, G, 16] the blocks' absmax; ``zeros`` empty (that is how the kernel tells nf4 from int4).
 
 Output element (m, n) is then, for float weights, ``acc = fma(x[m, k], W[n, k], acc)`` for k ascending;
 for quantized weights, per group g, ``block = fma(x[m, k], q[n, k], block)`` over the group from 0, then
 ``acc = fma(block, scale, acc)`` (int4: then ``acc = fma(sum of x over the group, zero, acc)``). The
-dequantized weight is ``q * scale`` (int8) and ``(u - 8) * scale + zero`` (int4), as the canonical format.
+dequantized weight is ``q * scale`` (int8), ``(u - 8) * scale + zero`` (int4, as the canonical format) and
+``NF4[u] * absmax`` (nf4).
 """
 
 from __future__ import annotations
@@ -27,22 +30,32 @@ from spectoolkit.kernels.rtn_format import QuantizedWeight, unpack_int4
 
 PANEL = 16
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
+# bitsandbytes' NF4 code values (QLoRA), fp32; the kernels' own copy is csrc/ops.cpp's NF4 (a test checks both
+# against bitsandbytes' table).
+NF4 = torch.tensor(
+    [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+     -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+     0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0],
+    dtype=torch.float32,
+)  # fmt: skip
 
 
 @dataclass
 class PackedWeight:
     """One linear's weight in the kernel's panels (module docstring); ``group`` = K for float weights."""
 
-    data: torch.Tensor  # [P, K, 16] fp32/bf16/int8, or [P, K/2, 16] uint8 (int4)
+    data: torch.Tensor  # [P, K, 16] fp32/bf16/int8, or [P, K/2, 16] uint8 (int4, nf4)
     scales: torch.Tensor  # [P, G, 16] fp32, or empty
-    zeros: torch.Tensor  # [P, G, 16] fp32, or empty
+    zeros: torch.Tensor  # [P, G, 16] fp32 (int4), or empty
     out_features: int  # N
     in_features: int  # K
     group: int
 
     @property
     def kind(self) -> str:
-        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8", torch.uint8: "int4"}[self.data.dtype]
+        if self.data.dtype == torch.uint8:
+            return "int4" if self.zeros.numel() else "nf4"
+        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8"}[self.data.dtype]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.zeros))
@@ -82,9 +95,19 @@ def pack_int4_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     """int4 codes u [N, K] in [0, 15] and fp32 ``scales``/``zeros`` [N, K / group] -> panels; the weight is
     ``(u - 8) * scale + zero`` (the canonical formula; other int4 formats map onto it exactly, e.g. GPTQ)."""
     rows, columns = codes.shape
+    return PackedWeight(_nibbles(codes), _panels(scales.float()), _panels(zeros.float()), rows, columns, group)
+
+
+def pack_nf4(codes: torch.Tensor, absmax: torch.Tensor, group: int) -> PackedWeight:
+    """nf4 codes u [N, K] in [0, 15] and fp32 ``absmax`` [N, K / group] -> panels; the weight is ``NF4[u] * absmax``."""
+    rows, columns = codes.shape
+    return PackedWeight(_nibbles(codes), _panels(absmax.float()), _EMPTY, rows, columns, group)
+
+
+def _nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes [N, K] -> [P, K/2, 16] bytes: k even in the low nibble, k + 1 in the high one."""
     panels = _panels(codes.to(torch.uint8))  # [P, K, 16]
-    data = (panels[:, 0::2] | (panels[:, 1::2] << 4)).contiguous()  # [P, K/2, 16]
-    return PackedWeight(data, _panels(scales.float()), _panels(zeros.float()), rows, columns, group)
+    return (panels[:, 0::2] | (panels[:, 1::2] << 4)).contiguous()
 
 
 def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None, isa: int = -1) -> torch.Tensor:
@@ -101,11 +124,12 @@ def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = No
 def dequantized(packed: PackedWeight) -> torch.Tensor:
     """The weight [N, K] as fp64, from the panels (what the kernel multiplies by)."""
     data = packed.data
-    if packed.kind == "int4":
-        codes = torch.stack([data & 15, data >> 4], dim=2).flatten(1, 2).double() - 8  # [P, K, 16]
+    if packed.kind in ("int4", "nf4"):
+        codes = torch.stack([data & 15, data >> 4], dim=2).flatten(1, 2)  # [P, K, 16] u
+        codes = codes.double() - 8 if packed.kind == "int4" else NF4.double()[codes.long()]
     else:
         codes = data.double()
-    if packed.kind in ("int8", "int4"):
+    if packed.kind in ("int8", "int4", "nf4"):
         per_group = packed.group
         codes = codes * packed.scales.double().repeat_interleave(per_group, dim=1)
         if packed.kind == "int4":

@@ -311,7 +311,7 @@ class RuntimeConfig:
     ``kernels=auto``: on the CPU every linear our kernel takes (fp32/bf16 and rtn-* weights) is packed for
     it at load (:mod:`spectoolkit.quant.packing`), and attention over fp32/bf16/fp16/int8/fp8 KV is our
     kernel: every row is computed by itself, so outputs cannot depend on the batch. Other layers
-    (bitsandbytes, act-order GPTQ, fp16 weights, CUDA) get the fastest row-invariant variant measured on this
+    (LLM.int8, act-order GPTQ, fp16 weights, CUDA) get the fastest row-invariant variant measured on this
     machine (:mod:`spectoolkit.models.kernel_choice`, cached per machine fingerprint), and the load
     reports them. ``reference``: every linear as loaded, through its reference variant (stock numerics).
     ``compile``: true runs the steps compiled over the paged pool (:mod:`spectoolkit.runtime.compiled`,

@@ -33,6 +33,14 @@ struct KvRows {
 
 }  // namespace
 
+// bitsandbytes' 4-bit NormalFloat values (QLoRA's NF4, bitsandbytes.functional's table, as fp32): an nf4
+// code u stands for NF4[u] times its block's absmax. Every path reads this one array.
+alignas(64) constexpr float NF4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+                                       -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+                                       0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f,
+                                       0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f,
+                                       0.7229568362236023f, 1.0f};
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 namespace isa_avx512 {
@@ -68,6 +76,12 @@ inline void vload_int4(const uint8_t* p, V& lo, V& hi) {  // u - 8 by a 16-entry
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   lo = _mm512_permutexvar_ps(b, table);  // vpermps reads an index's low 4 bits: the low nibble
+  hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
+}
+inline void vload_nf4(const uint8_t* p, V& lo, V& hi) {  // NF4[u], the same table lookup
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512 table = _mm512_load_ps(NF4);
+  lo = _mm512_permutexvar_ps(b, table);
   hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
 }
 #include "isa_body.inc"
@@ -110,6 +124,16 @@ inline void vload_int4(const uint8_t* p, V& lo, V& hi) {
   lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(b, _mm256_set1_epi32(15)), eight));
   hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(b, 4), eight));
 }
+inline V lut16(__m256i idx, const float* table) {  // table[idx & 15]: two 8-entry lookups, bit 3 picks
+  const V low = _mm256_permutevar8x32_ps(_mm256_load_ps(table), idx);  // vpermps reads the low 3 bits
+  const V high = _mm256_permutevar8x32_ps(_mm256_load_ps(table + 8), idx);
+  return _mm256_blendv_ps(low, high, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));  // bit 3 -> sign bit
+}
+inline void vload_nf4(const uint8_t* p, V& lo, V& hi) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  lo = lut16(b, NF4);
+  hi = lut16(_mm256_srli_epi32(b, 4), NF4);
+}
 #include "isa_body.inc"
 }  // namespace isa_avx2
 #pragma GCC pop_options
@@ -148,6 +172,10 @@ inline V vload_int8(const uint8_t* p) { return static_cast<float>(static_cast<in
 inline void vload_int4(const uint8_t* p, V& lo, V& hi) {
   lo = static_cast<float>(static_cast<int>(*p & 15) - 8);
   hi = static_cast<float>(static_cast<int>(*p >> 4) - 8);
+}
+inline void vload_nf4(const uint8_t* p, V& lo, V& hi) {
+  lo = NF4[*p & 15];
+  hi = NF4[*p >> 4];
 }
 #include "isa_body.inc"
 }  // namespace isa_scalar
@@ -276,10 +304,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sc
     case at::kFloat: kind = 0; break;
     case at::kBFloat16: kind = 1; break;
     case at::kChar: kind = 2; break;
-    case at::kByte: kind = 3; break;
-    default: TORCH_CHECK(false, "spectoolkit::linear: packed fp32, bf16, int8 or int4 (uint8) weights");
+    case at::kByte: kind = zeros.numel() ? 3 : 4; break;  // 4-bit codes: int4 with zeros, nf4 without
+    default: TORCH_CHECK(false, "spectoolkit::linear: packed fp32, bf16, int8 or 4-bit (uint8) weights");
   }
-  TORCH_CHECK(w.size(1) == (kind == 3 ? K / 2 : K) && n <= P * PANEL && n > (P - 1) * PANEL,
+  TORCH_CHECK(w.size(1) == (kind >= 3 ? K / 2 : K) && n <= P * PANEL && n > (P - 1) * PANEL,
               "spectoolkit::linear: packed weight does not match x [M, K] or n");
   int64_t G = 1;
   if (kind >= 2) {
@@ -287,7 +315,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sc
     G = K / group;
     TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat && scales.numel() == P * G * PANEL,
                 "spectoolkit::linear: scales fp32 [P, G, 16]");
-    TORCH_CHECK(kind == 2 || (zeros.is_contiguous() && zeros.scalar_type() == at::kFloat &&
+    TORCH_CHECK(kind != 3 || (zeros.is_contiguous() && zeros.scalar_type() == at::kFloat &&
                               zeros.numel() == P * G * PANEL),
                 "spectoolkit::linear: zeros fp32 [P, G, 16]");
   }

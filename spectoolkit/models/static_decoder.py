@@ -65,7 +65,7 @@ def exact_decoder_reason(model: nn.Module) -> str | None:
     if next(model.parameters()).device.type != "cpu":
         return "not on the CPU"
     if not fully_packed(model):
-        return "linears our kernel does not take (bitsandbytes, act-order GPTQ or fp16 weights)"
+        return "linears our kernel does not take (bitsandbytes LLM.int8, act-order GPTQ or fp16 weights)"
     return None
 
 

@@ -3,10 +3,11 @@
 Every CPU linear our kernel runs becomes a :class:`~spectoolkit.kernels.cpu_linear.PackedLinear`: float
 ``nn.Linear`` (fp32 or bf16 weights, kept in their dtype) and RTN layers (int8/int4, any group size
 that divides K, or per channel) from their canonical codes, and GPTQModel's 4-bit GPTQ layers from
-their codes (:mod:`spectoolkit.quant.gptq_codes`: the same weights exactly). The original weight is
-dropped, except a tied output embedding, which stays as the input embedding. Layers the kernel cannot
-take keep their own path, and :func:`pack_model` says which and why: bitsandbytes layers (their own
-kernels and layouts), GPTQ with act-order or other bit widths, fp16 weights, and anything off the CPU.
+their codes (:mod:`spectoolkit.quant.gptq_codes`), bitsandbytes NF4 layers likewise
+(:mod:`spectoolkit.quant.bnb_codes`): the same weights exactly. The original weight is dropped, except a
+tied output embedding, which stays as the input embedding. Layers the kernel cannot take keep their own
+path, and :func:`pack_model` says which and why: bitsandbytes LLM.int8 (it quantizes activations too),
+GPTQ with act-order or other bit widths, fp16 weights, and anything off the CPU.
 The model's own forward then runs our kernels too, so every user of the model (runners, drafters,
 lm-eval) computes one numerics.
 """
@@ -23,9 +24,10 @@ from spectoolkit.kernels.cpu_linear import (
     PackedWeight,
     pack_float,
     pack_int4_codes,
+    pack_nf4,
     pack_rtn,
 )
-from spectoolkit.quant.gptq_codes import int4_codes, is_gptq_layer, unpackable
+from spectoolkit.quant import bnb_codes, gptq_codes
 from spectoolkit.quant.rtn import RtnLinear
 
 
@@ -36,8 +38,10 @@ def packable(layer: nn.Module) -> str | None:
         if layer.group_size != layer.in_features and (layer.group_size % 2 or layer.in_features % layer.group_size):
             return f"rtn group size {layer.group_size} does not split K={layer.in_features} evenly"
         return None if layer.bias is None or layer.bias.is_cpu else "not on the CPU"
-    if is_gptq_layer(layer):
-        return unpackable(layer)
+    if gptq_codes.is_gptq_layer(layer):
+        return gptq_codes.unpackable(layer)
+    if bnb_codes.is_nf4_layer(layer):
+        return bnb_codes.unpackable(layer) or (None if layer.bias is None or layer.bias.is_cpu else "not on the CPU")
     if type(layer) is not nn.Linear:
         return f"{type(layer).__name__} (its own kernel)"
     if not weight.is_cpu:
@@ -52,9 +56,12 @@ def pack_layer(layer: nn.Module) -> PackedLinear:
     bias = layer.bias.detach() if layer.bias is not None else None
     if isinstance(layer, RtnLinear):
         return PackedLinear(pack_rtn(layer.quantized()), bias, f"rtn-int{layer.bits} g{layer.group_size}")
-    if is_gptq_layer(layer):
-        codes, scales, zeros, group = int4_codes(layer)
+    if gptq_codes.is_gptq_layer(layer):
+        codes, scales, zeros, group = gptq_codes.int4_codes(layer)
         return PackedLinear(pack_int4_codes(codes, scales, zeros, group), bias, f"gptq-int4 g{group}")
+    if bnb_codes.is_nf4_layer(layer):
+        codes, absmax, block = bnb_codes.nf4_codes(layer)
+        return PackedLinear(pack_nf4(codes, absmax, block), bias, f"bnb-nf4 b{block}")
     return PackedLinear(pack_float(layer.weight), bias, str(layer.weight.dtype).removeprefix("torch."))
 
 

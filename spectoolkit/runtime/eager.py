@@ -8,7 +8,7 @@ argument (:class:`~spectoolkit.runtime.step.StepBatch`).
   the step is :func:`~spectoolkit.runtime.decoder_rows.decoder_rows`, the very body the compiled runner
   compiles, run op by op — every row computed by itself (the row mode changes nothing), and the same
   bits as the compiled runner.
-- **Otherwise** (CUDA, bitsandbytes/act-order GPTQ/fp16 layers, int4 KV): the transformers modules, op for op as
+- **Otherwise** (CUDA, LLM.int8/act-order GPTQ/fp16 layers, int4 KV): the transformers modules, op for op as
   the transformers Llama forward — same shapes ([1, T, ·] hidden states), same order of adds — with
   attention over the pool (our kernel where it reads the KV, else torch's), and linears that keep their
   own path run their measured row-invariant variant in the step's row mode

@@ -12,16 +12,26 @@ import pytest
 import torch
 
 from spectoolkit.kernels import cpu_ops
-from spectoolkit.kernels.cpu_linear import PackedLinear, linear, pack_float, pack_rtn, reference_linear
+from spectoolkit.kernels.cpu_linear import NF4, PackedLinear, linear, pack_float, pack_nf4, pack_rtn, reference_linear
 from spectoolkit.kernels.rtn_format import RtnConfig, quantize_weight
 
 UNIT = 2.0**-24  # fp32 unit roundoff
-KINDS = ("fp32", "bf16", "int8-g32", "int8-channel", "int4-g32", "int4-g64", "int4-g128")
+KINDS = ("fp32", "bf16", "int8-g32", "int8-channel", "int4-g32", "int4-g64", "int4-g128", "nf4-g64")
+
+
+def nf4_quantized(weight: torch.Tensor, group: int):
+    """weight [N, K] -> (codes [N, K], absmax [N, K / group]): each value's nearest NF4 level times its absmax."""
+    groups = weight.reshape(weight.shape[0], -1, group)  # [N, G, g]
+    absmax = groups.abs().amax(-1)  # [N, G]
+    codes = ((groups / absmax[..., None])[..., None] - NF4).abs().argmin(-1)  # [N, G, g]
+    return codes.reshape(weight.shape), absmax
 
 
 def _packed(kind: str, weight: torch.Tensor):
     if kind in ("fp32", "bf16"):
         return pack_float(weight if kind == "fp32" else weight.bfloat16())
+    if kind == "nf4-g64":
+        return pack_nf4(*nf4_quantized(weight, 64), 64)
     bits, group = kind.split("-")
     size = weight.shape[1] if group == "channel" else int(group[1:])
     return pack_rtn(quantize_weight(weight, RtnConfig(int(bits[3:]), size)))
@@ -53,12 +63,13 @@ def test_matches_the_fp64_reference_within_the_rounding_of_its_chains(kind, shap
 def _magnitudes(packed) -> torch.Tensor:
     """[N, K] fp64: |w| of each term the kernel sums (int4: |u - 8|·s + |zero|, the two sums it adds per group)."""
     data = packed.data
-    if packed.kind == "int4":
-        codes = torch.stack([data & 15, data >> 4], dim=2).flatten(1, 2).double() - 8  # [P, K, 16]
+    if packed.kind in ("int4", "nf4"):
+        codes = torch.stack([data & 15, data >> 4], dim=2).flatten(1, 2)  # [P, K, 16]
+        codes = codes.double() - 8 if packed.kind == "int4" else NF4.double()[codes.long()]
     else:
         codes = data.double()
     codes = codes.abs()
-    if packed.kind in ("int8", "int4"):
+    if packed.kind in ("int8", "int4", "nf4"):
         codes = codes * packed.scales.double().abs().repeat_interleave(packed.group, dim=1)
         if packed.kind == "int4":
             codes = codes + packed.zeros.double().abs().repeat_interleave(packed.group, dim=1)

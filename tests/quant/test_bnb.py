@@ -214,3 +214,49 @@ def test_missing_bitsandbytes_is_a_user_error(checkpoint: Path, monkeypatch: pyt
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # makes `import bitsandbytes` raise ImportError
     with pytest.raises(SpecToolkitError, match="needs bitsandbytes"):
         load_quantized(str(checkpoint), "nf4", CPU, 64)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_nf4_layers_are_repacked_for_our_kernel_with_exactly_their_weights(nested: bool) -> None:
+    """A ``Linear4bit``'s codes and absmax become our nf4 panels: the packed weight is bitsandbytes' own
+    dequantized weight bit for bit (its NF4 table is ours), nested absmax included, and the layer computes it."""
+    import bitsandbytes.functional as bnb_functional
+
+    from spectoolkit.kernels.cpu_linear import NF4, dequantized
+    from spectoolkit.quant.packing import pack_layer, packable
+
+    assert torch.equal(bnb_functional.get_4bit_type("nf4", device="cpu").float(), NF4)
+    generator = torch.Generator().manual_seed(0)
+    layer = bnb.nn.Linear4bit(128, 48, bias=True, compress_statistics=nested, quant_type="nf4",
+                              compute_dtype=torch.float32)  # fmt: skip
+    layer.weight = bnb.nn.Params4bit(torch.randn(48, 128, generator=generator), requires_grad=False,
+                                     compress_statistics=nested, quant_type="nf4")  # fmt: skip
+    layer.bias.data = torch.randn(48, generator=generator)
+    layer = layer.to("cpu")  # quantizes
+    assert packable(layer) is None and layer.weight.quant_state.nested == nested
+    packed = pack_layer(layer)
+    theirs = bnb_functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state)  # [48, 128] fp32
+    assert packed.kind == "nf4" and torch.equal(dequantized(packed.packed).float(), theirs)
+    x = torch.randn(5, 128, generator=generator)
+    torch.testing.assert_close(packed(x), x @ theirs.t() + layer.bias, rtol=1e-5, atol=1e-5)
+
+
+def test_nf4_models_run_our_kernel_and_int8_keeps_bitsandbytes(checkpoint: Path, token_ids: torch.Tensor) -> None:
+    import bitsandbytes.functional as bnb_functional
+
+    from spectoolkit.kernels.cpu_linear import fully_packed
+    from spectoolkit.quant.packing import pack_model
+
+    nf4, dense = load_quantized(str(checkpoint), "nf4", CPU, 64), load_quantized(str(checkpoint), "nf4", CPU, 64)
+    for name, module in list(dense.named_modules()):  # the reference: bitsandbytes' weights, in fp32 nn.Linear
+        if isinstance(module, bnb.nn.Linear4bit):
+            linear = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            linear.weight.data = bnb_functional.dequantize_4bit(module.weight.data, module.weight.quant_state)
+            parent, _, leaf = name.rpartition(".")
+            setattr(dense.get_submodule(parent), leaf, linear)
+    report = pack_model(nf4)
+    assert fully_packed(nf4) and report[f"bnb-nf4 b64 {HIDDEN}x{HIDDEN}"] == "packed", report
+    with torch.inference_mode():  # same weights, fp32 both (bitsandbytes' own kernel here would compute in bf16)
+        torch.testing.assert_close(nf4(token_ids).logits, dense(token_ids).logits, rtol=1e-4, atol=1e-4)
+    int8 = load_quantized(str(checkpoint), "int8", CPU, 64)
+    assert set(pack_model(int8).values()) >= {"own path: RowwiseLinear8bitLt (its own kernel)"}

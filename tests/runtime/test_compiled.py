@@ -133,14 +133,16 @@ def test_a_non_llama_model_is_refused():
         CompiledRunner(gpt2, pool)
 
 
-def test_bitsandbytes_layers_are_refused_and_rtn_layers_accepted(tmp_path):
+def test_llm_int8_layers_are_refused_and_nf4_and_rtn_layers_accepted(tmp_path):
     from spectoolkit.models.tiny import save_tiny_llama
     from spectoolkit.wiring.loading import load_model
 
     directory = save_tiny_llama(tmp_path / "tiny")
+    int8 = load_model(str(directory), "int8", torch.device("cpu"), kernels=None)
+    with pytest.raises(SpecToolkitError, match="runtime.compile.*Linear8bitLt"):
+        CompiledRunner(int8.model, make_pool(int8.model, "auto", BLOCK))
     nf4 = load_model(str(directory), "nf4", torch.device("cpu"), kernels=None)
-    with pytest.raises(SpecToolkitError, match="runtime.compile.*Linear4bit"):
-        CompiledRunner(nf4.model, make_pool(nf4.model, "auto", BLOCK))
+    CompiledRunner(nf4.model, make_pool(nf4.model, "auto", BLOCK))  # accepted: packed as our nf4 kind
     rtn = load_model(str(directory), "rtn-int4", torch.device("cpu"), group_size=32, kernels=None)
     CompiledRunner(rtn.model, make_pool(rtn.model, "auto", BLOCK))  # accepted: RTN layers trace into the graph
 
