@@ -50,6 +50,7 @@ def load() -> None:
     for name in ("paged_attention", "rms_norm", "silu_mul", "rotary", "layer_tail"):  # the first argument's shape
         torch.library.register_fake(f"spectoolkit::{name}")(_fake_like_first)
     torch.library.register_fake("spectoolkit::attn_in")(_fake_attn_in)
+    torch.library.register_fake("spectoolkit::kv_encode")(_fake_kv_encode)
 
 
 def best_isa() -> int:
@@ -82,6 +83,12 @@ def _fake_attn_in(hidden, norm_w, eps, qkv, meta, cos, sin, heads, kv_heads, hea
     rows = hidden.shape[0]
     shapes = ((rows, heads, head_dim), (rows, kv_heads, head_dim), (rows, kv_heads, head_dim))
     return tuple(hidden.new_empty(shape, dtype=torch.float32) for shape in shapes)
+
+
+def _fake_kv_encode(rows, store, scaled):
+    """rows [W, H, D] -> (codes in the store's dtype, scales [W, H, 1] or empty), for tracing."""
+    scale_shape = (rows.shape[0], rows.shape[1], 1) if scaled else (0,)
+    return rows.new_empty(rows.shape, dtype=store.dtype), rows.new_empty(scale_shape, dtype=torch.float32)
 
 
 def _fake_like_first(x, *args) -> torch.Tensor:

@@ -392,6 +392,41 @@ void store_rows(const at::Tensor& fresh, const at::Tensor& store, const int64_t*
   }
 }
 
+// rows fp32 [W, H, D] -> (data [W, H, D] in the store's dtype, per-row scale fp32 [W, H, 1] when ``scaled``, else
+// empty): the pool's own encoding (kvcache/formats.py), step for step in IEEE fp32 so the bits are the same.
+// int8: scale = max |x| / 127, code = x / scale (a zero scale divides by 1) rounded half to even, clamped to
+// ±127; fp8 (e4m3): x / scale clamped to ±448, rounded to e4m3 by c10's conversion; float stores: ATen's cast.
+std::tuple<at::Tensor, at::Tensor> kv_encode(const at::Tensor& rows, const at::Tensor& store, bool scaled) {
+  TORCH_CHECK(rows.dim() == 3 && rows.scalar_type() == at::kFloat, "spectoolkit::kv_encode: rows are fp32 [W, H, D]");
+  const auto type = store.scalar_type();
+  if (!scaled) return {rows.to(type).contiguous(), at::empty({0}, rows.options())};
+  TORCH_CHECK(type == at::kChar || type == at::kFloat8_e4m3fn, "spectoolkit::kv_encode: scaled stores are int8 or fp8");
+  const auto x = rows.contiguous();
+  const int64_t D = x.size(2), R = x.numel() / D;
+  auto data = at::empty(x.sizes(), x.options().dtype(type));
+  auto scale = at::empty({x.size(0), x.size(1), 1}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* sp = scale.data_ptr<float>();
+  const bool int8 = type == at::kChar;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = xp + r * D;
+    float amax = 0.f;
+    for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(row[d]));
+    const float s = amax / (int8 ? 127.f : 448.f);
+    const float safe = s == 0.f ? 1.f : s;
+    sp[r] = s;
+    if (int8) {
+      int8_t* out = data.data_ptr<int8_t>() + r * D;
+      for (int64_t d = 0; d < D; ++d)
+        out[d] = static_cast<int8_t>(std::clamp(std::nearbyint(row[d] / safe), -127.f, 127.f));
+    } else {
+      c10::Float8_e4m3fn* out = data.data_ptr<c10::Float8_e4m3fn>() + r * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = c10::Float8_e4m3fn(std::clamp(row[d] / safe, -448.f, 448.f));
+    }
+  }
+  return {data, scale};
+}
+
 // The step's new keys/values go to their pool slots first (``write`` >= 0), then every (row, head) attends
 // the slots key_slots[starts[row] : starts[row + 1]] in that order. q [W, Hq, D] fp32; stores [Hkv, S, D]
 // (fp32, bf16, fp16, int8 or fp8; int8/fp8 with per-row scales [Hkv, S, 1]).
@@ -465,9 +500,9 @@ TORCH_LIBRARY(spectoolkit, m) {
   m.def("rope_table(Tensor inv_freq, int first, int count, float scaling) -> (Tensor, Tensor)");
   m.def("attn_in(Tensor hidden, Tensor norm_w, float eps, Tensor[] qkv, int[] meta, Tensor cos, Tensor sin, int Hq, "
         "int Hkv, int D, Tensor q_norm_w, Tensor k_norm_w, float qk_eps, int isa=-1) -> (Tensor, Tensor, Tensor)");
-  m.def("layer_tail(Tensor hidden, Tensor q, Tensor k_new, Tensor v_new, Tensor k_scale_new, Tensor v_scale_new, "
-        "Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
+  m.def("layer_tail(Tensor hidden, Tensor q, Tensor k_rows, Tensor v_rows, Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
         "Tensor starts, float scale, Tensor norm_w, float eps, Tensor[] linears, int[] meta, int isa=-1) -> Tensor");
+  m.def("kv_encode(Tensor rows, Tensor store, bool scaled) -> (Tensor, Tensor)");
   m.def("cpu_isa() -> int", &cpu_isa);
 }
 TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
@@ -479,4 +514,5 @@ TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
   m.impl("rope_table", &rope_table);
   m.impl("attn_in", &attn_in);
   m.impl("layer_tail", &layer_tail);
+  m.impl("kv_encode", &kv_encode);
 }

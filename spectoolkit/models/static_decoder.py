@@ -129,12 +129,13 @@ class StaticDecoder:
             self.head_dim, args.q_norm, args.k_norm, args.qk_eps, self.isa,
         )  # fmt: skip
 
-    def layer_tail(self, args: LayerArgs, hidden: torch.Tensor, q: torch.Tensor, kv_rows, stores, write, key_slots,
-                   starts) -> torch.Tensor:  # fmt: skip
-        """The layer after q/k/v: this step's encoded KV rows stored, attention over the pool, o, residual, the
-        post-attention norm, SwiGLU, residual (``spectoolkit::layer_tail``) -> the new hidden [W, E]."""
+    def layer_tail(self, args: LayerArgs, hidden: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   stores, write, key_slots, starts) -> torch.Tensor:  # fmt: skip
+        """The layer after q/k/v: this step's k/v rows (fp32 [W, Hkv, D]) encoded to the pool's format and stored,
+        attention over the pool, o, residual, the post-attention norm, SwiGLU, residual (``spectoolkit::layer_tail``)
+        -> the new hidden [W, E]."""
         return torch.ops.spectoolkit.layer_tail(
-            hidden, q, *kv_rows, *stores, write, key_slots, starts, self.scale, args.norm_post, args.eps_post,
+            hidden, q, k, v, *stores, write, key_slots, starts, self.scale, args.norm_post, args.eps_post,
             args.tail, args.tail_meta, self.isa,
         )  # fmt: skip
 

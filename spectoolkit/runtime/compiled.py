@@ -156,7 +156,7 @@ class CompiledRunner:
 
     def _rows(self, ids, cos, sin, write, key_slots, starts) -> torch.Tensor:
         """ids/write [W], cos/sin [W, D], key_slots [N] (row i: [starts[i], starts[i+1])) -> hidden [W, E]."""
-        return decoder_rows(self.decoder, self.pool, self.stores, ids, cos, sin, write, key_slots, starts)
+        return decoder_rows(self.decoder, self.stores, ids, cos, sin, write, key_slots, starts)
 
 
 def bucket(rows: int) -> int:

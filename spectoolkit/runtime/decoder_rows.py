@@ -1,18 +1,16 @@
 """One step of a decoder over the paged pool on our kernels: the body the eager runner runs op by op and the
 compiled runner hands to ``torch.compile`` — the same code, so the two give the same bits (DESIGN §7). A layer
-is two calls (``spectoolkit::attn_in`` and ``layer_tail``) around the KV rows' encoding to the pool's format."""
+is two calls: ``spectoolkit::attn_in`` and ``layer_tail`` (which encodes the step's KV rows to the pool's format)."""
 
 from __future__ import annotations
 
 import torch
 
 from spectoolkit.models.static_decoder import StaticDecoder
-from spectoolkit.runtime.attention import encoded_rows
-from spectoolkit.runtime.paged_kv import PagedKVPool
 
 
 def decoder_rows(
-    dec: StaticDecoder, pool: PagedKVPool, stores: list[tuple[torch.Tensor, ...]], ids: torch.Tensor,
+    dec: StaticDecoder, stores: list[tuple[torch.Tensor, ...]], ids: torch.Tensor,
     cos: torch.Tensor, sin: torch.Tensor, write: torch.Tensor, key_slots: torch.Tensor, starts: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
     """ids/write [W], cos/sin [W, D] (the rows' rotary rows), key_slots [N] with row i's slots at
@@ -20,6 +18,5 @@ def decoder_rows(
     hidden = dec.embed(ids)  # [W, E]
     for args, layer_stores in zip(dec.layer_args, stores, strict=True):
         q, k, v = dec.attn_in(args, hidden, cos, sin)  # [W, Hq|Hkv, D] fp32
-        kv_rows = encoded_rows(pool, layer_stores, k, v)
-        hidden = dec.layer_tail(args, hidden, q, kv_rows, layer_stores, write, key_slots, starts)
+        hidden = dec.layer_tail(args, hidden, q, k, v, layer_stores, write, key_slots, starts)
     return dec.rms_norm(dec.norm, hidden)

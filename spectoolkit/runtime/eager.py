@@ -90,7 +90,7 @@ class EagerRunner:
         dec = self.decoder
         key_slots, starts = flat_key_slots(row_key_lists(batch))
         cos, sin = dec.rope.rows(batch.positions)  # [T, D] each
-        hidden = decoder_rows(dec, self.pool, self.stores, batch.token_ids, cos, sin, batch.slots, key_slots, starts)
+        hidden = decoder_rows(dec, self.stores, batch.token_ids, cos, sin, batch.slots, key_slots, starts)
         return dec.head(hidden[batch.logit_rows])  # [R, V]
 
     def _attention(

@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from spectoolkit.kernels import cpu_ops
 from spectoolkit.kernels.rtn_format import RtnConfig
 from spectoolkit.models.static_decoder import StaticDecoder
 from spectoolkit.models.tiny import tiny_llama
@@ -81,7 +82,7 @@ def _model(case):
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("kv", ["auto", "int8"])
+@pytest.mark.parametrize("kv", ["auto", "int8", "fp8", "bf16"])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("case", ["fp32", "bf16", "rtn-int4", "qwen2", "qwen3"])
 def test_the_layer_ops_give_the_bits_of_their_ops_one_by_one(case, fused, kv):
@@ -103,12 +104,38 @@ def test_the_layer_ops_give_the_bits_of_their_ops_one_by_one(case, fused, kv):
             hidden = _reference_rows(dec, pool, ids, cos, sin, write, key_slots, starts)
         else:
             stores = [pool_stores(pool, i) for i in range(len(dec.layers))]
-            hidden = body(dec, pool, stores, ids, cos, sin, write, key_slots, starts)
+            hidden = body(dec, stores, ids, cos, sin, write, key_slots, starts)
         results.append((hidden, [pool.stored(1, "value", torch.arange(5))[f] for f in pool.fields]))
     (got, got_kv), (want, want_kv) = results
     assert got.dtype == model.dtype and torch.equal(got, want)
     assert all(torch.equal(a, b) for a, b in zip(got_kv, want_kv, strict=True))
     assert not torch.equal(got[0], got[1])  # the rows computed something
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8", "bf16", "fp16", "fp32"])
+def test_kv_encode_gives_the_pools_bits(kv):
+    """The layer op's KV encoding (``spectoolkit::kv_encode``) equals the pool's own (kvcache/formats.py) bit for
+    bit, on rows with ties at .5 after scaling, an all-zero row, huge and tiny values."""
+    cpu_ops.load()
+    model = tiny_llama(vocab_size=96, seed=4)
+    pool = make_pool(model, kv, 16)
+    generator = torch.Generator().manual_seed(2)
+    rows = torch.randn(7, 2, 16, generator=generator) * torch.logspace(-30, 30, 7)[:, None, None]  # [W, H, D]
+    rows[0, 0] = 0.0
+    rows[1, 0] = torch.arange(16) - 7.5  # ties for int8: max |x| 127 makes the scale 1, x / 1 = k + 0.5
+    rows[1, 0, 0] = 127.0
+    rows[1, 1] = (torch.arange(16) - 8) * 28.0  # ties for fp8: max 448 -> scale 1; 28·k sits between e4m3 values
+    rows[1, 1, 0] = 448.0
+    want = pool._encode(rows)
+    store = pool.layers[0]["key"]["data"]
+    data, scale = ops.kv_encode(rows, store, "scale" in want)
+    assert data.dtype == want["data"].dtype and torch.equal(_bits(data), _bits(want["data"]))
+    if "scale" in want:
+        assert torch.equal(scale, want["scale"])
 
 
 def test_the_layer_ops_refuse_a_wrong_linear_list():
