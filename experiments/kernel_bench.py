@@ -1,6 +1,7 @@
 """Our kernels on this machine: decode tok/s against stock transformers, V(k)/T₁, and the stream bandwidth.
 
     python experiments/kernel_bench.py --precisions fp32 rtn-int4 --rounds 3 --tokens 48
+    python experiments/kernel_bench.py --precisions int4 nf4 --group-size 64 --eager-only   # GPTQ, bitsandbytes
 
 Arms (each a lone sequence, :func:`~spectoolkit.runtime.lone.lone_sequence`, over the embedded model):
 ``stock`` — transformers ``generate`` (greedy, the model as loaded, no packing: MKL/oneDNN); ``eager`` and
@@ -78,26 +79,31 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "rtn-int4"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--group-size", type=int, default=32, help="rtn-*/int4 (GPTQ) group size")
+    parser.add_argument("--eager-only", action="store_true", help="skip the compiled arm (and its compiling)")
     args = parser.parse_args()
     print(f"CPU: {cpu_model()}, ISA {torch.backends.cpu.get_cpu_capability()}, threads {torch.get_num_threads()}")
     print(f"stream: {stream_gbps():.1f} GB/s")
     for precision in args.precisions:
-        stock = load_model(None, precision, torch.device("cpu"), group_size=32, kernels="reference").model
-        ours = load_model(None, precision, torch.device("cpu"), group_size=32).model
-        eager, compiled = lone_sequence(ours, positions=512), lone_sequence(ours, positions=512, compiled=True)
+        group = args.group_size
+        stock = load_model(None, precision, torch.device("cpu"), group_size=group, kernels="reference").model
+        ours = load_model(None, precision, torch.device("cpu"), group_size=group).model
+        runners = {"eager": lone_sequence(ours, positions=512)}
         began = time.perf_counter()
-        compiled.runner.warm(WIDTHS)
+        if not args.eager_only:
+            runners["compiled"] = lone_sequence(ours, positions=512, compiled=True)
+            runners["compiled"].runner.warm(WIDTHS)
         print(f"{precision}: weights {packed_bytes(ours) / 1e6:.0f} MB; compiled widths {WIDTHS} in "
               f"{time.perf_counter() - began:.0f} s")  # fmt: skip
-        arms = {"stock": (stock_rate, stock), "eager": (decode_rate, eager), "compiled": (decode_rate, compiled)}
+        arms = {"stock": (stock_rate, stock)} | {name: (decode_rate, seq) for name, seq in runners.items()}
         rates: dict[str, list[float]] = {name: [] for name in arms}
-        windows: dict[str, list[dict[int, float]]] = {"eager": [], "compiled": []}
+        windows: dict[str, list[dict[int, float]]] = {name: [] for name in runners}
         for round_index in range(args.rounds):
-            names = list(arms)[round_index % 3 :] + list(arms)[: round_index % 3]
+            names = list(arms)[round_index % len(arms) :] + list(arms)[: round_index % len(arms)]
             for name in names:
                 measure, subject = arms[name]
                 rates[name].append(measure(subject, args.tokens))
-            for name, seq in (("eager", eager), ("compiled", compiled)):
+            for name, seq in runners.items():
                 windows[name].append(window_times(seq))
         stock_median = statistics.median(rates["stock"])
         for name, values in rates.items():

@@ -9,8 +9,20 @@ of a KV head and the Q positions are packed as ``n_rep * Q`` rows, so each KV bl
 KV head. K and V are dequantized in registers from the stored codes and per-token scales of
 :mod:`spectoolkit.kvcache.formats` (fp8 / int8 per row; int4 per group of G = gcd(32, D) with a zero,
 two codes a byte, low nibble first); fp16/bf16/fp32 KV go through the same kernel unscaled. Scores
-and the online softmax are fp32; P·V accumulates in fp32; the output is in q's dtype. Long contexts
-are split over several programs (flash-decoding) and merged by a second small kernel.
+and the online softmax are fp32; P·V accumulates in fp32; the output is in q's dtype.
+
+Exact by construction (DESIGN §7): every output row is one fixed-order computation over its own
+visible slots. The KV sequence is cut at fixed positions — split s holds slots
+[s·SPLIT_LEN, (s+1)·SPLIT_LEN) — and each split walks its slots in blocks of BLOCK_N from its start, so
+the number of splits of a request depends on its own length only, never on the batch, the other
+requests' lengths or the device's SM count. A request of one split is normalized in place; longer
+ones are merged by a second kernel that combines that request's splits one after another, in split
+order. The tile shapes (BLOCK_M rows, BLOCK_N slots), num_warps and num_stages are constants (no
+autotuning: a tile shape can select another MMA instruction or reduction layout). Hence a row's bits
+do not depend on its batch companions, on its place in the row block, on the window length (a decode
+step at position p equals row p of a verify window over the same prefix: blocks and splits past a
+row's last visible slot add exact zeros) or on the GPU it runs on (given one Triton build). The
+``split_len`` argument overrides SPLIT_LEN for a whole call (tests: the merge on short contexts).
 
 The reference (:func:`kv_attention_reference`) dequantizes with formats.py and runs fp32 SDPA with the
 causal-window mask: the path the pipeline runs without a GPU.
@@ -18,7 +30,6 @@ causal-window mask: the path the pipeline runs without a GPU.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import torch
@@ -35,8 +46,10 @@ _FORMAT_CODES = {"bf16": _FLOAT, "fp16": _FLOAT, "fp32": _FLOAT, "int8": _INT8, 
 _FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DOT_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-_SPLIT_ALIGN = 256  # KV split lengths are multiples of every BLOCK_N in the configs
-_MAX_BLOCK_M = 64
+BLOCK_M = 32  # packed query rows (heads of a KV head × window positions) per program, for every shape
+BLOCK_N = 64  # KV slots per online-softmax block
+SPLIT_LEN = 512  # KV slots per split (a multiple of BLOCK_N): split s holds slots [s·SPLIT_LEN, (s+1)·SPLIT_LEN)
+NUM_WARPS, NUM_STAGES = 4, 2  # fixed, like the tiles: one compiled kernel per shape, the same on every GPU
 _LOG2E = 1.4426950408889634
 
 
@@ -96,15 +109,17 @@ def _kv_attention_kernel(
     s_qb, s_qh, s_qq, s_ob, s_oh, s_oq,
     s_kb, s_kh, s_kn, s_ksb, s_ksh, s_ksn,
     s_vb, s_vh, s_vn, s_vsb, s_vsh, s_vsn,
-    qk_scale, H_KV, split_len,
+    qk_scale, H_KV, split_len, max_splits,
     Q: tl.constexpr, N_REP: tl.constexpr, D: tl.constexpr, G: tl.constexpr, FORMAT: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, HAS_MASK: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, HAS_MASK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Program (b * H_KV + kv_head, split, row block): online softmax over its KV slots, in fp32.
+    """Program (b * H_KV + kv_head, split, row block): online softmax over the split's slots, in fp32.
 
-    Rows r = head_in_group * Q + i. With NUM_SPLITS == 1 it writes the normalized output [B, H, Q, D];
-    otherwise the unnormalized accumulator and (running max, denominator) of its split for the merge.
+    Rows r = head_in_group * Q + i. Request b has cdiv(L_b + Q, split_len) splits of its own (``max_splits``,
+    the grid's count, only lays out the partials; a program past the request's splits does nothing). With one
+    split it writes the normalized output [B, H, Q, D]; otherwise the unnormalized accumulator and (running
+    max, denominator) of its split for the merge.
     """
     pid_bh, split, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, kv_head = pid_bh // H_KV, pid_bh % H_KV
@@ -117,7 +132,8 @@ def _kv_attention_kernel(
 
     prefix = tl.load(prefix_lens_ptr + b)
     last_visible = prefix + pos  # [BLOCK_M]: row sees slots [0, prefix + i]
-    lo = split * split_len
+    num_splits = tl.cdiv(prefix + Q, split_len)  # this request's own: its length decides, nothing else
+    lo = split * split_len  # fixed positions: empty (no iteration) past the request's end
     hi = tl.minimum(lo + split_len, prefix + Q)
     k_base, v_base = kd_ptr + b * s_kb + kv_head * s_kh, vd_ptr + b * s_vb + kv_head * s_vh
     ks_off, vs_off = b * s_ksb + kv_head * s_ksh, b * s_vsb + kv_head * s_vsh
@@ -173,53 +189,46 @@ def _kv_attention_kernel(
         acc = acc * alpha[:, None] + _dot(p, v, DOT_DTYPE, FP32_DOT)
         m_i = m_new
 
-    if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        out_off = b * s_ob + head[:, None] * s_oh + pos[:, None] * s_oq + offs_d[None, :]
-        tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        part = (pid_bh * NUM_SPLITS + split) * (N_REP * Q) + rows  # [BLOCK_M] row index into partials
-        tl.store(part_acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])
-        tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
-        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+    # Masked stores, not branches: one split -> the output; several -> this split's partials (if it has slots).
+    # (Row bounds as `rows < limit`: the interpreter cannot mask with a vector & scalar of booleans.)
+    alone = rows < tl.where((num_splits == 1) & (split == 0), N_REP * Q, 0)  # [BLOCK_M]
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out_off = b * s_ob + head[:, None] * s_oh + pos[:, None] * s_oq + offs_d[None, :]
+    tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=alone[:, None])
+    merged = rows < tl.where((num_splits > 1) & (split < num_splits), N_REP * Q, 0)  # [BLOCK_M]
+    part = (pid_bh * max_splits + split) * (N_REP * Q) + rows  # [BLOCK_M] row index into partials
+    tl.store(part_acc_ptr + part[:, None] * D + offs_d[None, :], acc, mask=merged[:, None])
+    tl.store(part_ml_ptr + part * 2, m_i, mask=merged)
+    tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=merged)
 
 
 @triton.jit
 def _merge_splits_kernel(
-    part_acc_ptr, part_ml_ptr, out_ptr, s_ob, s_oh, s_oq, H_KV,
-    Q: tl.constexpr, N_REP: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    part_acc_ptr, part_ml_ptr, prefix_lens_ptr, out_ptr, s_ob, s_oh, s_oq, H_KV, split_len, max_splits,
+    Q: tl.constexpr, N_REP: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
-    """Program (b * H_KV + kv_head, row): combine the splits' (acc, max, denominator) into one output row."""
+    """Program (b * H_KV + kv_head, row): request b's splits' (acc, max, denominator) combined into one output row,
+    one split after another in split order (a request of one split was normalized by the first kernel)."""
     pid_bh, row = tl.program_id(0), tl.program_id(1)
     b, kv_head = pid_bh // H_KV, pid_bh % H_KV
-    splits = tl.arange(0, SPLITS_P2)
-    split_ok = splits < NUM_SPLITS
-    part = (pid_bh * NUM_SPLITS + splits) * (N_REP * Q) + row  # [SPLITS_P2]
-    m_s = tl.load(part_ml_ptr + part * 2, mask=split_ok, other=-1.0e30)
-    l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=split_ok, other=0.0)
+    num_splits = tl.cdiv(tl.load(prefix_lens_ptr + b) + Q, split_len)
+    count = tl.where(num_splits > 1, num_splits, 0)  # splits to merge: none for a one-split request
+    first = pid_bh * max_splits * (N_REP * Q) + row  # split 0's partial row; split s is s * N_REP * Q further
+    m_max = tl.load(part_ml_ptr + first * 2, mask=count > 0, other=0.0)
+    for split in range(1, count):  # the max is exact in any order; the sums below run in split order
+        m_max = tl.maximum(m_max, tl.load(part_ml_ptr + (first + split * N_REP * Q) * 2))
     offs_d = tl.arange(0, D)
-    acc_s = tl.load(part_acc_ptr + part[:, None] * D + offs_d[None, :], mask=split_ok[:, None], other=0.0)
-    weight = tl.exp2(m_s - tl.max(m_s, 0))  # [SPLITS_P2]
-    denom = tl.sum(l_s * weight, 0)
-    out = tl.sum(acc_s * weight[:, None], 0) / tl.where(denom > 0, denom, 1.0)  # [D]; a fully masked row gives 0
+    denom = tl.zeros_like(m_max)
+    acc = tl.zeros([D], tl.float32)
+    for split in range(0, count):
+        part = first + split * N_REP * Q
+        weight = tl.exp2(tl.load(part_ml_ptr + part * 2) - m_max)  # 0 for a split this row sees nothing of
+        denom += tl.load(part_ml_ptr + part * 2 + 1) * weight
+        acc += tl.load(part_acc_ptr + part * D + offs_d) * weight
+    out = acc / tl.where(denom > 0, denom, 1.0)  # [D]; a fully masked row gives 0
     head, pos = kv_head * N_REP + row // Q, row % Q
-    tl.store(out_ptr + b * s_ob + head * s_oh + pos * s_oq + offs_d, out.to(out_ptr.dtype.element_ty))
-
-
-def _autotune_configs() -> list[triton.Config]:
-    """BLOCK_N × warps × stages tried on CUDA (BLOCK_N divides _SPLIT_ALIGN)."""
-    return [
-        triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
-        for block_n in (32, 64, 128)
-        for warps in (4, 8)
-        for stages in (2, 3)
-    ]
-
-
-_kv_attention_autotuned = triton.autotune(
-    configs=_autotune_configs(), key=["Q", "N_REP", "D", "FORMAT", "DOT_DTYPE", "BLOCK_M"]
-)(_kv_attention_kernel)
-_INTERPRETER_CONFIG = {"BLOCK_N": 64, "num_warps": 4}  # one fixed config keeps interpreted tests fast
+    out_off = b * s_ob + head * s_oh + pos * s_oq + offs_d
+    tl.store(out_ptr + out_off, out.to(out_ptr.dtype.element_ty), mask=offs_d < tl.where(count > 0, D, 0))
 
 
 # ---- launch wrapper ----------------------------------------------------------------------------------
@@ -251,7 +260,7 @@ def kv_attention(
     prefix_lens: int | Sequence[int] | torch.Tensor,
     softmax_scale: float | None = None,
     *,
-    num_splits: int | None = None,
+    split_len: int = SPLIT_LEN,
     key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of query [B, H, Q, D] over stored KV fields [B, H_kv, cap, width] -> [B, H, Q, D] in q's dtype.
@@ -259,7 +268,8 @@ def kv_attention(
     ``key_fields``/``value_fields``: the stored fields of ``fmt`` (``data``, ``scale``[, ``zero``] as laid out
     in :mod:`spectoolkit.kvcache.formats`; ``{"data": ...}`` for bf16/fp16/fp32). ``prefix_lens``: L_b, the
     positions before the window per request (an int for all); query i of request b sees slots
-    [0, L_b + i]. ``softmax_scale`` defaults to D**-0.5; ``num_splits`` overrides the KV split count.
+    [0, L_b + i]. ``softmax_scale`` defaults to D**-0.5; ``split_len`` overrides :data:`SPLIT_LEN` (a positive
+    multiple of :data:`BLOCK_N`; every request of the call is cut at the same fixed positions).
     ``key_mask``: optional bool [B|1, Q, N] (N ≥ max L_b + Q, slot n at index n) further restricting what
     query i sees, e.g. left padding; a row that sees nothing gets zeros.
     """
@@ -269,10 +279,11 @@ def kv_attention(
     prefix, max_prefix = _prefix_tensor(prefix_lens, batch, query.device)
     if max_prefix + q_len > capacity:
         raise ValueError(f"prefix length {max_prefix} + {q_len} queries exceeds the KV capacity {capacity}")
+    if split_len <= 0 or split_len % BLOCK_N:
+        raise ValueError(f"split_len must be a positive multiple of {BLOCK_N}, got {split_len}")
     n_rep = num_heads // kv_heads
-    block_m = min(max(16, triton.next_power_of_2(n_rep * q_len)), _MAX_BLOCK_M)
-    m_blocks = triton.cdiv(n_rep * q_len, block_m)
-    splits, split_len = _plan_splits(max_prefix + q_len, batch * kv_heads * m_blocks, query.device, num_splits)
+    m_blocks = triton.cdiv(n_rep * q_len, BLOCK_M)
+    splits = triton.cdiv(max_prefix + q_len, split_len)  # the grid's count: the longest request's own
     out = torch.empty_like(query, memory_format=torch.contiguous_format)  # [B, H, Q, D]
     rows = batch * kv_heads * splits * n_rep * q_len
     part_acc = query.new_empty((rows if splits > 1 else 1, head_dim), dtype=torch.float32)
@@ -280,23 +291,21 @@ def kv_attention(
     keys, values = _with_defaults(key_fields), _with_defaults(value_fields)
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
     group = int4_group_size(head_dim) if fmt == "int4" else 1
-    launch = _kv_attention_kernel if interpreting() else _kv_attention_autotuned
-    extra = _INTERPRETER_CONFIG if interpreting() else {}
     mask = _check_mask(key_mask, batch, q_len, max_prefix + q_len, query.device)  # [B|1, Q, N] uint8
-    launch[(batch * kv_heads, splits, m_blocks)](
+    _kv_attention_kernel[(batch * kv_heads, splits, m_blocks)](
         query, out, part_acc, part_ml, prefix, mask, mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(1),
         keys["data"], keys["scale"], keys["zero"], values["data"], values["scale"], values["zero"],
         *query.stride()[:3], *out.stride()[:3],
         *_strides(keys), *_strides(values),
-        scale * _LOG2E, kv_heads, split_len,
+        scale * _LOG2E, kv_heads, split_len, splits,
         Q=q_len, N_REP=n_rep, D=head_dim, G=group, FORMAT=_FORMAT_CODES[fmt],
-        NUM_SPLITS=splits, DOT_DTYPE=_DOT_DTYPES[query.dtype], FP32_DOT=_fp32_dot(query.dtype),
-        HAS_MASK=key_mask is not None, BLOCK_M=block_m, **extra,
+        DOT_DTYPE=_DOT_DTYPES[query.dtype], FP32_DOT=_fp32_dot(query.dtype),
+        HAS_MASK=key_mask is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
         _merge_splits_kernel[(batch * kv_heads, n_rep * q_len)](
-            part_acc, part_ml, out, out.stride(0), out.stride(1), out.stride(2), kv_heads,
-            Q=q_len, N_REP=n_rep, D=head_dim, NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
+            part_acc, part_ml, prefix, out, out.stride(0), out.stride(1), out.stride(2), kv_heads, split_len, splits,
+            Q=q_len, N_REP=n_rep, D=head_dim, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
         )  # fmt: skip
     return out
 
@@ -369,23 +378,6 @@ def _prefix_tensor(prefix_lens, batch: int, device: torch.device) -> tuple[torch
     if len(values) != batch or any(length < 0 for length in values):
         raise ValueError(f"prefix_lens must be {batch} non-negative lengths, got {values}")
     return torch.tensor(values, dtype=torch.int32, device=device), max(values)
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
-def _plan_splits(max_kv_len: int, programs: int, device: torch.device, num_splits: int | None) -> tuple[int, int]:
-    """(splits, split length): by default enough programs to fill the device twice over, each split a
-    multiple of _SPLIT_ALIGN slots; ``num_splits`` forces a count (tests exercise the merge on short contexts).
-    """
-    align = 1
-    if num_splits is None:
-        by_device = triton.cdiv(2 * _num_sms(device), programs)
-        num_splits, align = max(1, min(by_device, triton.cdiv(max_kv_len, _SPLIT_ALIGN))), _SPLIT_ALIGN
-    split_len = triton.cdiv(triton.cdiv(max_kv_len, num_splits), align) * align
-    return triton.cdiv(max_kv_len, split_len), split_len
 
 
 def _with_defaults(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

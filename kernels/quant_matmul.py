@@ -21,14 +21,17 @@ canonical weights bit for bit (no rounding of the dequantized weight to the acti
 and a weight element costs a shift, a mask and a convert. Per channel the scale is applied once,
 after the K loop.
 
-Two paths, picked by the config's BLOCK_M: M = 1 (decode) is a GEMV — an FMA tile reduced over K,
-no tensor cores; M > 1 uses ``tl.dot`` (BLOCK_M = 16 up to M = 16, wider for prefill). Both split K
-over SPLIT_K programs when N alone gives too few tiles to fill the GPU; the partial sums are then
-added in a fixed order by the last program of each tile to arrive (a per-tile arrival counter,
-reset by that program), so results are deterministic and the call is one launch. The counters are
-shared per device: calls on two concurrent streams of one device could collide. The M = 1 and
-M > 1 paths sum in different orders, so a row's output may differ in the last bit between a decode
-and a verify call (not batch-invariant). Reference: :func:`reference_quant_matmul`.
+Exact by construction (DESIGN §7): every output element is one fixed-order reduction over K that
+depends only on its own row of x and the weight. One path for every M: rows run in tiles of
+:data:`BLOCK_M` = 16 (the smallest tensor-core M; a decode row is one masked tile), each program
+walks the whole of K in tiles of BLOCK_K ascending — no split-K — and every tile is one ``tl.dot``
+(fp16/bf16 operands on tensor cores; fp32 activations as exact fp32 ``ieee`` dots, no TF32). BLOCK_K
+is a fixed function of (g, K) (:func:`block_k`), and BLOCK_N and num_warps are constants: a tile
+shape can select another MMA instruction or reduction layout, so none is tuned. Only num_stages
+(software pipelining of the loads; the arithmetic is unchanged) is autotuned on CUDA. A row's bits are
+therefore the same whether it is computed alone (decode), in a verify window, or beside any other
+rows (batching), and whatever the GPU's SM count; they differ from the reference by fp32 summation
+order only. Reference: :func:`reference_quant_matmul`.
 """
 
 from __future__ import annotations
@@ -51,8 +54,10 @@ from spectoolkit.kernels.rtn_format import (
 from spectoolkit.kernels.runtime import BenchCase, interpreting, require_launchable
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-BLOCK_K_CHOICES = (256, 128, 64, 32)  # every group size the kernel takes is a multiple of 32
-_MAX_SPLIT_K = 8
+BLOCK_M = 16  # rows per tile, for every M: a row's arithmetic never depends on how many rows came with it
+BLOCK_N = 32  # output channels per tile: narrow, since without split-K the N tiles alone fill the GPU
+NUM_WARPS = 4
+BLOCK_K_CHOICES = (128, 64, 32)  # every group size the kernel takes is a multiple of 32
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int64)  # nibble s of a word sits at bits 4s..4s+3
 
 
@@ -133,11 +138,9 @@ def _load_codes(w_ptr, offs_k, offs_n, mask, N, BITS: tl.constexpr):
 
 
 @triton.jit
-def _tile_product(x, codes, BLOCK_M: tl.constexpr, DOT_IEEE: tl.constexpr):
+def _tile_product(x, codes, DOT_IEEE: tl.constexpr):
     """x [BLOCK_M, BLOCK_K] @ codes [BLOCK_K, BLOCK_N] -> fp32 [BLOCK_M, BLOCK_N]."""
-    if BLOCK_M == 1:  # GEMV: FMAs reduced over K, no tensor-core padding of M
-        return tl.sum(tl.trans(x.to(tl.float32)) * codes, axis=0, keep_dims=True)
-    elif DOT_IEEE:  # fp32 operands, no TF32 rounding (see quant_matmul)
+    if DOT_IEEE:  # fp32 operands, no TF32 rounding (see quant_matmul)
         return tl.dot(x.to(tl.float32), codes, input_precision="ieee")
     else:  # the codes are exact in fp16/bf16
         return tl.dot(x, codes.to(x.dtype))
@@ -151,13 +154,10 @@ def _quant_matmul_kernel(
     zeros_ptr,  # bf16 [G, N] (int4; unused for int8)
     bias_ptr,  # [N] (unused without bias)
     y_ptr,  # [M, N] in x's dtype
-    partial_ptr,  # fp32 [SPLIT_K, M, N] scratch (SPLIT_K > 1)
-    counter_ptr,  # int32 [>= tiles], zero between calls (SPLIT_K > 1)
     M,
     N,
     K,
     group_size,
-    m_bucket,  # autotune key only: M rounded up to a power of two, capped (prefill lengths share a tuning)
     stride_xm,
     stride_ym,
     BITS: tl.constexpr,
@@ -167,30 +167,25 @@ def _quant_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
 ):
+    """Program (N tile, M tile): the whole of K for BLOCK_M rows × BLOCK_N channels, K tiles in ascending order."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_n = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    # This program's share of K: whole BLOCK_K tiles, so a tile never straddles a group (BLOCK_K | g).
-    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-    k_begin = pid_k * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # Σ x·w (per channel: Σ x·code)
     x_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)  # per channel int4: Σ x, for the zero term
-    for k0 in range(k_begin, k_end, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):  # a tile never straddles a group (BLOCK_K | g)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         x = tl.load(
             x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0
         )
         codes = _load_codes(w_ptr, offs_k, offs_n, mask_k[:, None] & mask_n[None, :], N, BITS)
-        part = _tile_product(x, codes, BLOCK_M, DOT_IEEE)  # [BLOCK_M, BLOCK_N]
+        part = _tile_product(x, codes, DOT_IEEE)  # [BLOCK_M, BLOCK_N]
         if PER_CHANNEL:
             acc += part
             if BITS == 4:
@@ -208,95 +203,28 @@ def _quant_matmul_kernel(
             acc += x_sum[:, None] * tl.load(zeros_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :] * (pid_k == 0)
-    if SPLIT_K == 1:
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        _reduce_splits(acc, partial_ptr, counter_ptr, y_ptr, offs_m, offs_n, mask, M, N, stride_ym, SPLIT_K)
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _reduce_splits(acc, partial_ptr, counter_ptr, y_ptr, offs_m, offs_n, mask, M, N, stride_ym, SPLIT_K: tl.constexpr):
-    """Park this split's sum; the last split of the tile to arrive adds all of them in split order."""
-    tl.store(partial_ptr + (tl.program_id(2) * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
-    tl.debug_barrier()  # every thread's partial is written before the (release) arrival below
-    tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
-    if arrived == SPLIT_K - 1:
-        total = tl.zeros(acc.shape, dtype=tl.float32)
-        for split in tl.static_range(SPLIT_K):  # fixed order: the sum does not depend on arrival order
-            offs = (split * M + offs_m[:, None]) * N + offs_n[None, :]
-            total += tl.load(partial_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], total.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next call
+def block_k(group_size: int, num_cols: int) -> int:
+    """The K tile of a weight: the largest of :data:`BLOCK_K_CHOICES` dividing g (128 per channel) — fixed by the
+    weight alone, so the order of the K reduction is too."""
+    if group_size == num_cols:
+        return BLOCK_K_CHOICES[0]
+    return next(b for b in BLOCK_K_CHOICES if group_size % b == 0)
 
 
-def _config(block_m: int, block_n: int, block_k: int, split_k: int, warps: int, stages: int) -> triton.Config:
-    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k}
-    return triton.Config(meta, num_warps=warps, num_stages=stages)
+def tile_config(group_size: int, num_cols: int) -> dict[str, int]:
+    """The one tiling of a weight's calls, whatever M: ``{"BLOCK_M", "BLOCK_N", "BLOCK_K"}``."""
+    return {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": block_k(group_size, num_cols)}
 
 
-# GEMV (M = 1): narrow N tiles and split K so that even N = 1024 spreads over every SM; GEMM (M > 1):
-# BLOCK_M = 16 (the smallest tensor-core M). Pruned per call to BLOCK_K | g (see _prune_configs).
-AUTOTUNE_CONFIGS = (
-    [
-        _config(1, block_n, block_k, split_k, warps, stages)
-        for block_n, block_k, warps in (
-            (32, 256, 4),
-            (64, 128, 4),
-            (64, 256, 4),
-            (128, 128, 4),
-            (128, 64, 4),
-            (256, 32, 4),
-        )
-        for split_k in (1, 2, 4, 8)
-        for stages in (2, 4)
-    ]
-    + [
-        _config(16, block_n, block_k, split_k, warps, stages)
-        for block_n, block_k, warps in ((32, 128, 4), (64, 64, 4), (64, 128, 4), (128, 64, 4), (128, 32, 4))
-        for split_k in (1, 2, 4)
-        for stages in (3, 4)
-    ]
-    + [  # prefill-sized M: wider M tiles, no split
-        _config(block_m, block_n, block_k, 1, warps, 3)
-        for block_m, block_n, block_k, warps in ((32, 64, 64, 4), (64, 64, 32, 4), (64, 128, 32, 8), (64, 64, 64, 4))
-    ]
-)
-
-
-def _prune_configs(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """Keep the configs for this M (GEMV or GEMM) whose BLOCK_K tiles fit inside one group."""
-    m = named_args["M"]
-    block_ms = (1,) if m == 1 else (16,) if m <= 16 else (16, 32, 64)
-    group_size, per_channel = named_args["group_size"], kwargs.get("PER_CHANNEL", named_args.get("PER_CHANNEL"))
-    return [
-        c for c in configs if c.kwargs["BLOCK_M"] in block_ms and (per_channel or group_size % c.kwargs["BLOCK_K"] == 0)
-    ]
-
-
+# num_stages only: it pipelines the loads and leaves every sum as it is (tiles and warps are fixed above).
+AUTOTUNE_CONFIGS = [triton.Config({}, num_warps=NUM_WARPS, num_stages=stages) for stages in (2, 3, 4)]
 _autotuned_kernel = triton.autotune(
-    AUTOTUNE_CONFIGS,
-    key=["m_bucket", "N", "K", "group_size", "BITS", "PER_CHANNEL", "DOT_IEEE"],
-    prune_configs_by={"early_config_prune": _prune_configs},
+    AUTOTUNE_CONFIGS, key=["N", "K", "group_size", "BITS", "PER_CHANNEL", "HAS_BIAS", "DOT_IEEE"]
 )(_quant_matmul_kernel)
-
-
-def interpreter_config(m: int, group_size: int, num_cols: int) -> dict:
-    """The one config launched under the interpreter: big tiles (fewer interpreted steps), no split."""
-    block_k = next(b for b in BLOCK_K_CHOICES if group_size % b == 0 or group_size == num_cols)
-    return {"BLOCK_M": 1 if m == 1 else 16, "BLOCK_N": 64, "BLOCK_K": min(block_k, 128), "SPLIT_K": 1}
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrival_counters(device: torch.device, size: int) -> torch.Tensor:
-    """int32 [>= size] zeros, kept per device: the kernel resets each counter it uses."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < size:
-        counters = _COUNTERS[device] = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
-    return counters
 
 
 def _check(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> None:
@@ -326,13 +254,10 @@ def _check(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> 
     require_launchable(x)
 
 
-def quant_matmul(
-    x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None, *, config: dict | None = None
-) -> torch.Tensor:
+def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] fp16/bf16/fp32 @ dequantized weightᵀ (+ bias [N]) -> [..., N] in x's dtype.
 
-    ``config`` (meta-parameters, e.g. ``{"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 2}``)
-    pins one launch instead of the autotuned choice (CUDA) or :func:`interpreter_config` (interpreter).
+    Row-invariant: each output row's bits depend on that row of x and the weight only (module docstring).
     """
     _check(x, weight, bias)
     num_rows, num_cols = weight.shape
@@ -350,13 +275,10 @@ def quant_matmul(
         weight.scales if weight.zeros is None else weight.zeros,
         out if bias is None else bias,
         out,
-        torch.empty(_MAX_SPLIT_K, m, num_rows, dtype=torch.float32, device=x.device),  # [SPLIT_K, M, N]
-        _arrival_counters(x.device, m * triton.cdiv(num_rows, 16)),
         m,
         num_rows,
         num_cols,
         weight.group_size,
-        min(triton.next_power_of_2(m), 256),
         rows.stride(0),
         out.stride(0),
     )
@@ -368,15 +290,12 @@ def quant_matmul(
         # (triton 3.9); an fp32 dot of the same exact operands gives the same sums.
         "DOT_IEEE": x.dtype == torch.float32 or (interpreting() and x.dtype == torch.bfloat16),
     }
-    if config is None and not interpreting():
-        grid = lambda meta: (triton.cdiv(num_rows, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"])  # noqa: E731
-        _autotuned_kernel[grid](*args, **flags)
+    tiles = tile_config(weight.group_size, num_cols)
+    grid = (triton.cdiv(num_rows, BLOCK_N), triton.cdiv(m, BLOCK_M))
+    if interpreting():  # pipelining means nothing to the interpreter: no tuning runs
+        _quant_matmul_kernel[grid](*args, **flags, **tiles, num_warps=NUM_WARPS)
     else:
-        meta = config or interpreter_config(m, weight.group_size, num_cols)
-        if meta["SPLIT_K"] > _MAX_SPLIT_K:
-            raise ValueError(f"quant_matmul: SPLIT_K must be <= {_MAX_SPLIT_K}, got {meta['SPLIT_K']}")
-        grid = (triton.cdiv(num_rows, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"])
-        _quant_matmul_kernel[grid](*args, **flags, **meta)
+        _autotuned_kernel[grid](*args, **flags, **tiles)
     return out.view(*x.shape[:-1], num_rows)
 
 

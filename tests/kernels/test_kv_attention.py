@@ -8,6 +8,10 @@ reference dequantize the same codes and differ only in rounding:
 - fp16: the kernel feeds q, the dequantized K/V (int4 / float formats) and the probabilities P to the
   dot in fp16 (10-bit mantissa, ~5e-4 relative each) and rounds the output to fp16 -> 4e-3.
 - bf16: the same with an 8-bit mantissa (~4e-3 relative each) -> 3e-2.
+
+Invariance (DESIGN §7) is checked bit for bit (``torch.equal``): a request alone against the same request
+batched with others of other lengths, and a decode step against the verify-window row at its position — with
+64-slot splits, so the contexts here span several splits and the merge kernel runs.
 """
 
 from __future__ import annotations
@@ -56,10 +60,10 @@ def _case(fmt, heads, q_len, head_dim, contexts, dtype, device, seed=0):
     return query.to(device, dtype), *fields, prefix_lens
 
 
-def _check(kva, fmt, heads, q_len, head_dim, contexts, dtype, device, num_splits=None, softmax_scale=None, mask=None):
+def _check(kva, fmt, heads, q_len, head_dim, contexts, dtype, device, split_len=None, softmax_scale=None, mask=None):
     query, key_fields, value_fields, prefix_lens = _case(fmt, heads, q_len, head_dim, contexts, dtype, device)
     args = (query, key_fields, value_fields, fmt, prefix_lens, softmax_scale)
-    out = kva.kv_attention(*args, num_splits=num_splits, key_mask=mask)
+    out = kva.kv_attention(*args, split_len=split_len or kva.SPLIT_LEN, key_mask=mask)
     ref = kva.kv_attention_reference(*args, key_mask=mask)
     assert out.shape == query.shape and out.dtype == dtype
     tol = TOLERANCE[dtype]
@@ -79,35 +83,69 @@ def test_matches_reference(kva, device, fmt, heads, q_len, head_dim, dtype):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_split_merge_matches_reference(kva, device, fmt):
-    """Several KV splits per request, merged by the second kernel (short splits, one empty for the short request)."""
-    _check(kva, fmt, (8, 2), 5, 64, (1 + 5, 130), torch.float32, device, num_splits=4, softmax_scale=0.3)
+    """Several KV splits per request, merged by the second kernel (64-slot splits: three for the long request,
+    one for the short one, normalized in place while its companion's splits are merged)."""
+    _check(kva, fmt, (8, 2), 5, 64, (1 + 5, 130), torch.float32, device, split_len=64, softmax_scale=0.3)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("fmt", "heads", "q_len", "head_dim", "dtype"), list(itertools.product(FORMATS, HEADS, (1, 5), (64, 128), DTYPES))
 )
-@pytest.mark.parametrize("num_splits", [None, 3])
-def test_matches_reference_full_grid(kva, device, fmt, heads, q_len, head_dim, dtype, num_splits):
+@pytest.mark.parametrize("split_len", [None, 64])
+def test_matches_reference_full_grid(kva, device, fmt, heads, q_len, head_dim, dtype, split_len):
     for contexts in ((5,), (37,), (130,), (37, 130), (300, 64)):
-        _check(kva, fmt, heads, q_len, head_dim, contexts, dtype, device, num_splits)
+        _check(kva, fmt, heads, q_len, head_dim, contexts, dtype, device, split_len)
 
 
-@pytest.mark.parametrize("num_splits", [None, 3])
-def test_key_mask_matches_reference(kva, device, num_splits):
+@pytest.mark.parametrize("split_len", [None, 64])
+def test_key_mask_matches_reference(kva, device, split_len):
     """An extra key mask (left padding of 3 and 20 slots, one hole) on top of the causal window."""
     mask = torch.ones(2, 5, 140, dtype=torch.bool)
     mask[0, :, :3], mask[1, :, :20], mask[1, 2, 60] = False, False, False
-    _check(kva, "int4", (8, 2), 5, 64, (37, 130), torch.float32, device, num_splits, mask=mask.to(device))
+    _check(kva, "int4", (8, 2), 5, 64, (37, 130), torch.float32, device, split_len, mask=mask.to(device))
 
 
-def test_decode_step_equals_verify_row(kva, device):
-    """Query i of a verify window attends exactly like a decode step at its position (same slots, fp32)."""
-    query, key_fields, value_fields, _ = _case("int8", (8, 2), 5, 64, (40,), torch.float32, device)
-    window = kva.kv_attention(query, key_fields, value_fields, "int8", 35)  # [1, 8, 5, 64]
+INVARIANCE_CONTEXTS = (37, 130, 6, 200)  # with 64-slot splits: 1, 3, 1 and 4 splits
+# fp32 in every format (a reordered sum shows in its last bit; bf16 output rounding would mostly hide it), bf16 once.
+SPLIT_CASES = [(fmt, q_len, torch.float32) for fmt in FORMATS for q_len in (1, 5)] + [("int4", 5, torch.bfloat16)]
+
+
+@pytest.mark.parametrize(("fmt", "q_len", "dtype"), SPLIT_CASES)
+def test_request_alone_equals_request_batched(kva, device, fmt, q_len, dtype):
+    """Each request's output bits are the same alone (B = 1) as beside requests of other lengths, whose split
+    counts differ from its own (64-slot splits); the batched call also meets the reference."""
+    query, key_fields, value_fields, prefix_lens = _case(fmt, (8, 2), q_len, 64, INVARIANCE_CONTEXTS, dtype, device)
+    batched = kva.kv_attention(query, key_fields, value_fields, fmt, prefix_lens, split_len=64)
+    for b, prefix in enumerate(prefix_lens):
+        own = [{name: t[b : b + 1] for name, t in fields.items()} for fields in (key_fields, value_fields)]
+        alone = kva.kv_attention(query[b : b + 1], *own, fmt, prefix, split_len=64)
+        assert torch.equal(alone, batched[b : b + 1]), f"request {b} (prefix {prefix}) differs alone and batched"
+    reference = kva.kv_attention_reference(query, key_fields, value_fields, fmt, prefix_lens)
+    torch.testing.assert_close(batched.float(), reference.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+DECODE_CASES = [("int8", torch.float32, 61), ("int4", torch.float32, 126), ("fp8", torch.float32, 126),
+                ("bf16", torch.bfloat16, 61)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "dtype", "prefix"), DECODE_CASES)
+def test_decode_step_equals_verify_row(kva, device, fmt, dtype, prefix):
+    """Row i of a verify window over ``prefix`` equals, bit for bit, a decode step at position prefix + i over the
+    same slots — across a split boundary too (64-slot splits: the window at 61 spans two, the first decode steps
+    one; at 126 the window spans three)."""
+    query, key_fields, value_fields, _ = _case(fmt, (8, 2), 5, 64, (prefix + 5,), dtype, device)
+    window = kva.kv_attention(query, key_fields, value_fields, fmt, prefix, split_len=64)  # [1, 8, 5, 64]
     for i in range(5):
-        step = kva.kv_attention(query[:, :, i : i + 1], key_fields, value_fields, "int8", 35 + i)
-        torch.testing.assert_close(step, window[:, :, i : i + 1], atol=2e-6, rtol=2e-6)
+        step = kva.kv_attention(query[:, :, i : i + 1], key_fields, value_fields, fmt, prefix + i, split_len=64)
+        assert torch.equal(step, window[:, :, i : i + 1]), f"position {prefix + i}: decode differs from verify row {i}"
+
+
+def test_split_len_must_be_whole_blocks(kva, device):
+    query, key_fields, value_fields, prefix_lens = _case("int8", (8, 2), 1, 64, (37,), torch.float32, device)
+    for split_len in (0, 100, -64):
+        with pytest.raises(ValueError, match="split_len"):
+            kva.kv_attention(query, key_fields, value_fields, "int8", prefix_lens, split_len=split_len)
 
 
 def test_rejects_bad_input(kva, device):
