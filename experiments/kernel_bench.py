@@ -9,7 +9,9 @@ Arms (each a lone sequence, :func:`~spectoolkit.runtime.lone.lone_sequence`, ove
 table gives the median per arm. ``T1`` is one decode step after a 100-token context; ``V(k)`` a forward
 of k rows at the same place (rolled back), so ``V(k)/T1`` is what a verify of γ + 1 = k rows costs in
 decode steps. ``stream`` is a 512 MB fp32 read (``sum``), the bandwidth a decode step of streamed
-weights can reach; ``weights`` the packed bytes a step reads. Compile time of the compiled runner's
+weights can reach; ``weights`` the packed bytes a step reads. The stream is measured again in every round,
+right after that round's T1 (a shared machine's bandwidth moves between runs), and ``of stream`` is the
+median over rounds of reads / that round's stream. Compile time of the compiled runner's
 widths is printed once (inductor caches it on disk: a second run takes seconds).
 """
 
@@ -98,6 +100,7 @@ def main() -> None:
         arms = {"stock": (stock_rate, stock)} | {name: (decode_rate, seq) for name, seq in runners.items()}
         rates: dict[str, list[float]] = {name: [] for name in arms}
         windows: dict[str, list[dict[int, float]]] = {name: [] for name in runners}
+        streams: list[float] = []
         for round_index in range(args.rounds):
             names = list(arms)[round_index % len(arms) :] + list(arms)[: round_index % len(arms)]
             for name in names:
@@ -105,6 +108,7 @@ def main() -> None:
                 rates[name].append(measure(subject, args.tokens))
             for name, seq in runners.items():
                 windows[name].append(window_times(seq))
+            streams.append(stream_gbps(repeats=3))
         stock_median = statistics.median(rates["stock"])
         for name, values in rates.items():
             rate = statistics.median(values)
@@ -114,7 +118,13 @@ def main() -> None:
                 ratios = " ".join(
                     f"V({w})/T1={statistics.median(x[w] for x in windows[name]) / t1:.2f}" for w in WIDTHS
                 )
-                line += f"  T1 {t1 * 1e3:.1f} ms  {ratios}  reads {packed_bytes(ours) / t1 / 1e9:.1f} GB/s"
+                share = statistics.median(
+                    packed_bytes(ours) / w[1] / 1e9 / stream for w, stream in zip(windows[name], streams, strict=True)
+                )
+                line += (
+                    f"  T1 {t1 * 1e3:.1f} ms  {ratios}  reads {packed_bytes(ours) / t1 / 1e9:.1f} GB/s "
+                    f"({share:.0%} of stream; rounds' stream {min(streams):.1f}-{max(streams):.1f} GB/s)"
+                )
             print(line, flush=True)
 
 
