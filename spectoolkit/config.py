@@ -16,7 +16,7 @@ from typing import Any
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.precisions import FLOAT_PRECISIONS, KV_PRECISIONS, MODEL_PRECISIONS
 
-DRAFT_KINDS = ("model", "skip", "ngram", "none")
+DRAFT_KINDS = ("model", "skip", "ngram", "suffix", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
 ARM_SETS = ("standard", "four_groups", "gamma_sweep", "tree_chain")
@@ -65,7 +65,9 @@ SKIP_PRECISIONS = ("rtn-int8", "rtn-int4")  # a layer-skip draft's own quantized
 @dataclass(frozen=True)
 class DraftConfig:
     """What proposes tokens: a draft model (``model``), the target with layers left out (``skip``: its own
-    weights, shared, and its own KV cache), prompt n-gram lookup, or ``none`` (baseline only)."""
+    weights, shared, and its own KV cache), prompt n-gram lookup, suffix decoding (``suffix``: frequency-scored
+    continuations from per-request and global suffix tries, :mod:`spectoolkit.drafting.suffix`), or ``none``
+    (baseline only)."""
 
     kind: str = "ngram"
     precision: str = "bf16"  # weight precision of a draft model (kind=model), float or quantized
@@ -76,6 +78,10 @@ class DraftConfig:
     skip_every: int = 2  # kind=skip: leave out every skip_every-th layer (first and last always kept)
     quantize_head: bool = False  # kind=model, rtn-*: quantize lm_head too (a float head dominates a small draft)
     skip_precision: str | None = None  # kind=skip: None shares the target weights; rtn-int4/-int8: a quantized copy
+    suffix_max_match: int = 16  # kind=suffix: longest context suffix matched
+    suffix_factor: float = 1.0  # kind=suffix: draft tokens per matched token
+    suffix_min_prob: float = 0.1  # kind=suffix: least probability of a drafted token given its parent
+    suffix_cache_tokens: int = 65536  # kind=suffix: earlier outputs kept in the global trie (0: none)
 
     def __post_init__(self) -> None:
         _one_of("draft.kind", self.kind, DRAFT_KINDS)
@@ -91,6 +97,14 @@ class DraftConfig:
             f"draft.layers={self.layers!r} must be a list of target layer indices, e.g. [0,2,4,...]",
         )
         object.__setattr__(self, "layers", tuple(self.layers))
+        _require(_number(self.suffix_max_match, int) and 1 <= self.suffix_max_match <= 64,
+                 f"draft.suffix_max_match={self.suffix_max_match} must be an integer in 1..64")  # fmt: skip
+        _require(_number(self.suffix_factor, (int, float)) and self.suffix_factor > 0,
+                 f"draft.suffix_factor={self.suffix_factor} must be > 0")  # fmt: skip
+        _require(_number(self.suffix_min_prob, (int, float)) and 0 <= self.suffix_min_prob <= 1,
+                 f"draft.suffix_min_prob={self.suffix_min_prob} must be in [0, 1]")  # fmt: skip
+        _require(_number(self.suffix_cache_tokens, int) and self.suffix_cache_tokens >= 0,
+                 f"draft.suffix_cache_tokens={self.suffix_cache_tokens} must be an integer >= 0")  # fmt: skip
 
     @property
     def model_name(self) -> str:

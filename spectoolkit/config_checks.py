@@ -149,7 +149,7 @@ RULES: tuple[Rule, ...] = (
            "set quant_quality.enabled=true"),
     # the drafter and its trees
     Rule("speculate", _drafts, "with +draft=none (nothing drafts)",
-         "choose a drafter (+draft=ngram, +draft=<precision> or +draft=skip)"),
+         "choose a drafter (+draft=ngram, +draft=suffix, +draft=<precision> or +draft=skip)"),
     Rule("speculate.confidence", lambda c, e: c.speculate.policy == "confidence",
          "without speculate.policy=confidence", "set speculate.policy=confidence"),
     *_rows(("speculate.decay", "speculate.probe_every"),
@@ -179,6 +179,8 @@ RULES: tuple[Rule, ...] = (
          "drop draft.layers"),
     *_rows(("draft.ngram_max", "draft.ngram_min"), lambda c, e: c.draft.kind == "ngram", "without +draft=ngram",
            "set +draft=ngram"),
+    *_rows(("draft.suffix_max_match", "draft.suffix_factor", "draft.suffix_min_prob", "draft.suffix_cache_tokens"),
+           lambda c, e: c.draft.kind == "suffix", "without +draft=suffix", "set +draft=suffix"),
     Rule("draft.group_size", lambda c, e: _draft_groupwise(c), "without a group-wise quantized draft "
          "(+draft=rtn-int8, rtn-int4 or int4, or +draft=skip with draft.skip_precision)",
          "quantize the draft group-wise"),

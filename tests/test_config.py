@@ -130,6 +130,7 @@ def test_draft_model_precision(precision: str) -> None:
 def test_draft_ngram_and_none() -> None:
     assert _run_config("+draft=ngram").draft == DraftConfig(kind="ngram", ngram_max=3, ngram_min=2)
     assert _run_config("+draft=none").draft.kind == "none"
+    assert _run_config("+draft=suffix").draft == DraftConfig(kind="suffix")
 
 
 def test_design_card_form() -> None:
@@ -225,6 +226,10 @@ def test_unknown_keys_are_all_named() -> None:
         {"draft": {"kind": "model", "precision": "fp8"}},
         {"draft": {"kind": "eagle"}},
         {"draft": {"ngram_min": 4, "ngram_max": 3}},
+        {"draft": {"kind": "suffix", "suffix_max_match": 0}},
+        {"draft": {"kind": "suffix", "suffix_factor": 0}},
+        {"draft": {"kind": "suffix", "suffix_min_prob": 1.5}},
+        {"draft": {"kind": "suffix", "suffix_cache_tokens": -1}},
         {"bench": {"warmup": -1}},
         {"speculate": 4},  # a scalar where a section belongs
         {"speculate": {"gamma": True}},

@@ -34,6 +34,11 @@ def _drafter(cfg: RunConfig) -> str | None:
             "backend=vllm has no layer-skip drafter: use +draft=ngram, a draft model (+draft=<precision>), or an "
             "EAGLE head (backend.eagle_path=DIR); +draft=skip runs on backend=local or our server"
         )
+    if cfg.draft.kind == "suffix":
+        raise SpecToolkitError(
+            "backend=vllm: our +draft=suffix runs on backend=local or our server; vLLM's own suffix method needs "
+            "the arctic-inference package, which its CPU build lacks: use +draft=ngram there"
+        )
     return {"ngram": "ngram", "model": "model", "none": None}[cfg.draft.kind]
 
 

@@ -6,7 +6,7 @@ The keys (``lm_eval --model spectoolkit --model_args target=int4,draft=bf16,gamm
 key                meaning                                                     default
 =================  ==========================================================  ============
 target             target weight precision (fp32, bf16, fp16, int8, nf4, ...)  fp32
-draft              a draft precision (a draft model), ``ngram`` or ``none``    none
+draft              a draft precision, ``ngram``, ``suffix`` or ``none``           none
 gamma              draft length γ                                              4
 target_path        target checkpoint: local directory or hub id                embedded
 draft_path         draft checkpoint (a draft precision without it: self-draft) target's
@@ -44,7 +44,7 @@ def run_config_from_model_args(model_args: dict[str, Any]) -> tuple[RunConfig, i
         raise SpecToolkitError(f"unknown spectoolkit model_args: {', '.join(unknown)}; use {', '.join(MODEL_ARG_KEYS)}")
     draft = "none" if args.get("draft") is None else str(args["draft"])
     if draft not in MODEL_PRECISIONS and draft not in DRAFT_KINDS:
-        choices = ", ".join((*MODEL_PRECISIONS, "skip", "ngram", "none"))
+        choices = ", ".join((*MODEL_PRECISIONS, "skip", "ngram", "suffix", "none"))
         raise SpecToolkitError(f"model_args draft={draft!r} is not supported; use one of {choices}")
     kv = str(args.get("kv") or "auto")
     values: dict[str, Any] = {

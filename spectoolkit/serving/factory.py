@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spectoolkit.config import RunConfig, ServeConfig
-from spectoolkit.drafting import ModelDrafter, NgramDrafter
+from spectoolkit.drafting import ModelDrafter, NgramDrafter, SuffixDrafter, SuffixSettings
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.layer_skip import draft_model_name
@@ -112,12 +112,19 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
 
 
 def batched_drafter(cfg: RunConfig, models, slots: int):
-    """The batched drafter ``cfg.draft`` asks for — n-gram lookup, or the loaded draft model over a pool of
-    ``slots`` — growing ``speculate.tree`` (kind none: chains)."""
+    """The batched drafter ``cfg.draft`` asks for — n-gram lookup, suffix decoding, or the loaded draft model over a
+    pool of ``slots`` — growing ``speculate.tree`` (kind none: chains)."""
     target, tree, gamma = models.target, cfg.speculate.tree, cfg.speculate.gamma
     if cfg.draft.kind == "ngram":
         return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not cfg.sampling.greedy,
                             tree, gamma)  # fmt: skip
+    if cfg.draft.kind == "suffix":
+        d = cfg.draft
+        settings = SuffixSettings(
+            depth=max(32, 2 * d.suffix_max_match), max_match=d.suffix_max_match, factor=d.suffix_factor,
+            min_prob=d.suffix_min_prob, cache_tokens=d.suffix_cache_tokens,
+        )  # fmt: skip
+        return SuffixDrafter(settings, target.vocab_size, not cfg.sampling.greedy, tree, gamma)
     draft = models.draft
     blocks = max(1, slots // cfg.serve.block_size)
     pool = make_pool(draft.model, cfg.kv.draft, blocks * cfg.serve.block_size)

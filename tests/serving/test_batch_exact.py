@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from spectoolkit.drafting import NgramDrafter
+from spectoolkit.drafting import NgramDrafter, SuffixDrafter, SuffixSettings
 from spectoolkit.sampling import GreedyChooser
 from spectoolkit.serving.api import ServeRequest
 from tests.serving import helpers
@@ -39,6 +39,7 @@ def references(target, batch):
 
 DRAFTERS = {
     "ngram": lambda: NgramDrafter(3, 1, VOCAB, one_hot_probs=False),
+    "suffix": lambda: SuffixDrafter(SuffixSettings(), VOCAB, one_hot_probs=False),
     "model-other-seed": lambda: helpers.model_drafter(helpers.tiny(seed=1), GreedyChooser()),  # rejects ~all
     "model-noisy": lambda: helpers.model_drafter(helpers.noisy_target(0.2, seed=5), GreedyChooser()),  # accepts some
 }

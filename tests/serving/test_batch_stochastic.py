@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig
-from spectoolkit.drafting import NgramDrafter
+from spectoolkit.drafting import NgramDrafter, SuffixDrafter, SuffixSettings
 from spectoolkit.eval.stochastic_empirical import ENDED, ArgmaxReportingSoftmax, two_sample_test
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import RandomChooser, processed_probs, sample_from
@@ -140,14 +140,14 @@ def _model_case(samples: int):
     return Case(target, spec, controls, helpers.prompts((4, 6, 9)), samples)
 
 
-def _ngram_case(samples: int):
+def _ngram_case(samples: int, lookup=lambda vocab: NgramDrafter(3, 1, vocab, one_hot_probs=True)):
     vocab = 24  # a small vocabulary: sampled tokens recur in the prompt, so lookup proposes often
     target = helpers.switched(tiny_llama(vocab_size=vocab, seed=3, scale=8.0))
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (10, 16, 22)]
 
     def make_engine(verifier, invariant=False):
-        drafter = NgramDrafter(3, 1, vocab, one_hot_probs=True)
+        drafter = lookup(vocab)
         return helpers.engine(target, gamma=GAMMA, drafter=drafter, verifier=verifier, stochastic=True,
                               num_blocks=400, max_num_seqs=48, max_num_tokens=4096, invariant=invariant)  # fmt: skip
 
@@ -162,6 +162,11 @@ def test_model_drafter_batch_keeps_each_requests_distribution():
 
 def test_ngram_drafter_batch_keeps_each_requests_distribution():
     stats = _check(_ngram_case(samples=200))
+    assert 0 < stats["accepted"] < stats["drafted"]
+
+
+def test_suffix_drafter_batch_keeps_each_requests_distribution():
+    stats = _check(_ngram_case(200, lambda vocab: SuffixDrafter(SuffixSettings(), vocab, one_hot_probs=True)))
     assert 0 < stats["accepted"] < stats["drafted"]
 
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting import Budget, NgramDrafter
+from spectoolkit.drafting import Budget, NgramDrafter, SuffixDrafter, SuffixSettings
 from spectoolkit.drafting.tree import TokenTree, tree_depth
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import FixedPolicy
@@ -405,6 +405,7 @@ TREES = {
     "dynamic-4-2": (TreeConfig(kind="dynamic", max_nodes=4, top_k=2), "model"),
     "dynamic-8-3": (TreeConfig(kind="dynamic", max_nodes=8, top_k=3), "model"),
     "ngram-trie": (TreeConfig(kind="dynamic", max_nodes=8), "ngram"),
+    "suffix-tree": (TreeConfig(kind="dynamic", max_nodes=8), "suffix"),
     "static-111": (TreeConfig(kind="static", branching=(1, 1, 1), max_nodes=4), "model"),  # chains: go as chains
 }
 
@@ -413,6 +414,8 @@ def _drafter(kind: str, draft, tree: TreeConfig, num_blocks: int = 200, chooser=
     """A recorded drafter growing ``tree`` (γ = GAMMA): n-gram tries over the small vocabulary, or the draft model."""
     if kind == "ngram":
         return Recorded(NgramDrafter(3, 1, SMALL_VOCAB, chooser is not None, tree, GAMMA))
+    if kind == "suffix":
+        return Recorded(SuffixDrafter(SuffixSettings(), SMALL_VOCAB, chooser is not None, tree, GAMMA))
     model = helpers.model_drafter(draft, chooser or GreedyChooser(), num_blocks=num_blocks)
     return Recorded(model.variant(None, tree, GAMMA))
 
@@ -425,7 +428,7 @@ def _lengths(batch) -> list[int]:
 @pytest.mark.parametrize("name", TREES)
 def test_tree_batch_equals_batch1_target_alone(target, draft, batch, references, small, name, invariant):
     tree, kind = TREES[name]
-    if kind == "ngram":
+    if kind in ("ngram", "suffix"):
         target, batch, references = small
     drafter = _drafter(kind, draft, tree)
     eng = tree_engine(target, drafter, invariant=invariant)

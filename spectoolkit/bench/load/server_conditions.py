@@ -63,8 +63,8 @@ def server_conditions(cfg: RunConfig, arms: list, managed: dict[str, Any]) -> di
 
 def _compat(cfg: RunConfig) -> dict[str, Any]:
     """Target/draft vocabulary agreement as far as the client can know it (the servers load the models)."""
-    if cfg.draft.kind == "ngram":
-        return {"checked": True, "note": "n-gram lookup proposes the target's own token ids"}
+    if cfg.draft.kind in ("ngram", "suffix"):
+        return {"checked": True, "note": f"{cfg.draft.kind} lookup proposes the target's own token ids"}
     if cfg.backend.kind == "vllm" and cfg.draft.kind == "model" and not cfg.model.draft_path:
         return {"checked": True, "note": "self-draft: the draft is the target checkpoint, same tokenizer"}
     return {"checked": False, "note": "the servers' draft and target vocabularies were not checked by this client"}

@@ -68,8 +68,8 @@ def _compat(cfg: RunConfig, facts: RunFacts) -> dict[str, Any]:
         return {"checked": True, "note": "layer-skip self-draft: the target's own layers and tokenizer"}
     if cfg.draft.kind == "model":
         return {"checked": True, "note": "self-draft: the draft is the target checkpoint, same tokenizer"}
-    if cfg.draft.kind == "ngram":
-        return {"checked": True, "note": "n-gram lookup proposes the target's own token ids"}
+    if cfg.draft.kind in ("ngram", "suffix"):
+        return {"checked": True, "note": f"{cfg.draft.kind} lookup proposes the target's own token ids"}
     return {"checked": False, "note": "no drafter"}
 
 
