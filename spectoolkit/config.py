@@ -19,7 +19,8 @@ from spectoolkit.precisions import FLOAT_PRECISIONS, KV_PRECISIONS, MODEL_PRECIS
 DRAFT_KINDS = ("model", "skip", "ngram", "suffix", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
-ARM_SETS = ("standard", "four_groups", "gamma_sweep", "tree_chain")
+ARM_SETS = ("standard", "four_groups", "gamma_sweep", "tree_chain", "drafters")
+LOOKUP_DRAFTERS = ("ngram", "suffix")  # drafters without a model: bench.arms=drafters pits them against each other
 DRAFT_POLICIES = ("fixed", "adaptive", "confidence")
 TREE_KINDS = ("none", "static", "dynamic")
 MAX_GAMMA = 64
@@ -279,7 +280,9 @@ class BenchConfig:
       quantized ``target.precision`` alone), "spec" (reference + drafter), "quant+spec";
     - ``gamma_sweep``: "baseline" and one drafting arm "spec-gN" per N in ``gammas``;
     - ``tree_chain``: "baseline", then per N in ``gammas`` "chain-gN" (γ = N) and "tree-nN" (``speculate.tree``
-      with max_nodes = N): a token tree and a chain at the same verify width, N + 1 rows.
+      with max_nodes = N): a token tree and a chain at the same verify width, N + 1 rows;
+    - ``drafters``: "baseline", one arm "spec-<kind>" per lookup drafter in ``drafters`` (n-gram, suffix) and,
+      with a draft model (+draft=<precision>, +draft=skip), its arm "spec": drafters against each other.
     ``calibrate`` times target forwards of every verify width for the cost model;
     ``baseline_check`` times stock transformers ``generate`` beside the baseline (is our baseline slow?).
     ``cost_per_hour``: the price of one hour of this machine (any currency); the report turns each arm's
@@ -290,6 +293,7 @@ class BenchConfig:
     repeat: int = 5
     arms: str = "standard"
     gammas: tuple[int, ...] = (1, 2, 4, 8)
+    drafters: tuple[str, ...] = LOOKUP_DRAFTERS
     reference_precision: str = "bf16"
     calibrate: bool = True
     baseline_check: bool = True
@@ -313,6 +317,12 @@ class BenchConfig:
             f"bench.gammas={gammas!r} must be a non-empty list of draft lengths in 1..{MAX_GAMMA}, e.g. [1,2,4,8]",
         )  # fmt: skip
         object.__setattr__(self, "gammas", tuple(sorted(set(gammas))))
+        drafters = self.drafters
+        _require(
+            isinstance(drafters, (list, tuple)) and len(drafters) > 0 and all(d in LOOKUP_DRAFTERS for d in drafters),
+            f"bench.drafters={drafters!r} must be a non-empty list of {', '.join(LOOKUP_DRAFTERS)}",
+        )
+        object.__setattr__(self, "drafters", tuple(dict.fromkeys(drafters)))
 
 
 KERNEL_MODES = ("auto", "reference")

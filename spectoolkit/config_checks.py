@@ -132,6 +132,8 @@ RULES: tuple[Rule, ...] = (
     *_rows([f"backend.{key}" for key in VLLM_KEYS], lambda c, e: c.backend.kind == "vllm", "without backend=vllm",
            "set backend=vllm"),
     # the batch-1 protocol's arm sets
+    Rule("bench.drafters", lambda c, e: c.bench.arms == "drafters", "without bench.arms=drafters",
+         "set bench.arms=drafters"),
     Rule("bench.gammas", lambda c, e: c.bench.arms in ("gamma_sweep", "tree_chain"),
          "without bench.arms=gamma_sweep or tree_chain", "set bench.arms=gamma_sweep (or tree_chain)"),
     Rule("bench.reference_precision", lambda c, e: c.bench.arms == "four_groups", "without bench.arms=four_groups",

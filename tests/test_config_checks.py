@@ -83,6 +83,8 @@ CASES: list[Case] = [
     ("backend.request_timeout_s", "run", SERVING, "set backend=endpoint or backend=vllm", VLLM, "run"),
     *((f"backend.{key}", "run", VLLM, "set backend=endpoint", ENDPOINT, "run") for key in ("baseline_url", "spec_url")),
     *((f"backend.{key}", "run", ENDPOINT, "set backend=vllm", VLLM, "run") for key in VLLM_KEYS),
+    ("bench.drafters", "run", {}, "without bench.arms=drafters: set bench.arms=drafters",
+     {"bench": {"arms": "drafters"}}, "run"),
     ("bench.gammas", "run", {}, "set bench.arms=gamma_sweep (or tree_chain)", {"bench": {"arms": "gamma_sweep"}},
      "run"),
     ("bench.gammas", "run", {}, "set bench.arms=gamma_sweep",

@@ -9,6 +9,7 @@ divergence replays); pages are touched only when written, so the size costs noth
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -52,6 +53,11 @@ class OneEngines:
         policy = make_policy(self.cfg.speculate, policy.name, nodes, tree.enabled)
         drafter = (drafter or self.drafter()).variant(policy.stop_below, tree, self.cfg.speculate.gamma)
         return OneRequestEngine(self._engine(name, model, drafter, policy), "spec"), drafter
+
+    def lookup_drafter(self, kind: str):
+        """A lookup drafter (n-gram, suffix) with the run's settings, whatever ``draft.kind`` says."""
+        cfg = dataclasses.replace(self.cfg, draft=dataclasses.replace(self.cfg.draft, kind=kind))
+        return batched_drafter(cfg, self.models, self._slots())
 
     def drafter(self):
         """The run's batched drafter (built once, on first use)."""

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from spectoolkit.compat import check_pair
-from spectoolkit.config import RunConfig, TreeConfig
+from spectoolkit.config import LOOKUP_DRAFTERS, RunConfig, TreeConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models import resolve_device, resolve_path
@@ -139,14 +139,16 @@ class _Parts:
 
     def drafting(
         self, name: str, target: LoadedModel, precision: str, ref: str, policy: DraftLengthPolicy,
-        tree: TreeConfig | None = None,
+        tree: TreeConfig | None = None, drafter=None,
     ) -> Arm:  # fmt: skip
-        """A drafting arm; ``tree`` (default: ``speculate.tree``) makes it draft token trees."""
+        """A drafting arm; ``tree`` (default: ``speculate.tree``) makes it draft token trees; ``drafter`` (default:
+        the run's) proposes."""
         tree = self.cfg.speculate.tree if tree is None else tree
-        engine, drafter = self.one.drafting(name, target.model, policy, tree)
+        engine, drafter = self.one.drafting(name, target.model, policy, tree, drafter)
         gamma = engine.policy.max_gamma  # records' draft_len: the most a round drafts (a tree: its node budget)
-        draft_precision = self.draft.precision if self.draft else None
-        return Arm(name, engine, target, precision, drafter.name, self.draft, draft_precision, gamma, ref,
+        draft = self.draft if drafter.runners() else None  # a lookup arm of a run with a draft model has none
+        draft_precision = draft.precision if draft else None
+        return Arm(name, engine, target, precision, drafter.name, draft, draft_precision, gamma, ref,
                    policy.name)  # fmt: skip
 
 
@@ -190,7 +192,7 @@ def _check_arm_set(cfg: RunConfig) -> None:
             "bench.arms=tree_chain compares a token tree with a chain of the same verify width: "
             "set speculate.tree.kind=static or dynamic"
         )
-    if arms != "standard" and cfg.draft.kind == "none":
+    if arms not in ("standard", "drafters") and cfg.draft.kind == "none":
         raise SpecToolkitError(f"bench.arms={arms} compares drafting arms: set +draft=ngram or a draft model")
     if arms == "four_groups" and cfg.target.precision not in QUANT_PRECISIONS:
         raise SpecToolkitError(
@@ -250,7 +252,24 @@ def _tree_chain(parts: _Parts) -> tuple[list[Arm], str | None]:
     return arms, primary if any(arm.name == primary for arm in arms) else arms[-1].name
 
 
-_ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": _four_groups, "tree_chain": _tree_chain}
+def _drafters(parts: _Parts) -> tuple[list[Arm], str | None]:
+    """Baseline, one arm "spec-<kind>" per lookup drafter in ``bench.drafters``, and a draft model's "spec": the
+    drafters against each other, interleaved per request over one baseline."""
+    cfg, precision = parts.cfg, parts.cfg.target.precision
+    arms = [parts.target_alone("baseline", parts.target, precision)]
+    for kind in cfg.bench.drafters:
+        drafter = parts.one.lookup_drafter(kind)
+        arms.append(parts.drafting(f"spec-{kind}", parts.target, precision, "baseline", make_policy(cfg.speculate),
+                                   drafter=drafter))  # fmt: skip
+    if cfg.draft.kind not in (*LOOKUP_DRAFTERS, "none"):
+        arms.append(parts.drafting("spec", parts.target, precision, "baseline", make_policy(cfg.speculate)))
+        return arms, "spec"
+    primary = f"spec-{cfg.draft.kind}"
+    return arms, primary if any(arm.name == primary for arm in arms) else arms[1].name
+
+
+_ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": _four_groups, "tree_chain": _tree_chain,
+             "drafters": _drafters}  # fmt: skip
 
 
 def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):

@@ -144,3 +144,21 @@ def test_every_kind_of_bad_line_is_an_error_record(tiny_checkpoint_short_context
     assert 'missing "prompt"' in errors["noprompt"]
     assert (summary["errors"], summary["complete"]) == (8, True)
     assert summary["arms"]["spec"]["requests"] == 1
+
+
+def test_drafters_pits_the_lookup_drafters_and_the_draft_model_against_each_other(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    bench = BenchConfig(warmup=0, repeat=1, arms="drafters")
+    summary = run(_config(tiny_checkpoint, tmp_path, bench=bench), progress=False)
+    assert list(summary["arms"]) == ["baseline", "spec-ngram", "spec-suffix", "spec"]
+    assert summary["primary_arm"] == "spec"  # the run's own +draft (a model)
+    drafters = {r["arm"]: (r["drafter"], r["draft_precision"]) for r in _records(tmp_path)}
+    assert drafters == {"baseline": ("none", None), "spec-ngram": ("ngram", None), "spec-suffix": ("suffix", None),
+                        "spec": ("model-fp32", "fp32")}  # fmt: skip
+    assert summary["exact_match"] == {"spec-ngram": 1.0, "spec-suffix": 1.0, "spec": 1.0}
+    lookups = _config(tiny_checkpoint, tmp_path / "lookups", draft=DraftConfig(kind="suffix"),
+                      bench=BenchConfig(warmup=0, repeat=1, arms="drafters", drafters=("suffix", "ngram")))  # fmt: skip
+    summary = run(lookups, progress=False)
+    assert list(summary["arms"]) == ["baseline", "spec-suffix", "spec-ngram"]
+    assert summary["primary_arm"] == "spec-suffix"
