@@ -89,15 +89,24 @@ class _Attention(nn.Module):
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """x [B, T, 2H], positions [B, T], mask [B or 1, 1, T, S] bool (None: causal over T) -> [B, T, H]."""
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, 2H], positions [B, T] -> rotated q [B, Hq, T, D], rotated k and v [B, Hkv, T, D]."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self._rotate(q, positions), self._rotate(k, positions)
+        return self._rotate(q, positions), self._rotate(k, positions), v
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        """[B, Hq, T, D] -> [B, T, H]."""
+        b, _, t, _ = attended.shape
+        return self.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """x [B, T, 2H], positions [B, T], mask [B or 1, 1, T, S] bool (None: causal over T) -> [B, T, H]."""
+        q, k, v = self.qkv(x, positions)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return self.output(out)
 
 
 class _MidLayer(nn.Module):
@@ -145,11 +154,16 @@ class Eagle3Head(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """embeds, hidden [B, T, H] (hidden: ``fc`` of the target's states, or a previous step's ``aux``),
         positions [B, T] -> (normed states [B, T, H], aux: the pre-norm states a next step feeds)."""
+        return self.layer_out(self.midlayer.self_attn(self.layer_in(embeds, hidden), positions, mask), hidden)
+
+    def layer_in(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The attention's input [.., 2H]: the normed embedding beside the normed state."""
+        return torch.cat([self.midlayer.input_layernorm(embeds), self.midlayer.hidden_norm(hidden)], dim=-1)
+
+    def layer_out(self, attn: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention output [.., H] and the state it started from (the residual) -> (normed states, aux)."""
         layer = self.midlayer
-        residual = hidden
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        attn = layer.self_attn(x, positions, mask)
-        residual = attn + residual
+        residual = attn + hidden
         h = layer.post_attention_layernorm(residual)
         h = layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(h)) * layer.mlp.up_proj(h))
         aux = h + residual
