@@ -27,7 +27,7 @@ NESTED = ("spectoolkit.bench",)  # bench's sub-packages (protocol, load, report,
 # - serving/ (the one engine's scheduler, drafters and loop, until it folds into runtime/) sits above
 #   drafting, policy and runtime, which it uses.
 # - wiring (loading models with quantization, building a run's arms) sits below eval, bench and server.
-# - train (a draft head's data, objective and loop) sits above wiring: it loads its target through it.
+# - training (a draft head's data, objective and loop) sits above wiring: it loads its target through it.
 # - backends sit below bench: the load benchmark measures them; server and the entry points top it off.
 LAYERS: list[tuple[str, ...]] = [
     ("spectoolkit", "spectoolkit.errors", "spectoolkit.precisions", "spectoolkit.embedded"),
@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("spectoolkit.serving",),
     ("spectoolkit.metrics",),
     ("spectoolkit.wiring",),
-    ("spectoolkit.train",),
+    ("spectoolkit.training",),
     ("spectoolkit.eval",),
     ("spectoolkit.backends",),
     ("spectoolkit.bench", "spectoolkit.bench.report"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from spectoolkit.train.ttt import Sequence
+from spectoolkit.training.ttt import Sequence
 
 
 @torch.inference_mode()
@@ -25,7 +25,7 @@ def greedy_answer(model, prompt: list[int], max_new_tokens: int, eos_ids: tuple[
 
 @torch.no_grad()  # not inference_mode: the head trains on these tensors
 def target_sequence(model, prompt: list[int], answer: list[int], layers: tuple[int, ...], draft_ids: torch.Tensor):
-    """A :class:`~spectoolkit.train.ttt.Sequence` of ``prompt + answer`` read off the target ``model``."""
+    """A :class:`~spectoolkit.training.ttt.Sequence` of ``prompt + answer`` read off the target ``model``."""
     ids = torch.tensor([prompt + answer])
     out = model(input_ids=ids, output_hidden_states=True)
     states = torch.cat([out.hidden_states[layer] for layer in layers], dim=-1)[0]  # [T, 3H], as capture_states

@@ -25,7 +25,7 @@ from spectoolkit.models.eagle3_head import Eagle3Head
 
 @dataclass
 class Sequence:
-    """One training sequence, from the target (:func:`spectoolkit.train.data.target_sequence`)."""
+    """One training sequence, from the target (:func:`spectoolkit.training.data.target_sequence`)."""
 
     ids: torch.Tensor  # int64 [T]
     states: torch.Tensor  # [T, 3H]: the residual stream entering the head's three target layers

@@ -1,4 +1,4 @@
-"""Training an EAGLE-3 head on a tiny target's own greedy answers (spectoolkit/train): the loss falls, the head
+"""Training an EAGLE-3 head on a tiny target's own greedy answers (spectoolkit/training): the loss falls, the head
 agrees with the target more often than an untrained one on held text, and an interrupted run resumes to the
 very weights of an uninterrupted one."""
 
@@ -9,9 +9,9 @@ import torch
 
 from spectoolkit.models.eagle3_head import Eagle3Head, HeadShape, draft_vocabulary
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.train.data import greedy_answer, target_sequence
-from spectoolkit.train.loop import TrainSettings, agreement, train
-from spectoolkit.train.ttt import ttt_attention
+from spectoolkit.training.data import greedy_answer, target_sequence
+from spectoolkit.training.loop import TrainSettings, agreement, train
+from spectoolkit.training.ttt import ttt_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB, DRAFT_VOCAB = 96, 64

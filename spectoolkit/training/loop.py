@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from spectoolkit.models.eagle3_head import Eagle3Head
-from spectoolkit.train.ttt import Sequence, ttt_loss
+from spectoolkit.training.ttt import Sequence, ttt_loss
 
 CHECKPOINT = "train_state.pt"
 
