@@ -24,6 +24,13 @@ def _sequences(count: int, seed: int, vocab: int = 4, length: tuple[int, int] = 
     return [[rng.randrange(vocab) for _ in range(rng.randint(*length))] for _ in range(count)]
 
 
+def _trie(sequences: list[list[int]], depth: int = DEPTH) -> SuffixTrie:
+    trie = SuffixTrie(depth)
+    for seq in sequences:
+        trie.add(seq)
+    return trie
+
+
 def _brute(sequences: list[list[int]], depth: int) -> Counter:
     """Every substring of length 1..depth, with its number of occurrences over all sequences."""
     counts: Counter = Counter()
@@ -61,9 +68,7 @@ def _followed(sequences: list[list[int]], pattern: list[int]) -> Counter:
 @pytest.mark.parametrize("seed", range(5))
 def test_counts_equal_a_brute_force_counter(seed):
     sequences = _sequences(6, seed)
-    trie = SuffixTrie(DEPTH)
-    for seq in sequences:
-        trie.add(seq)
+    trie = _trie(sequences)
     assert _dump(trie) == _brute(sequences, DEPTH)
     assert trie.root.count == sum(len(seq) for seq in sequences)
 
@@ -84,14 +89,10 @@ def test_growing_a_sequence_in_pieces_equals_adding_it_whole(seed):
 @pytest.mark.parametrize("seed", range(5))
 def test_removing_a_sequence_equals_a_rebuild_without_it(seed):
     sequences = _sequences(5, seed)
-    trie = SuffixTrie(DEPTH)
-    for seq in sequences:
-        trie.add(seq)
+    trie = _trie(sequences)
     trie.remove(sequences[1])
     trie.remove(sequences[3])
-    rebuilt = SuffixTrie(DEPTH)
-    for seq in (sequences[0], sequences[2], sequences[4]):
-        rebuilt.add(seq)
+    rebuilt = _trie([sequences[0], sequences[2], sequences[4]])
     assert _dump(trie) == _dump(rebuilt)  # no node of count 0 left behind
     assert trie.root.count == rebuilt.root.count
 
@@ -99,9 +100,7 @@ def test_removing_a_sequence_equals_a_rebuild_without_it(seed):
 @pytest.mark.parametrize("seed", range(8))
 def test_longest_match_equals_brute_force(seed):
     sequences = _sequences(4, seed)
-    trie = SuffixTrie(DEPTH)
-    for seq in sequences:
-        trie.add(seq)
+    trie = _trie(sequences)
     (context,) = _sequences(1, seed + 100, length=(1, 12))
     for max_len in (1, 3, 16):
         node, length = trie.match(context, max_len)
@@ -118,9 +117,7 @@ def test_longest_match_equals_brute_force(seed):
 @pytest.mark.parametrize("tree_nodes", [0, 6])
 def test_every_drafted_path_occurs_in_the_data_after_the_match(seed, tree_nodes):
     sequences = _sequences(5, seed, length=(10, 40))
-    trie = SuffixTrie(DEPTH)
-    for seq in sequences:
-        trie.add(seq)
+    trie = _trie(sequences)
     context = sequences[seed % 5][: 7 + seed]
     node, length = trie.match(context, 4)
     if node is None:
@@ -172,10 +169,7 @@ def test_the_global_trie_keeps_the_newest_outputs_within_its_bound():
             break
         kept.insert(0, output)
         total += len(output)
-    rebuilt = SuffixTrie(6)
-    for output in kept:
-        rebuilt.add(output)
-    assert _dump(drafter.cache) == _dump(rebuilt)
+    assert _dump(drafter.cache) == _dump(_trie(kept, 6))
 
 
 def test_a_tree_drafter_grows_trees_within_its_budget():
