@@ -76,6 +76,11 @@ def _drafts(cfg: RunConfig, entry: Entry) -> bool:
     return cfg.draft.kind != "none" or (entry == "run" and cfg.backend.kind != "local")
 
 
+def _looks_up(cfg: RunConfig, kind: str) -> bool:
+    """A lookup drafter of ``kind`` runs: as +draft=kind, or as an arm of bench.arms=drafters."""
+    return cfg.draft.kind == kind or (cfg.bench.arms == "drafters" and kind in cfg.bench.drafters)
+
+
 def _tree_drafter(cfg: RunConfig) -> bool:
     """Grows branching/dynamic trees; n-gram lookup builds a trie of its matches whatever the tree kind."""
     return cfg.draft.kind in ("model", "skip")
@@ -179,10 +184,11 @@ RULES: tuple[Rule, ...] = (
            "without +draft=skip", "set +draft=skip"),
     Rule("draft.skip_every", lambda c, e: not c.draft.layers, "with draft.layers given (exactly those layers run)",
          "drop draft.layers"),
-    *_rows(("draft.ngram_max", "draft.ngram_min"), lambda c, e: c.draft.kind == "ngram", "without +draft=ngram",
-           "set +draft=ngram"),
+    *_rows(("draft.ngram_max", "draft.ngram_min"), lambda c, e: _looks_up(c, "ngram"),
+           "without +draft=ngram (or bench.arms=drafters with ngram)", "set +draft=ngram"),
     *_rows(("draft.suffix_max_match", "draft.suffix_factor", "draft.suffix_min_prob", "draft.suffix_cache_tokens"),
-           lambda c, e: c.draft.kind == "suffix", "without +draft=suffix", "set +draft=suffix"),
+           lambda c, e: _looks_up(c, "suffix"), "without +draft=suffix (or bench.arms=drafters with suffix)",
+           "set +draft=suffix"),
     Rule("draft.group_size", lambda c, e: _draft_groupwise(c), "without a group-wise quantized draft "
          "(+draft=rtn-int8, rtn-int4 or int4, or +draft=skip with draft.skip_precision)",
          "quantize the draft group-wise"),

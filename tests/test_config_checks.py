@@ -127,8 +127,12 @@ CASES: list[Case] = [
     ("draft.skip_every", "run", {"draft": {"kind": "skip", "layers": [0, 2]}},
      "with draft.layers given (exactly those layers run): drop draft.layers", {"draft": {"kind": "skip"}}, "run"),
     *((f"draft.{key}", "run", MODEL, "set +draft=ngram", {}, "run") for key in ("ngram_max", "ngram_min")),
-    *((f"draft.{key}", "run", MODEL, "without +draft=suffix: set +draft=suffix", {"draft": {"kind": "suffix"}}, "run")
+    *((f"draft.{key}", "run", MODEL, "set +draft=suffix", {"draft": {"kind": "suffix"}}, "run")
       for key in ("suffix_max_match", "suffix_factor", "suffix_min_prob", "suffix_cache_tokens")),
+    ("draft.suffix_min_prob", "run", {"bench": {"arms": "drafters", "drafters": ["ngram"]}}, "set +draft=suffix",
+     {"bench": {"arms": "drafters"}}, "run"),
+    ("draft.ngram_max", "run", {"draft": {"kind": "suffix"}, "bench": {"arms": "drafters", "drafters": ["suffix"]}},
+     "set +draft=ngram", {"draft": {"kind": "suffix"}, "bench": {"arms": "drafters"}}, "run"),
     ("draft.group_size", "run", MODEL, "without a group-wise quantized draft",
      {"draft": {"kind": "model", "precision": "int4"}}, "run"),
     ("draft.group_size", "run", {"draft": {"kind": "skip"}}, "quantize the draft group-wise",
