@@ -80,6 +80,7 @@ class DraftConfig:
     quantize_head: bool = False  # kind=model, rtn-*: quantize lm_head too (a float head dominates a small draft)
     skip_precision: str | None = None  # kind=skip: None shares the target weights; rtn-int4/-int8: a quantized copy
     suffix_max_match: int = 16  # kind=suffix: longest context suffix matched
+    suffix_min_match: int = 2  # kind=suffix: shortest match drafted from
     suffix_factor: float = 1.0  # kind=suffix: draft tokens per matched token
     suffix_min_prob: float = 0.1  # kind=suffix: least probability of a drafted token given its parent
     suffix_cache_tokens: int = 65536  # kind=suffix: earlier outputs kept in the global trie (0: none)
@@ -100,6 +101,8 @@ class DraftConfig:
         object.__setattr__(self, "layers", tuple(self.layers))
         _require(_number(self.suffix_max_match, int) and 1 <= self.suffix_max_match <= 64,
                  f"draft.suffix_max_match={self.suffix_max_match} must be an integer in 1..64")  # fmt: skip
+        _require(_number(self.suffix_min_match, int) and 1 <= self.suffix_min_match <= self.suffix_max_match,
+                 f"draft.suffix_min_match={self.suffix_min_match} must be in 1..suffix_max_match")  # fmt: skip
         _require(_number(self.suffix_factor, (int, float)) and self.suffix_factor > 0,
                  f"draft.suffix_factor={self.suffix_factor} must be > 0")  # fmt: skip
         _require(_number(self.suffix_min_prob, (int, float)) and 0 <= self.suffix_min_prob <= 1,

@@ -186,7 +186,8 @@ RULES: tuple[Rule, ...] = (
          "drop draft.layers"),
     *_rows(("draft.ngram_max", "draft.ngram_min"), lambda c, e: _looks_up(c, "ngram"),
            "without +draft=ngram (or bench.arms=drafters with ngram)", "set +draft=ngram"),
-    *_rows(("draft.suffix_max_match", "draft.suffix_factor", "draft.suffix_min_prob", "draft.suffix_cache_tokens"),
+    *_rows(("draft.suffix_max_match", "draft.suffix_min_match", "draft.suffix_factor", "draft.suffix_min_prob",
+            "draft.suffix_cache_tokens"),
            lambda c, e: _looks_up(c, "suffix"), "without +draft=suffix (or bench.arms=drafters with suffix)",
            "set +draft=suffix"),
     Rule("draft.group_size", lambda c, e: _draft_groupwise(c), "without a group-wise quantized draft "

@@ -227,6 +227,7 @@ def test_unknown_keys_are_all_named() -> None:
         {"draft": {"kind": "eagle"}},
         {"draft": {"ngram_min": 4, "ngram_max": 3}},
         {"draft": {"kind": "suffix", "suffix_max_match": 0}},
+        {"draft": {"kind": "suffix", "suffix_min_match": 17}},
         {"draft": {"kind": "suffix", "suffix_factor": 0}},
         {"draft": {"kind": "suffix", "suffix_min_prob": 1.5}},
         {"draft": {"kind": "suffix", "suffix_cache_tokens": -1}},

@@ -128,7 +128,7 @@ CASES: list[Case] = [
      "with draft.layers given (exactly those layers run): drop draft.layers", {"draft": {"kind": "skip"}}, "run"),
     *((f"draft.{key}", "run", MODEL, "set +draft=ngram", {}, "run") for key in ("ngram_max", "ngram_min")),
     *((f"draft.{key}", "run", MODEL, "set +draft=suffix", {"draft": {"kind": "suffix"}}, "run")
-      for key in ("suffix_max_match", "suffix_factor", "suffix_min_prob", "suffix_cache_tokens")),
+      for key in ("suffix_max_match", "suffix_min_match", "suffix_factor", "suffix_min_prob", "suffix_cache_tokens")),
     ("draft.suffix_min_prob", "run", {"bench": {"arms": "drafters", "drafters": ["ngram"]}}, "set +draft=suffix",
      {"bench": {"arms": "drafters"}}, "run"),
     ("draft.ngram_max", "run", {"draft": {"kind": "suffix"}, "bench": {"arms": "drafters", "drafters": ["suffix"]}},

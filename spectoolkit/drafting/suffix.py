@@ -4,7 +4,7 @@ SuffixDecoding (Oliaro et al. 2024; ArcticInference, in vLLM as ``method: suffix
 suffix trie over its prompt and output (:class:`~spectoolkit.drafting.suffix_trie.SuffixTrie`, grown as
 tokens are verified), and one global trie holds the outputs of earlier requests (at most
 ``cache_tokens`` tokens, oldest evicted). Each round, for each trie, the longest suffix of the context
-that occurs followed by a token (at most ``max_match`` tokens) is found and continued by frequency: a
+that occurs followed by a token (``min_match`` to ``max_match`` tokens) is found and continued by frequency: a
 chain of most frequent children, or with a tree (``speculate.tree``, any kind) the best-first tree of
 the most probable paths; a child is drafted only while its probability given its parent is at least
 ``min_prob``, and no deeper than ``factor`` × the match length (a short match is weak evidence). The
@@ -32,12 +32,14 @@ from spectoolkit.drafting.tree import TokenTree, tree_depth
 
 @dataclass(frozen=True)
 class SuffixSettings:
-    """``depth``: longest substring indexed; ``max_match``: longest context suffix matched (< depth);
+    """``depth``: longest substring indexed; ``max_match``: longest context suffix matched (< depth); ``min_match``:
+    shortest match drafted from (a one-token match drafts often and is rejected often);
     ``factor``: draft tokens per matched token; ``min_prob``: least conditional probability drafted;
     ``cache_tokens``: the global trie's size in output tokens (0: no global trie)."""
 
     depth: int = 32
     max_match: int = 16
+    min_match: int = 2
     factor: float = 1.0
     min_prob: float = 0.1
     cache_tokens: int = 65536
@@ -79,7 +81,7 @@ class SuffixDrafter:
         best: Continuation | None = None
         for trie in (state.trie, self.cache):
             node, length = trie.match(seq.tokens, self.settings.max_match)
-            if node is None:
+            if node is None or length < self.settings.min_match:
                 continue
             deepest = min(budget.depth, max(1, int(self.settings.factor * length)))
             if self.tree is None:

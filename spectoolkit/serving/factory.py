@@ -121,7 +121,8 @@ def batched_drafter(cfg: RunConfig, models, slots: int):
     if cfg.draft.kind == "suffix":
         d = cfg.draft
         settings = SuffixSettings(
-            depth=max(32, 2 * d.suffix_max_match), max_match=d.suffix_max_match, factor=d.suffix_factor,
+            depth=max(32, 2 * d.suffix_max_match), max_match=d.suffix_max_match, min_match=d.suffix_min_match,
+            factor=d.suffix_factor,
             min_prob=d.suffix_min_prob, cache_tokens=d.suffix_cache_tokens,
         )  # fmt: skip
         return SuffixDrafter(settings, target.vocab_size, not cfg.sampling.greedy, tree, gamma)

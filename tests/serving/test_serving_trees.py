@@ -415,7 +415,7 @@ def _drafter(kind: str, draft, tree: TreeConfig, num_blocks: int = 200, chooser=
     if kind == "ngram":
         return Recorded(NgramDrafter(3, 1, SMALL_VOCAB, chooser is not None, tree, GAMMA))
     if kind == "suffix":
-        return Recorded(SuffixDrafter(SuffixSettings(), SMALL_VOCAB, chooser is not None, tree, GAMMA))
+        return Recorded(SuffixDrafter(SuffixSettings(min_match=1), SMALL_VOCAB, chooser is not None, tree, GAMMA))
     model = helpers.model_drafter(draft, chooser or GreedyChooser(), num_blocks=num_blocks)
     return Recorded(model.variant(None, tree, GAMMA))
 
