@@ -72,3 +72,28 @@ class Drafter(Protocol):
 
     def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> Drafter:
         """A drafter like this one on the same model and pool, with another stop rule or tree (another arm)."""
+
+
+class Lookup:
+    """What the drafters without a model (n-gram, suffix) share: a proposal is deterministic, so when sampling
+    its q is one-hot at each drafted token (which keeps the stochastic acceptance test exact); no runner, no KV
+    cache, and nothing to commit (the next proposal reads the verified tokens, ``seq.tokens``)."""
+
+    target_vocab_size: int
+    one_hot_probs: bool
+
+    def proposal(self, token_ids: list[int], parents: list[int]) -> TokenTree:
+        probs = None
+        if self.one_hot_probs:
+            probs = torch.zeros(len(token_ids), self.target_vocab_size)  # [n, V]
+            probs[torch.arange(len(token_ids)), token_ids] = 1.0
+        return TokenTree(token_ids, parents, probs)
+
+    def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
+        pass
+
+    def runners(self) -> dict:
+        return {}
+
+    def kv_bytes(self) -> int:
+        return 0

@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import Budget, Drafting
+from spectoolkit.drafting.base import Budget, Drafting, Lookup
 from spectoolkit.drafting.tree import TokenTree, tree_depth
 
 
-class NgramDrafter:
+class NgramDrafter(Lookup):
     """Proposes continuations found in each sequence's prompt and output so far."""
 
     def __init__(
@@ -45,26 +45,13 @@ class NgramDrafter:
         else:
             depth = min(self.max_depth, budget.depth)
             token_ids, parents = continuation_trie(tokens, self.max_n, self.min_n, depth, budget.nodes)
-        probs = None
-        if self.one_hot_probs:
-            probs = torch.zeros(len(token_ids), self.target_vocab_size)  # [n, V]
-            probs[torch.arange(len(token_ids)), token_ids] = 1.0
-        return TokenTree(token_ids, parents, probs)
-
-    def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
-        pass  # stateless: the next lookup reads the verified tokens only
+        return self.proposal(token_ids, parents)
 
     def release(self, seq: Drafting) -> None:
         pass
 
     def reset(self) -> None:
         pass
-
-    def runners(self) -> dict:
-        return {}  # a lookup: no model runs
-
-    def kv_bytes(self) -> int:
-        return 0
 
     def describe_tree(self) -> str | None:
         return f"trie/{self.tree.max_nodes}" if self.tree is not None else None

@@ -22,10 +22,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-import torch
-
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import Budget, Drafting
+from spectoolkit.drafting.base import Budget, Drafting, Lookup
 from spectoolkit.drafting.suffix_trie import Continuation, SuffixTrie
 from spectoolkit.drafting.tree import TokenTree, tree_depth
 
@@ -53,7 +51,7 @@ class _Request:
     prompt_len: int
 
 
-class SuffixDrafter:
+class SuffixDrafter(Lookup):
     """Proposes continuations from each request's own suffix trie and a global trie of earlier outputs."""
 
     def __init__(
@@ -90,13 +88,7 @@ class SuffixDrafter:
                 found = trie.continuation(node, min(deepest, self.max_depth), self.settings.min_prob, budget.nodes)
             if found.token_ids and (best is None or found.score > best.score):
                 best = found
-        if best is None:
-            return TokenTree([], [])
-        probs = None
-        if self.one_hot_probs:
-            probs = torch.zeros(len(best.token_ids), self.target_vocab_size)  # [n, V]
-            probs[torch.arange(len(best.token_ids)), best.token_ids] = 1.0
-        return TokenTree(best.token_ids, best.parents, probs)
+        return TokenTree([], []) if best is None else self.proposal(best.token_ids, best.parents)
 
     def _state(self, seq: Drafting) -> _Request:
         """The request's trie, grown to every verified token (its first sight: its prompt leaves the cache)."""
@@ -108,9 +100,6 @@ class SuffixDrafter:
         state.trie.extend(seq.tokens[state.indexed :])
         state.indexed = len(seq.tokens)
         return state
-
-    def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
-        pass  # the next proposal indexes the verified tokens (seq.tokens) it has not seen
 
     def release(self, seq: Drafting) -> None:
         """``seq`` is done: its output joins the global trie (oldest outputs leave past ``cache_tokens``)."""
@@ -146,12 +135,6 @@ class SuffixDrafter:
         self._entries.clear()
         self._cached = 0
         self.cache = SuffixTrie(self.settings.depth)
-
-    def runners(self) -> dict:
-        return {}  # a lookup: no model runs
-
-    def kv_bytes(self) -> int:
-        return 0
 
     def describe_tree(self) -> str | None:
         return f"suffix/{self.tree.max_nodes}" if self.tree is not None else None

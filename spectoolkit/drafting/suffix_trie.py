@@ -32,7 +32,6 @@ class Continuation:
     token_ids: list[int]
     parents: list[int]
     score: float  # sum of the drafted tokens' path probabilities
-    match_len: int  # length of the context suffix it continues
 
 
 class SuffixTrie:
@@ -121,7 +120,7 @@ class SuffixTrie:
                 token_ids.append(token)
                 score += prob
                 node = child
-            return Continuation(token_ids, parents, score, 0)
+            return Continuation(token_ids, parents, score)
         frontier: list[tuple[float, int, int, int, Node, int]] = []  # (-prob, depth, token, tie, node, parent)
         order = 0
 
@@ -142,4 +141,4 @@ class SuffixTrie:
             token_ids.append(token)
             score += -neg_prob
             push(child, -neg_prob, depth + 1, len(token_ids) - 1)
-        return Continuation(token_ids, parents, score, 0)
+        return Continuation(token_ids, parents, score)
