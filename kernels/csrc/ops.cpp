@@ -408,6 +408,7 @@ std::tuple<at::Tensor, at::Tensor> kv_encode(const at::Tensor& rows, const at::T
   const float* xp = x.data_ptr<float>();
   float* sp = scale.data_ptr<float>();
   const bool int8 = type == at::kChar;
+  void* dp = data.data_ptr();
   for (int64_t r = 0; r < R; ++r) {
     const float* row = xp + r * D;
     float amax = 0.f;
@@ -416,11 +417,11 @@ std::tuple<at::Tensor, at::Tensor> kv_encode(const at::Tensor& rows, const at::T
     const float safe = s == 0.f ? 1.f : s;
     sp[r] = s;
     if (int8) {
-      int8_t* out = data.data_ptr<int8_t>() + r * D;
+      int8_t* out = static_cast<int8_t*>(dp) + r * D;
       for (int64_t d = 0; d < D; ++d)
         out[d] = static_cast<int8_t>(std::clamp(std::nearbyint(row[d] / safe), -127.f, 127.f));
     } else {
-      c10::Float8_e4m3fn* out = data.data_ptr<c10::Float8_e4m3fn>() + r * D;
+      c10::Float8_e4m3fn* out = static_cast<c10::Float8_e4m3fn*>(dp) + r * D;
       for (int64_t d = 0; d < D; ++d) out[d] = c10::Float8_e4m3fn(std::clamp(row[d] / safe, -448.f, 448.f));
     }
   }

@@ -69,26 +69,20 @@ def pool_stores(pool: PagedKVPool, layer: int) -> tuple[torch.Tensor, ...]:
 
 
 def kernel_attention(
-    pool: PagedKVPool, stores: tuple[torch.Tensor, ...], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    stores: tuple[torch.Tensor, ...], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     write: torch.Tensor, key_slots: torch.Tensor, starts: torch.Tensor, scaling: float, isa: int = -1,
 ) -> torch.Tensor:  # fmt: skip
-    """query [W, Hq, D], key/value [W, Hkv, D] (this step's rows) -> [W, Hq, D] fp32: the new rows are stored
-    in the pool's format at ``write`` [W] (-1: not stored), then each row attends its slots (``isa``: the kernel
-    path, :func:`~spectoolkit.kernels.cpu_ops.best_isa`)."""
+    """query [W, Hq, D], key/value [W, Hkv, D] (this step's rows) -> [W, Hq, D] fp32: the new rows are encoded to
+    the pool's format (``spectoolkit::kv_encode``, as ``layer_tail`` does) and stored at ``write`` [W] (-1: not
+    stored), then each row attends its slots (``isa``: the kernel path, :func:`~spectoolkit.kernels.cpu_ops.best_isa`).
+    """
+    scaled = stores[2].numel() > 0
+    k_new, k_scale = torch.ops.spectoolkit.kv_encode(key.float(), stores[0], scaled)
+    v_new, v_scale = torch.ops.spectoolkit.kv_encode(value.float(), stores[1], scaled)
+    scales = (k_scale, v_scale) if scaled else stores[2:]
     return torch.ops.spectoolkit.paged_attention(
-        query.float(), *encoded_rows(pool, stores, key, value), *stores, write, key_slots, starts, scaling, isa
+        query.float(), k_new, v_new, *scales, *stores, write, key_slots, starts, scaling, isa
     )
-
-
-def encoded_rows(
-    pool: PagedKVPool, stores: tuple[torch.Tensor, ...], key: torch.Tensor, value: torch.Tensor
-) -> tuple[torch.Tensor, ...]:
-    """This step's key/value rows [W, Hkv, D] in the pool's format, as the kernel stores them: (keys, values,
-    key scales, value scales; no scales: the stores' empty ones)."""
-    k_new, v_new = pool._encode(key), pool._encode(value)  # field -> [W, Hkv, width]
-    k_scale = k_new["scale"] if stores[2].numel() else stores[2]
-    v_scale = v_new["scale"] if stores[3].numel() else stores[3]
-    return k_new["data"], v_new["data"], k_scale, v_scale
 
 
 def paged_attention(

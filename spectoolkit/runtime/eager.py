@@ -112,6 +112,6 @@ class EagerRunner:
         else:
             q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # [T, H, D]
             stores = pool_stores(self.pool, index)
-            out = kernel_attention(self.pool, stores, q, k, v, batch.slots, *keys, attn.scaling, self.isa)
+            out = kernel_attention(stores, q, k, v, batch.slots, *keys, attn.scaling, self.isa)
             out = out.to(x.dtype)
         return run_linear(attn.o_proj, out.reshape(1, tokens, -1).contiguous(), mode)

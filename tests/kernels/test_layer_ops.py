@@ -41,7 +41,7 @@ def _reference_rows(dec, pool, ids, cos, sin, write, key_slots, starts):
             q, k = _rms(dec, attn.q_norm, q), _rms(dec, attn.k_norm, k)
         q, k = ops.rotary(q.contiguous(), cos, sin, dec.isa), ops.rotary(k.contiguous(), cos, sin, dec.isa)
         stores = pool_stores(pool, index)
-        out = kernel_attention(pool, stores, q, k, v, write, key_slots, starts, dec.scale, dec.isa)
+        out = kernel_attention(stores, q, k, v, write, key_slots, starts, dec.scale, dec.isa)
         hidden = hidden + attn.o_proj(out.to(hidden.dtype).reshape(out.shape[0], -1))
         x = _rms(dec, layer.post_attention_layernorm, hidden)
         fused = getattr(mlp, "gate_up_fused", None)
