@@ -83,8 +83,9 @@ class _Attention(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        freqs = positions.float()[..., None] * self.inv_freq  # [B, T, D/2]
-        cos, sin = torch.cat([freqs, freqs], -1).cos()[:, None], torch.cat([freqs, freqs], -1).sin()[:, None]
+        angles = positions.float()[..., None] * self.inv_freq  # [B, T, D/2]
+        angles = torch.cat([angles, angles], -1)[:, None]  # [B, 1, T, D]
+        cos, sin = angles.cos(), angles.sin()
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
@@ -232,5 +233,10 @@ def draft_vocabulary(token_ids: list[list[int]], size: int, vocab_size: int) -> 
 def capture_states(model, input_ids: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
     """The residual stream entering each of ``layers`` of a transformers Llama-family ``model``, concatenated:
     input_ids [B, T] -> [B, T, len(layers) * H] (what vLLM hands an EAGLE-3 head)."""
-    out = model(input_ids=input_ids, output_hidden_states=True)
-    return torch.cat([out.hidden_states[layer] for layer in layers], dim=-1)  # hidden_states[i]: input of layer i
+    return aux_states(model(input_ids=input_ids, output_hidden_states=True).hidden_states, layers)
+
+
+def aux_states(hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """A transformers forward's ``hidden_states`` (entry i: the input of layer i) -> those of ``layers``,
+    concatenated on the last dimension."""
+    return torch.cat([hidden_states[layer] for layer in layers], dim=-1)

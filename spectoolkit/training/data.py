@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from spectoolkit.models.eagle3_head import aux_states
 from spectoolkit.training.ttt import Sequence
 
 
@@ -28,6 +29,6 @@ def target_sequence(model, prompt: list[int], answer: list[int], layers: tuple[i
     """A :class:`~spectoolkit.training.ttt.Sequence` of ``prompt + answer`` read off the target ``model``."""
     ids = torch.tensor([prompt + answer])
     out = model(input_ids=ids, output_hidden_states=True)
-    states = torch.cat([out.hidden_states[layer] for layer in layers], dim=-1)[0]  # [T, 3H], as capture_states
+    states = aux_states(out.hidden_states, layers)[0]  # [T, 3H]
     logits = out.logits[0][:, draft_ids].float()  # [T, Vd]
     return Sequence(ids[0], states.float(), logits, len(prompt))
