@@ -32,13 +32,11 @@ def is_gptq_layer(layer: nn.Module) -> bool:
 
 def unpackable(layer: nn.Module) -> str | None:
     """Why a GPTQ layer's codes cannot become our int4 panels (None: they can)."""
-    rows, columns, group = layer.out_features, layer.in_features, layer.group_size
+    rows, columns, group = layer.out_features, layer.in_features, _group(layer)
     qweight, qzeros = getattr(layer, "qweight", None), getattr(layer, "qzeros", None)
     if layer.bits != 4:
         return f"gptq {layer.bits}-bit"
-    if group in (-1, columns):
-        group = columns
-    elif group % 2 or columns % group:
+    if group % 2 or columns % group:
         return f"gptq group size {group} does not split K={columns} evenly"
     if qweight is None or qweight.dtype != torch.int32 or tuple(qweight.shape) != (columns // 8, rows) or columns % 8:
         return "gptq weights not in the int32 [K/8, N] layout (already converted by a forward?)"
@@ -55,11 +53,15 @@ def unpackable(layer: nn.Module) -> str | None:
 def int4_codes(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(codes u uint8 [N, K], scales fp32 [N, G], zeros fp32 [N, G], group) of a layer :func:`unpackable`
     accepts, with ``(u - 8) * scale + zero`` = GPTQ's weight exactly (module docstring)."""
-    rows, columns = layer.out_features, layer.in_features
-    group = columns if layer.group_size in (-1, columns) else layer.group_size
+    rows, columns, group = layer.out_features, layer.in_features, _group(layer)
     codes = (layer.qweight[:, None, :] >> _SHIFTS[None, :, None]) & 15  # [K/8, 8, N]
     codes = codes.reshape(columns, rows).t()  # [N, K]
     zeros = (layer.qzeros[:, :, None] >> _SHIFTS[None, None, :]) & 15  # [G, N/8, 8]
     zeros = zeros.reshape(zeros.shape[0], -1)[:, :rows].t()  # [N, G], z in 0..15
     scales = layer.scales.float().t()  # [N, G]
     return codes.to(torch.uint8).contiguous(), scales.contiguous(), ((8 - zeros) * scales).contiguous(), group
+
+
+def _group(layer: nn.Module) -> int:
+    """Input columns per scale: the layer's group size, K for per channel (-1)."""
+    return layer.in_features if layer.group_size == -1 else layer.group_size
