@@ -65,6 +65,9 @@ def _run_job(config, values: dict) -> str | None:
         return f"skipped: {out_dir} already holds this job, complete since {done['finished']} (resume=false reruns it)"
     job = start_job(out_dir, digest, "bench" if config.eval.kind == "none" else config.eval.kind, values)
     try:
+        from spectoolkit.training.job import with_trained_head
+
+        config = with_trained_head(config)  # +draft=eagle without a head: train (or reuse) the default one
         text = _eval_job(config) if config.eval.kind != "none" else _bench_job(config)
     except SpecToolkitError as exc:
         end_job(out_dir, job, "failed", str(exc))

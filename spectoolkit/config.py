@@ -16,7 +16,7 @@ from typing import Any
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.precisions import FLOAT_PRECISIONS, KV_PRECISIONS, MODEL_PRECISIONS
 
-DRAFT_KINDS = ("model", "skip", "ngram", "suffix", "none")
+DRAFT_KINDS = ("model", "skip", "ngram", "suffix", "eagle", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
 ARM_SETS = ("standard", "four_groups", "gamma_sweep", "tree_chain", "drafters")
@@ -67,8 +67,9 @@ SKIP_PRECISIONS = ("rtn-int8", "rtn-int4")  # a layer-skip draft's own quantized
 class DraftConfig:
     """What proposes tokens: a draft model (``model``), the target with layers left out (``skip``: its own
     weights, shared, and its own KV cache), prompt n-gram lookup, suffix decoding (``suffix``: frequency-scored
-    continuations from per-request and global suffix tries, :mod:`spectoolkit.drafting.suffix`), or ``none``
-    (baseline only)."""
+    continuations from per-request and global suffix tries, :mod:`spectoolkit.drafting.suffix`), a trained EAGLE-3
+    draft head over the target's states (``eagle``, :mod:`spectoolkit.drafting.eagle`), or ``none`` (baseline
+    only)."""
 
     kind: str = "ngram"
     precision: str = "bf16"  # weight precision of a draft model (kind=model), float or quantized
@@ -84,6 +85,7 @@ class DraftConfig:
     suffix_factor: float = 1.0  # kind=suffix: draft tokens per matched token
     suffix_min_prob: float = 0.1  # kind=suffix: least probability of a drafted token given its parent
     suffix_cache_tokens: int = 65536  # kind=suffix: earlier outputs kept in the global trie (0: none)
+    eagle_path: str | None = None  # kind=eagle: a trained head's directory (None: train the default one, cached)
 
     def __post_init__(self) -> None:
         _one_of("draft.kind", self.kind, DRAFT_KINDS)

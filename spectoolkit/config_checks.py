@@ -42,7 +42,9 @@ VLLM_KEYS = ("vllm_env", "host", "port", "eagle_path", "vllm_args", "vllm_kv_cac
              "startup_timeout_s")  # fmt: skip
 EXACTNESS_KEYS = ("stochastic_temperature", "analytic_positions", "samples", "length", "significance")
 LMEVAL_KEYS = ("tasks", "limit", "allow_code_execution")
-TREE_DRAFTER = "use a draft model (+draft=<precision>) or +draft=skip (prompt lookup grows a trie of its matches)"
+TREE_DRAFTER = (
+    "use a draft model (+draft=<precision>), +draft=skip or +draft=eagle (prompt lookup grows a trie of its matches)"
+)
 
 Effective = Callable[[RunConfig, Entry], bool]
 
@@ -83,7 +85,7 @@ def _looks_up(cfg: RunConfig, kind: str) -> bool:
 
 def _tree_drafter(cfg: RunConfig) -> bool:
     """Grows branching/dynamic trees; n-gram lookup builds a trie of its matches whatever the tree kind."""
-    return cfg.draft.kind in ("model", "skip")
+    return cfg.draft.kind in ("model", "skip", "eagle")
 
 
 def _static_tree(cfg: RunConfig) -> bool:
@@ -156,7 +158,7 @@ RULES: tuple[Rule, ...] = (
            "set quant_quality.enabled=true"),
     # the drafter and its trees
     Rule("speculate", _drafts, "with +draft=none (nothing drafts)",
-         "choose a drafter (+draft=ngram, +draft=suffix, +draft=<precision> or +draft=skip)"),
+         "choose a drafter (+draft=ngram, +draft=suffix, +draft=eagle, +draft=<precision> or +draft=skip)"),
     Rule("speculate.confidence", lambda c, e: c.speculate.policy == "confidence",
          "without speculate.policy=confidence", "set speculate.policy=confidence"),
     *_rows(("speculate.decay", "speculate.probe_every"),
@@ -190,10 +192,12 @@ RULES: tuple[Rule, ...] = (
             "draft.suffix_cache_tokens"),
            lambda c, e: _looks_up(c, "suffix"), "without +draft=suffix (or bench.arms=drafters with suffix)",
            "set +draft=suffix"),
+    Rule("draft.eagle_path", lambda c, e: c.draft.kind == "eagle", "without +draft=eagle", "set +draft=eagle"),
     Rule("draft.group_size", lambda c, e: _draft_groupwise(c), "without a group-wise quantized draft "
          "(+draft=rtn-int8, rtn-int4 or int4, or +draft=skip with draft.skip_precision)",
          "quantize the draft group-wise"),
-    Rule("kv.draft", lambda c, e: _tree_drafter(c), "with draft.kind={cfg.draft.kind} (no draft model, no draft KV)",
+    Rule("kv.draft", lambda c, e: c.draft.kind in ("model", "skip"),
+         "with draft.kind={cfg.draft.kind} (no draft model with a KV precision of its own)",
          "use a draft model (+draft=<precision>) or +draft=skip"),
     # everything else
     Rule("target.group_size", lambda c, e: c.target.precision in GROUPWISE,

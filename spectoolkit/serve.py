@@ -25,7 +25,9 @@ def _app(cfg: DictConfig) -> None:
 
     _quiet_transformers()
     try:
-        config = checked(config_from_hydra(cfg), "serve")
+        from spectoolkit.training.job import with_trained_head
+
+        config = with_trained_head(checked(config_from_hydra(cfg), "serve"))
         serve(config)
     except SpecToolkitError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -40,13 +40,16 @@ def _run_config(*overrides: str) -> RunConfig:
     return config_from_hydra(_compose(*overrides))
 
 
+TRAIN_GROUPS = ("train",)  # python -m spectoolkit.train_draft's groups (its primary config: train_draft.yaml)
+
+
 def _group_options() -> list[tuple[str, str]]:
     """Every (group, option) shipped in the package's conf/ tree (new yaml files join automatically)."""
     root = files(CONF_MODULE)
     return sorted(
         (group.name, option.name.removesuffix(".yaml"))
         for group in root.iterdir()
-        if group.is_dir() and not group.name.startswith(("_", "."))
+        if group.is_dir() and not group.name.startswith(("_", ".")) and group.name not in TRAIN_GROUPS
         for option in group.iterdir()
         if option.name.endswith(".yaml")
     )
@@ -224,7 +227,7 @@ def test_unknown_keys_are_all_named() -> None:
         {"sampling": {"top_k": -1}},
         {"target": {"precision": "int3"}},
         {"draft": {"kind": "model", "precision": "fp8"}},
-        {"draft": {"kind": "eagle"}},
+        {"draft": {"kind": "medusa"}},
         {"draft": {"ngram_min": 4, "ngram_max": 3}},
         {"draft": {"kind": "suffix", "suffix_max_match": 0}},
         {"draft": {"kind": "suffix", "suffix_min_match": 17}},
@@ -278,3 +281,15 @@ def test_runtime_compile_is_auto_by_default_and_auto_runs_eager(value, compiled)
 def test_runtime_compile_refuses_other_words() -> None:
     with pytest.raises(SpecToolkitError, match="runtime.compile"):
         _run_config("runtime.compile=sometimes")
+
+
+def test_the_train_group_composes_to_the_training_defaults() -> None:
+    """``python -m spectoolkit.train_draft``'s primary config: a run's config plus train/eagle3.yaml, whose values
+    are :class:`TrainConfig`'s defaults (the command and the library train the same head)."""
+    from spectoolkit.training.job import TrainConfig, train_config_from_dict
+
+    with initialize_config_module(config_module=CONF_MODULE, version_base=None):
+        cfg = compose(config_name="train_draft", overrides=[f"output_dir={OUT}", "+target=bf16", "train.steps=5"])
+    values = OmegaConf.to_container(cfg, resolve=True)
+    assert train_config_from_dict(values.pop("train")) == dataclasses.replace(TrainConfig(), steps=5)
+    assert config_from_hydra(OmegaConf.create(values)).target.precision == "bf16"

@@ -53,7 +53,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("spectoolkit.bench.load",),
     ("spectoolkit.server",),
     ("spectoolkit.report", "spectoolkit.__main__"),
-    ("spectoolkit.serve",),
+    ("spectoolkit.serve", "spectoolkit.train_draft"),
 ]
 
 

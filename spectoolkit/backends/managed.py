@@ -26,8 +26,13 @@ from spectoolkit.errors import SpecToolkitError
 FLOAT_DTYPES = ("fp32", "bf16", "fp16")
 
 
+def _eagle_dir(cfg: RunConfig) -> str | None:
+    """The EAGLE head vLLM drafts with: ``backend.eagle_path``, or ``+draft=eagle``'s ``draft.eagle_path``."""
+    return cfg.backend.eagle_path or (cfg.draft.eagle_path if cfg.draft.kind == "eagle" else None)
+
+
 def _drafter(cfg: RunConfig) -> str | None:
-    if cfg.backend.eagle_path:
+    if _eagle_dir(cfg):
         return "eagle"
     if cfg.draft.kind == "skip":
         raise SpecToolkitError(
@@ -39,6 +44,9 @@ def _drafter(cfg: RunConfig) -> str | None:
             "backend=vllm: our +draft=suffix runs on backend=local or our server; vLLM's own suffix method needs "
             "the arctic-inference package, which its CPU build lacks: use +draft=ngram there"
         )
+    if cfg.draft.kind == "eagle":
+        raise SpecToolkitError("backend=vllm +draft=eagle needs the head's directory: set draft.eagle_path=DIR "
+                               "(python -m spectoolkit.train_draft prints it) or backend.eagle_path=DIR")  # fmt: skip
     return {"ngram": "ngram", "model": "model", "none": None}[cfg.draft.kind]
 
 
@@ -71,7 +79,7 @@ def start_vllm_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[Run
             role, model_dir=model_dir, served_model_name=cfg.model.name, host=backend.host, port=port,
             dtype=cfg.target.precision, gamma=cfg.speculate.gamma, drafter=drafter or "ngram",
             ngram_max=cfg.draft.ngram_max, ngram_min=cfg.draft.ngram_min, draft_model_dir=cfg.model.draft_path,
-            draft_precision=cfg.draft.precision if drafter == "model" else None, eagle_dir=backend.eagle_path,
+            draft_precision=cfg.draft.precision if drafter == "model" else None, eagle_dir=_eagle_dir(cfg),
             extra_args=backend.vllm_args,
         )  # fmt: skip
         log = Path(cfg.output_dir) / f"vllm-{role}.log"

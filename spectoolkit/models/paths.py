@@ -63,6 +63,36 @@ def check_hub_model(repo_id: str) -> None:
         raise SpecToolkitError(message) from None
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def local_dir(path: str | None) -> Path:
+    """The local directory of ``path``: itself, the embedded model, or a hub id's cached snapshot."""
+    location = resolve_path(path)
+    if Path(location).is_dir():
+        return Path(location)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(location, local_files_only=True))
+    except (OSError, ValueError) as exc:  # LocalEntryNotFoundError, HFValidationError
+        raise SpecToolkitError(
+            f"model '{location}' is not in the local Hugging Face cache ({type(exc).__name__}): "
+            "pass a local checkpoint directory instead"
+        ) from None
+
+
+def checkpoint_identity(source: Path) -> dict:
+    """What identifies checkpoint directory ``source`` in a cache key: its path and its weight files' sizes and
+    modification times (a re-converted or re-downloaded checkpoint is another one)."""
+    weights = [
+        (f.name, f.stat().st_size, f.stat().st_mtime_ns)
+        for f in sorted(source.iterdir())
+        if f.name.endswith(WEIGHT_SUFFIXES)
+    ]
+    return {"source": str(source.resolve()), "weights": weights}
+
+
 def resolve_device(device: str) -> torch.device:
     """``auto`` picks CUDA when available; ``cuda`` without a GPU is a user error."""
     if device == "auto":

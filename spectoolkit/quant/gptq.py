@@ -43,7 +43,7 @@ import torch
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.paths import resolve_device, resolve_path
+from spectoolkit.models.paths import checkpoint_identity, local_dir, resolve_device
 from spectoolkit.workloads.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, iter_humaneval_tasks, package_data_file
 from spectoolkit.workloads.prompts import load_workload
 
@@ -55,7 +55,6 @@ MAX_CALIBRATION_SAMPLES = 1024
 SHAREGPT_CALIBRATION_OFFSET = 1000
 MAX_HUMANEVAL_CALIBRATION = 64  # of its 164 problems, the last ones
 CALIBRATION_VERSION = 1  # bump when calibration_texts changes: it is part of the cache key
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
 ATEN_GROUP_SIZES = (32, 64, 128, 256)  # torch's CPU int4 matmul (_weight_int4pack_mm_for_cpu)
 
 
@@ -127,7 +126,7 @@ def quantized_checkpoint(path: str | None, cfg: GptqConfig) -> Path:
     covering the source, its weight files (size, mtime), ``cfg``, the calibration set and the
     GPTQModel version; later calls with the same inputs return that directory.
     """
-    source = _local_dir(path)
+    source = local_dir(path)
     if is_gptq_checkpoint(source):
         return source
     _check_group_size(source, cfg.group_size)
@@ -254,22 +253,6 @@ def _gptqmodel_output(log_path: Path | str) -> Iterator[None]:
 # --- checkpoints --------------------------------------------------------------------------------
 
 
-def _local_dir(path: str | None) -> Path:
-    """The local directory of ``path``: itself, the embedded model, or a hub id's cached snapshot."""
-    location = resolve_path(path)
-    if Path(location).is_dir():
-        return Path(location)
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(location, local_files_only=True))
-    except (OSError, ValueError) as exc:  # LocalEntryNotFoundError, HFValidationError
-        raise SpecToolkitError(
-            f"model '{location}' is not in the local Hugging Face cache ({type(exc).__name__}): "
-            "pass a local checkpoint directory instead"
-        ) from None
-
-
 def _quantization_config(directory: Path) -> dict:
     config = _read_json(directory / "config.json")
     quantization = config.get("quantization_config")
@@ -323,14 +306,8 @@ def _cache_key(source: Path, cfg: GptqConfig) -> str:
         gptqmodel_version = version("gptqmodel")
     except PackageNotFoundError:
         gptqmodel_version = None
-    weights = [
-        (f.name, f.stat().st_size, f.stat().st_mtime_ns)
-        for f in sorted(source.iterdir())
-        if f.name.endswith(WEIGHT_SUFFIXES)
-    ]
     identity = {
-        "source": str(source.resolve()),
-        "weights": weights,
+        **checkpoint_identity(source),
         "config": asdict(cfg),
         "calibration": CALIBRATION_VERSION,
         "gptqmodel": gptqmodel_version,

@@ -47,12 +47,13 @@ class CompileStats:
     """What compiling cost: the widths compiled and the seconds they took."""
 
     built: set[int] = field(default_factory=set)  # widths of the graphs compiled
+    keys: set[tuple] = field(default_factory=set)  # (width, captured layers) of each graph compiled
     compile_seconds: float = 0.0
     graphs_at_warm_up: int | None = None  # graphs when warm-up ended (None: not marked)
 
     @property
     def graphs(self) -> int:
-        return len(self.built)
+        return max(len(self.built), len(self.keys))
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -101,18 +102,26 @@ class CompiledRunner:
         self.stores = [pool_stores(pool, index) for index in range(len(pool.layers))]  # (k, v, k_scale, v_scale)
         self.widths = tuple(sorted(widths))
         self.compile_stats = CompileStats()
+        self._capture: tuple[int, ...] = ()  # the layers whose input states the next graph call returns
         self._step = torch.compile(self._rows, dynamic=False, fullgraph=True)
 
-    @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's KV to the pool; logits [R, V] of ``batch.logit_rows`` (in chunks of the widest width)."""
-        total, hidden, chunk = batch.token_ids.shape[0], [], self.widths[-1]
+        return self.forward_states(batch, ())[0]
+
+    @torch.inference_mode()
+    def forward_states(self, batch: StepBatch, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``'s logits and the residual stream entering each of ``layers``, [T, len(layers) * E] (a graph
+        per width and set of layers)."""
+        total, hidden, captured, chunk = batch.token_ids.shape[0], [], [], self.widths[-1]
         keys = row_key_lists(batch)  # T lists of slots
+        self._capture = tuple(layers)
         for first in range(0, total, chunk):
             last = min(total, first + chunk)
-            hidden.append(self._call(batch, keys[first:last], first, last))
-        states = torch.cat(hidden)[batch.logit_rows]  # [R, E]
-        return self.decoder.head(states)  # [R, V]
+            rows, states = self._call(batch, keys[first:last], first, last)
+            hidden.append(rows)
+            captured.append(states)
+        return self.decoder.head(torch.cat(hidden)[batch.logit_rows]), torch.cat(captured)  # [R, V], [T, n*E]
 
     @torch.inference_mode()  # as forward runs: grad mode and tensor dispatch keys are part of a graph's guards
     def warm(self, widths: tuple[int, ...] | None = None) -> None:
@@ -142,21 +151,25 @@ class CompiledRunner:
             keys = keys + [keys[0][:1]] * pad  # ... and read one slot (their output is dropped)
         lengths = torch.tensor([0] + [len(k) for k in keys], dtype=torch.long, device=self.device)
         cos, sin = self.decoder.rope.rows(positions)  # [W, D] each, gathered outside the graph
-        return self._timed(width, ids, cos, sin, write, torch.cat(keys), lengths.cumsum(0))[:count]
+        hidden, states = self._timed(width, ids, cos, sin, write, torch.cat(keys), lengths.cumsum(0))
+        return hidden[:count], states[:count]
 
     def _timed(self, width: int, *args: torch.Tensor) -> torch.Tensor:
         torch._dynamo.mark_dynamic(args[4], 0)  # the flat key-slot list: its length changes every step
-        if width in self.compile_stats.built:
+        graph = (width, self._capture)
+        if graph in self.compile_stats.keys:
             return self._step(*args)
         began = time.perf_counter()
         out = self._step(*args)
+        self.compile_stats.keys.add(graph)
         self.compile_stats.built.add(width)
         self.compile_stats.compile_seconds += time.perf_counter() - began
         return out
 
-    def _rows(self, ids, cos, sin, write, key_slots, starts) -> torch.Tensor:
-        """ids/write [W], cos/sin [W, D], key_slots [N] (row i: [starts[i], starts[i+1])) -> hidden [W, E]."""
-        return decoder_rows(self.decoder, self.stores, ids, cos, sin, write, key_slots, starts)
+    def _rows(self, ids, cos, sin, write, key_slots, starts) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids/write [W], cos/sin [W, D], key_slots [N] (row i: [starts[i], starts[i+1])) -> hidden [W, E] and the
+        states entering the layers of ``_capture`` (a constant of the graph) [W, n*E]."""
+        return decoder_rows(self.decoder, self.stores, ids, cos, sin, write, key_slots, starts, self._capture)
 
 
 def bucket(rows: int) -> int:

@@ -12,11 +12,17 @@ from spectoolkit.models.static_decoder import StaticDecoder
 def decoder_rows(
     dec: StaticDecoder, stores: list[tuple[torch.Tensor, ...]], ids: torch.Tensor,
     cos: torch.Tensor, sin: torch.Tensor, write: torch.Tensor, key_slots: torch.Tensor, starts: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
+    capture: tuple[int, ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """ids/write [W], cos/sin [W, D] (the rows' rotary rows), key_slots [N] with row i's slots at
-    [starts[i], starts[i+1]) -> final hidden states [W, E]; row i's keys/values are stored at write[i] (-1: not)."""
+    [starts[i], starts[i+1]) -> (final hidden states [W, E], the residual stream entering each layer of
+    ``capture`` side by side [W, len(capture) * E]); row i's keys/values are stored at write[i] (-1: not)."""
     hidden = dec.embed(ids)  # [W, E]
-    for args, layer_stores in zip(dec.layer_args, stores, strict=True):
+    captured = {}
+    for index, (args, layer_stores) in enumerate(zip(dec.layer_args, stores, strict=True)):
+        if index in capture:
+            captured[index] = hidden
         q, k, v = dec.attn_in(args, hidden, cos, sin)  # [W, Hq|Hkv, D] fp32
         hidden = dec.layer_tail(args, hidden, q, k, v, layer_stores, write, key_slots, starts)
-    return dec.rms_norm(dec.norm, hidden)
+    states = torch.cat([captured[i] for i in capture], dim=-1) if capture else hidden.new_empty(hidden.shape[0], 0)
+    return dec.rms_norm(dec.norm, hidden), states

@@ -65,33 +65,42 @@ class EagerRunner:
         self.stores = [pool_stores(pool, index) for index in range(len(pool.layers))] if exact else []
         self.row_exact = exact
 
-    @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's KV to the pool; logits [R, V] of ``batch.logit_rows``."""
+        return self.forward_states(batch, ())[0]
+
+    @torch.inference_mode()
+    def forward_states(self, batch: StepBatch, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``'s logits and the residual stream entering each of ``layers``, [T, len(layers) * E]."""
         if self.decoder is not None:
-            return self._exact_forward(batch)
+            return self._exact_forward(batch, layers)
         mode = batch.mode
         keys = flat_key_slots(row_key_lists(batch)) if self.ours else None  # (key_slots, starts)
         hidden = self.embed(batch.token_ids[None])  # [1, T, E]
         cos, sin = self.rotary(hidden, batch.positions[None])  # [1, T, D] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, D]
+        captured = {}
         for index, layer in enumerate(self.layers):
+            if index in layers:
+                captured[index] = hidden[0]
             x = layer.input_layernorm(hidden)
             hidden = hidden + self._attention(layer.self_attn, x, cos, sin, index, batch, keys)
             x = layer.post_attention_layernorm(hidden)
             mlp = layer.mlp  # SwiGLU: down(act(gate(x)) * up(x))
             gated = mlp.act_fn(run_linear(mlp.gate_proj, x, mode)) * run_linear(mlp.up_proj, x, mode)
             hidden = hidden + run_linear(mlp.down_proj, gated, mode)
+        states = torch.cat([captured[i] for i in layers], dim=-1) if layers else hidden.new_empty(hidden.shape[1], 0)
         hidden = self.norm(hidden)[:, batch.logit_rows]  # [1, R, E]
-        return run_linear(self.head, hidden, mode)[0]  # [R, V]
+        return run_linear(self.head, hidden, mode)[0], states  # [R, V], [T, n*E]
 
-    def _exact_forward(self, batch: StepBatch) -> torch.Tensor:
+    def _exact_forward(self, batch: StepBatch, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """The step on our kernels throughout: the compiled runner's body, op by op (module docstring)."""
         dec = self.decoder
         key_slots, starts = flat_key_slots(row_key_lists(batch))
         cos, sin = dec.rope.rows(batch.positions)  # [T, D] each
-        hidden = decoder_rows(dec, self.stores, batch.token_ids, cos, sin, batch.slots, key_slots, starts)
-        return dec.head(hidden[batch.logit_rows])  # [R, V]
+        hidden, states = decoder_rows(dec, self.stores, batch.token_ids, cos, sin, batch.slots, key_slots, starts,
+                                      layers)  # fmt: skip
+        return dec.head(hidden[batch.logit_rows]), states  # [R, V], [T, n*E]
 
     def _attention(
         self, attn: nn.Module, x: torch.Tensor, cos, sin, index: int, batch: StepBatch, keys

@@ -26,6 +26,10 @@ class Runner(Protocol):
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Write the batch's KV to the pool; the logits [R, V] of ``batch.logit_rows``."""
 
+    def forward_states(self, batch: StepBatch, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward``, and the residual stream entering each of ``layers`` for every row, side by side
+        [T, len(layers) * E] (what a draft head reads)."""
+
 
 def make_runner(model: torch.nn.Module, pool: PagedKVPool, compiled: bool = False) -> Runner:
     """The runner ``runtime.compile`` asks for over ``pool``: compiled graphs, or the eager loop."""

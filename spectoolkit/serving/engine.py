@@ -25,8 +25,8 @@ from spectoolkit.drafting.base import Budget, Drafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
-from spectoolkit.runtime.runner import Runner, run_segments, synchronize
-from spectoolkit.runtime.step import Segment, tree_layout
+from spectoolkit.runtime.runner import Runner, synchronize
+from spectoolkit.runtime.step import Segment, build_step, tree_layout
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats, cut
 from spectoolkit.serving.counters import EngineCounters
 from spectoolkit.serving.scheduler import Plan, Scheduler, SchedulerLimits, Work
@@ -65,6 +65,8 @@ class ContinuousEngine:
         self.invariant = invariant or getattr(runner, "row_exact", False)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.trees = drafter is not None and drafter.tree is not None  # drafts are tree nodes, not a chain
+        # A drafter that reads the target's states (an EAGLE head): the layers whose input states each forward returns.
+        self.capture: tuple[int, ...] = tuple(getattr(drafter, "capture", ())) if drafter is not None else ()
         self.scheduler = Scheduler(dataclasses.replace(limits, tree=self.trees), allocator, policy)
         self.policy = self.scheduler.policy
         self.on_step: Callable[[StepStats], None] | None = None
@@ -134,7 +136,7 @@ class ContinuousEngine:
         proposals = self._draft(plan)
         forward_start = time.perf_counter()
         draft_time = forward_start - started
-        logits = self._forward(plan.work, proposals)  # [R, V]
+        logits, states, firsts = self._forward(plan.work, proposals)  # [R, V], [T, n*E] or None, rows of each work
         forward_time = time.perf_counter() - forward_start
         held = sum(len(work.seq.table.blocks) for work in plan.work)  # candidates' blocks included, before commit
         self.peak_kv_tokens = max(self.peak_kv_tokens, held * self.allocator.block_size)
@@ -143,20 +145,23 @@ class ContinuousEngine:
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # [R]: one check for the whole step
         now = time.perf_counter()
         row = 0
-        for work, proposal in zip(plan.work, proposals, strict=True):
+        for index, (work, proposal) in enumerate(zip(plan.work, proposals, strict=True)):
             seq = work.seq
             seq.result.batch_sizes.append(len(plan.work))
             if seq.result.scheduled is None:
                 seq.result.scheduled = started
             reaches_end = seq.num_computed + work.feed == len(seq.tokens)
             if not reaches_end:  # a prefill chunk: nothing to emit yet
+                if states is not None:
+                    self.drafter.keep_states(seq, seq.num_computed, states[firsts[index] : firsts[index] + work.feed])
                 seq.num_computed += work.feed
                 seq.table.publish_committed(seq.tokens, seq.num_computed)
                 continue
             rows = logits[row : row + 1 + len(proposal)]  # [k+1, V]
             ok = all(finite[row : row + 1 + len(proposal)])
             row += 1 + len(proposal)
-            done = self._commit(seq, work, proposal, rows, now) if ok else self._fail(seq, NON_FINITE, now)
+            fed = None if states is None else states[firsts[index] : firsts[index + 1]]  # [feed + nodes, n*E]
+            done = self._commit(seq, work, proposal, rows, now, fed) if ok else self._fail(seq, NON_FINITE, now)
             if done is not None:
                 finished.append(done)
         if not prefill:  # a step with prefill chunks says little about the cost of drafts
@@ -184,7 +189,9 @@ class ContinuousEngine:
                 proposals[i] = proposal
         return proposals
 
-    def _forward(self, works: list[Work], proposals: list[TokenTree]) -> torch.Tensor:
+    def _forward(self, works: list[Work], proposals: list[TokenTree]):
+        """One target forward over every work's rows: (logits [R, V], the captured states [T, n*E] or None (no
+        ``capture``), the first row of each work and the total [len(works) + 1])."""
         segments = []
         for work, proposal in zip(works, proposals, strict=True):
             seq = work.seq
@@ -197,9 +204,13 @@ class ContinuousEngine:
                 feed = feed + proposal.token_ids
                 rows = list(range(work.feed - 1, len(feed)))
             segments.append(Segment(seq.table, feed, seq.num_computed, rows, tree))
-        logits = run_segments(self.runner, segments, self._row_mode(len(segments)))
+        batch = build_step(segments, self._row_mode(len(segments)), self.runner.device)
+        if self.capture:
+            logits, states = self.runner.forward_states(batch, self.capture)
+        else:
+            logits, states = self.runner.forward(batch), None
         synchronize(logits.device)
-        return logits
+        return logits, states, batch.query_starts
 
     def _row_mode(self, num_seqs: int) -> str:
         """``invariant`` (``serve.batch_invariant``, or a runner whose rows are exact by construction, where every
@@ -209,8 +220,10 @@ class ContinuousEngine:
             return "invariant"
         return "chosen" if num_seqs == 1 else "plain"
 
-    def _commit(self, seq: Sequence, work: Work, proposal: TokenTree, rows: torch.Tensor, now: float):
-        """Verify ``seq``'s rows [k+1, V], emit and keep its accepted path; its result when it is done."""
+    def _commit(self, seq: Sequence, work: Work, proposal: TokenTree, rows: torch.Tensor, now: float,
+                states: torch.Tensor | None = None):  # fmt: skip
+        """Verify ``seq``'s rows [k+1, V], emit and keep its accepted path; its result when it is done. ``states``:
+        the captured states of every row it fed (its feed, then its nodes), for a drafter that reads them."""
         first = len(seq.tokens) == seq.prompt_len
         prefix = len(seq.tokens)
         if not len(proposal):
@@ -231,6 +244,9 @@ class ContinuousEngine:
         kept = prefix + accepted  # prefix + pending + accepted drafts have KV
         emitted = cut(accepted_ids + [next_token], seq.room, self.eos_ids)
         seq.tokens.extend(emitted)
+        if states is not None:  # the kept rows' states: the feed, then the accepted path's nodes
+            kept_rows = list(range(work.feed)) + [work.feed + node for node in path]
+            self.drafter.keep_states(seq, seq.num_computed, states[kept_rows])
         seq.num_computed = kept
         seq.table.truncate(kept)
         seq.table.publish_committed(seq.tokens, min(kept, len(seq.tokens)))

@@ -10,8 +10,11 @@ from dataclasses import dataclass
 
 from spectoolkit.config import RunConfig, ServeConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter, SuffixDrafter, SuffixSettings
+from spectoolkit.drafting.eagle import EagleDrafter, EagleHead
+from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.batched_kernels import choose_batched_kernels
+from spectoolkit.models.eagle3_head import Eagle3Head
 from spectoolkit.models.layer_skip import draft_model_name
 from spectoolkit.policy import FixedPolicy, make_policy
 from spectoolkit.runtime.blocks import BlockAllocator
@@ -111,6 +114,26 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
                       policy.name if drafter is not None else "none")  # fmt: skip
 
 
+def eagle_drafter(cfg: RunConfig, models, slots: int) -> EagleDrafter:
+    """The EAGLE-3 head of ``draft.eagle_path`` over the target's embeddings, its KV in a pool of ``slots``."""
+    if not cfg.draft.eagle_path:
+        raise SpecToolkitError("+draft=eagle needs a trained head: set draft.eagle_path=DIR "
+                               "(python -m spectoolkit.train_draft prints one)")  # fmt: skip
+    head = Eagle3Head.load(cfg.draft.eagle_path)
+    target = models.target
+    layers = target.model.config.get_text_config().num_hidden_layers
+    if max(head.shape.aux_layers) >= layers:
+        raise SpecToolkitError(
+            f"the draft head at {cfg.draft.eagle_path} reads target layers {head.shape.aux_layers}; this target has "
+            f"{layers}: train a head for it (python -m spectoolkit.train_draft)"
+        )
+    blocks = max(1, slots // cfg.serve.block_size)
+    ready = EagleHead(head, target.model.get_input_embeddings(), blocks * cfg.serve.block_size)
+    allocator = BlockAllocator(blocks, cfg.serve.block_size)
+    return EagleDrafter(ready, allocator, make_chooser(cfg.sampling), target.vocab_size, models.eos_ids, None,
+                        cfg.speculate.tree, cfg.speculate.gamma)  # fmt: skip
+
+
 def batched_drafter(cfg: RunConfig, models, slots: int):
     """The batched drafter ``cfg.draft`` asks for — n-gram lookup, suffix decoding, or the loaded draft model over a
     pool of ``slots`` — growing ``speculate.tree`` (kind none: chains)."""
@@ -126,6 +149,8 @@ def batched_drafter(cfg: RunConfig, models, slots: int):
             min_prob=d.suffix_min_prob, cache_tokens=d.suffix_cache_tokens,
         )  # fmt: skip
         return SuffixDrafter(settings, target.vocab_size, not cfg.sampling.greedy, tree, gamma)
+    if cfg.draft.kind == "eagle":
+        return eagle_drafter(cfg, models, slots)
     draft = models.draft
     blocks = max(1, slots // cfg.serve.block_size)
     pool = make_pool(draft.model, cfg.kv.draft, blocks * cfg.serve.block_size)

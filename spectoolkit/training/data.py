@@ -30,5 +30,5 @@ def target_sequence(model, prompt: list[int], answer: list[int], layers: tuple[i
     ids = torch.tensor([prompt + answer])
     out = model(input_ids=ids, output_hidden_states=True)
     states = aux_states(out.hidden_states, layers)[0]  # [T, 3H]
-    logits = out.logits[0][:, draft_ids].float()  # [T, Vd]
+    logits = out.logits[0, len(prompt) - 1 :][:, draft_ids].float()  # [len(answer) + 1, Vd]
     return Sequence(ids[0], states.float(), logits, len(prompt))

@@ -210,3 +210,36 @@ def record_proposed(drafter) -> list[int]:
 
     drafter.propose = propose
     return proposed
+
+
+def eagle_head(target: torch.nn.Module, draft_vocab: int = 64, steps: int = 0, seed: int = 0):
+    """An EAGLE-3 head for ``target`` (untrained, or trained ``steps`` steps on its greedy answers to random
+    prompts: a head that agrees with the target often)."""
+    from spectoolkit.models.eagle3_head import Eagle3Head, HeadShape, draft_vocabulary
+    from spectoolkit.training.data import greedy_answer, target_sequence
+    from spectoolkit.training.loop import TrainSettings, train
+
+    vocab = target.get_input_embeddings().num_embeddings
+    gen = torch.Generator().manual_seed(seed)
+    texts = [torch.randint(3, vocab, (int(n),), generator=gen).tolist() for n in torch.randint(6, 14, (48,))]
+    pairs = [(p, greedy_answer(target, p, 24, (EOS,))) for p in texts] if steps else [(p, []) for p in texts]
+    draft_ids = draft_vocabulary([p + a for p, a in pairs], draft_vocab, vocab)
+    shape = HeadShape.of_target(target.config, draft_vocab)
+    torch.manual_seed(seed)
+    head = Eagle3Head(shape, draft_ids)
+    if steps:
+        seqs = [target_sequence(target, p, a, shape.aux_layers, draft_ids) for p, a in pairs if a]
+        embeddings = target.get_input_embeddings().weight.detach()
+        train(head, embeddings, seqs, TrainSettings(steps=steps, lr=3e-3, save_every=0))
+    return head.eval()
+
+
+def eagle_drafter(target: torch.nn.Module, head, chooser, tree=None, gamma: int = 0, num_blocks: int = 200):
+    """A batched EAGLE drafter of a copy of ``head`` (the drafter packs its linears) over ``target``'s embeddings."""
+    import copy
+
+    from spectoolkit.drafting.eagle import EagleDrafter, EagleHead
+
+    ready = EagleHead(copy.deepcopy(head), target.get_input_embeddings(), num_blocks * BLOCK)
+    vocab = target.get_input_embeddings().num_embeddings
+    return EagleDrafter(ready, BlockAllocator(num_blocks, BLOCK), chooser, vocab, EOS_IDS, None, tree, gamma)

@@ -1,0 +1,272 @@
+"""Drafting with a trained EAGLE-3 head (:class:`~spectoolkit.models.eagle3_head.Eagle3Head`) over the target's states.
+
+The engine's target forward returns, for every row it computed, the residual stream entering the head's three
+target layers (``capture``); the engine hands the drafter the rows it kept (:meth:`EagleDrafter.keep_states`).
+The head's KV lives in its own paged pool, one layer, by position, and follows the KV rule (DESIGN §2):
+
+- head position t holds the row (token x_{t+1}, the target's states at t): it exists once the target has
+  verified position t and the token after it is known. A round first feeds every such row not fed yet (at least
+  the pending token's: x_c beside the states of c - 1), which is the head's "verified" KV, ``num_computed``;
+- its last row drafts x_{c+1}; draft step j feeds draft j at position c + j - 1 with the previous row's
+  pre-norm output (``aux``) as its state, exactly as training unrolls it (:mod:`spectoolkit.training.ttt`);
+- draft rows are never kept: ``commit`` truncates the head to its verified rows, and the next round feeds the
+  accepted tokens again with the target's own states (as vLLM's EAGLE does).
+
+Chains batch every sequence's rows into one head forward per draft step. Trees (EAGLE-2's dynamic trees, or
+static ones; ``speculate.tree``) grow one sequence at a time through
+:func:`~spectoolkit.drafting.tree_model.grow_tree`: a node's state is its parent's ``aux``. Sampling, q is the
+head's processed distribution scattered into the target vocabulary (ids outside the draft vocabulary have
+q = 0 and are never drafted), so the stochastic acceptance test stays exact; a draft only proposes.
+The head runs on our kernels: its linears packed (:mod:`spectoolkit.quant.packing`), attention over the pool
+with ``spectoolkit::paged_attention``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.drafting.base import Budget, Drafting
+from spectoolkit.drafting.model_drafter import unsure
+from spectoolkit.drafting.tree import TokenTree, tree_depth
+from spectoolkit.drafting.tree_model import grow_tree
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kernels import cpu_ops
+from spectoolkit.models.eagle3_head import Eagle3Head
+from spectoolkit.quant.packing import pack_model
+from spectoolkit.runtime.attention import flat_key_slots, kernel_attends, kernel_attention, pool_stores, row_key_lists
+from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
+from spectoolkit.runtime.paged_kv import PagedKVPool
+from spectoolkit.runtime.step import Segment, build_step
+
+_GREEDY = SamplingConfig(temperature=0.0)
+
+
+class EagleHead:
+    """A head ready to draft: packed linears, the target's input embeddings, and its one-layer paged pool."""
+
+    def __init__(self, head: Eagle3Head, embeddings: torch.nn.Module, num_slots: int) -> None:
+        shape = head.shape
+        if embeddings.num_embeddings != shape.vocab_size or embeddings.embedding_dim != shape.hidden_size:
+            raise SpecToolkitError(
+                f"the draft head was trained for a target with vocabulary {shape.vocab_size} and hidden size "
+                f"{shape.hidden_size}, not {embeddings.num_embeddings} and {embeddings.embedding_dim}: train one for "
+                "this target (python -m spectoolkit.train_draft) or point draft.eagle_path at one"
+            )
+        self.head, self.embeddings, self.shape = head.eval(), embeddings, shape
+        device = head.fc.weight.device
+        self.pool = PagedKVPool(1, shape.num_key_value_heads, shape.head_dim, num_slots, "fp32", torch.float32, device)
+        if not kernel_attends(self.pool, shape.head_dim):
+            raise SpecToolkitError("+draft=eagle runs the head on our CPU kernels: use device=cpu")
+        pack_model(head)
+        self.stores = pool_stores(self.pool, 0)
+        self.isa = cpu_ops.best_isa()
+        self.scaling = shape.head_dim**-0.5
+        self.to_target = head.draft_to_target
+
+    @torch.inference_mode()
+    def rows(self, segments: list[Segment], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed ``segments`` (their rows' tokens, positions and visibility; the tables cover them) with each row's
+        state ``hidden`` [T, H] -> (draft logits [R, Vd] of the segments' logit rows, aux [T, H])."""
+        batch = build_step(segments, "invariant", hidden.device)
+        head, attn = self.head, self.head.midlayer.self_attn
+        x = head.layer_in(self.embeddings(batch.token_ids).float(), hidden)  # [T, 2H]
+        q, k, v = (t[0].transpose(0, 1).contiguous() for t in attn.qkv(x[None], batch.positions[None]))  # [T, H, D]
+        key_slots, starts = flat_key_slots(row_key_lists(batch))
+        out = kernel_attention(self.stores, q, k, v, batch.slots, key_slots, starts, self.scaling, self.isa)
+        normed, aux = head.layer_out(attn.o_proj(out.reshape(out.shape[0], -1)), hidden)
+        return head.draft_logits(normed[batch.logit_rows]), aux
+
+    def target_logits(self, draft_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[Vd] -> fp32 [V]: the draft logits at their target ids, -inf elsewhere."""
+        full = torch.full((vocab_size,), float("-inf"), dtype=torch.float32, device=draft_logits.device)
+        full[self.to_target] = draft_logits.float()
+        return full
+
+
+class _State:
+    def __init__(self, allocator: BlockAllocator, width: int) -> None:
+        self.table = BlockTable(allocator)
+        self.num_computed = 0  # head positions holding verified rows
+        self.states = torch.empty(0, width)  # the target's states of positions [num_computed, +len), not fed yet
+
+
+class EagleDrafter:
+    """Proposes chains or trees from a trained EAGLE-3 head for many sequences at once (module docstring)."""
+
+    name = "eagle"
+
+    def __init__(
+        self, head: EagleHead, allocator: BlockAllocator, chooser, target_vocab_size: int, eos_ids: frozenset[int],
+        stop_below: float | None = None, tree: TreeConfig | None = None, gamma: int = 0,
+    ) -> None:  # fmt: skip
+        self.head, self.allocator, self.chooser = head, allocator, chooser
+        self.target_vocab_size, self.eos_ids = target_vocab_size, eos_ids
+        self.capture = head.shape.aux_layers  # the target layers whose input states the engine hands over
+        self.stop_below = stop_below
+        self.tree = tree if tree is not None and tree.enabled else None
+        self.gamma = gamma
+        self.max_depth = tree_depth(self.tree, gamma) if self.tree else None
+        self._states: dict[int, _State] = {}
+        self.fc = head.head.fc
+
+    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> EagleDrafter:
+        return type(self)(self.head, self.allocator, self.chooser, self.target_vocab_size, self.eos_ids, stop_below,
+                          tree, gamma)  # fmt: skip
+
+    def _state(self, seq: Drafting) -> _State:
+        return self._states.setdefault(id(seq), _State(self.allocator, 3 * self.head.shape.hidden_size))
+
+    # ---- what the engine tells it -------------------------------------------------------------
+
+    def keep_states(self, seq: Drafting, start: int, states: torch.Tensor) -> None:
+        """The target verified positions [start, start + n) of ``seq``; ``states`` [n, 3H] are its states there."""
+        state = self._state(seq)
+        end = state.num_computed + len(state.states)
+        if start > end:  # positions the head never saw states for (cannot happen in the engine): start over
+            self._truncate(state, 0)
+            state.states = state.states[:0]
+            if start > 0:
+                return
+        if start < state.num_computed:  # the target recomputed positions the head holds: forget them
+            self._truncate(state, start)
+            state.states = state.states[:0]
+        kept = state.states[: start - state.num_computed]
+        state.states = torch.cat([kept, states.detach().float().to(kept.device)])
+
+    def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
+        state = self._states.get(id(seq))
+        if state is not None:  # draft rows are never kept: the accepted tokens are fed again with the target's states
+            state.table.truncate(state.num_computed)
+
+    def release(self, seq: Drafting) -> None:
+        state = self._states.pop(id(seq), None)
+        if state is not None:
+            state.table.release()
+
+    def reset(self) -> None:
+        for state in self._states.values():
+            state.table.release()
+        self._states.clear()
+
+    # ---- proposing ----------------------------------------------------------------------------
+
+    def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
+        if self.tree is not None:
+            return [self._grow(seq, budget) for seq, budget in zip(seqs, budgets, strict=True)]
+        return self._chains(seqs, [min(budget.nodes, budget.depth) for budget in budgets])
+
+    def _catch_up(self, seqs: list[Drafting], room: list[int]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Feed each sequence's verified rows not fed yet (reserving ``room`` draft positions past them): the
+        sequences that can draft (indices), the draft logits [n, Vd] after each one's last row and their aux [n, H]."""
+        chosen, segments, hidden, lasts = [], [], [], []
+        row = 0
+        for i, seq in enumerate(seqs):
+            state = self._state(seq)
+            count = len(state.states)
+            if room[i] <= 0 or count == 0 or len(seq.tokens) != state.num_computed + count + 1:
+                continue
+            if not self._fits(state, state.num_computed + count + room[i] - 1):
+                continue
+            chosen.append(i)
+            tokens = seq.tokens[state.num_computed + 1 :]
+            segments.append(Segment(state.table, tokens, state.num_computed, [count - 1]))
+            hidden.append(state.states)
+            row += count
+            lasts.append(row - 1)
+        if not chosen:
+            return [], torch.empty(0), torch.empty(0)
+        logits, aux = self.head.rows(segments, self.fc(torch.cat(hidden)))
+        for i in chosen:
+            state = self._state(seqs[i])
+            state.num_computed += len(state.states)
+            state.states = state.states[:0]
+        return chosen, logits, aux[lasts]
+
+    def _chains(self, seqs: list[Drafting], lengths: list[int]) -> list[TokenTree]:
+        drafts: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        active, logits, aux = self._catch_up(seqs, lengths)
+        step = 0
+        while active:
+            still, rows = [], []
+            for row, i in enumerate(active):
+                full = self.head.target_logits(logits[row], self.target_vocab_size)
+                token, q = self.chooser.choose(full, seqs[i].generator)
+                drafts[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+                done = token in self.eos_ids or unsure(full, q, self.stop_below)  # nothing after EOS is emitted
+                if len(drafts[i]) < lengths[i] and not done:
+                    still.append(i)
+                    rows.append(row)
+            if not still:
+                break
+            segments = []
+            for i in still:
+                state = self._state(seqs[i])
+                segments.append(Segment(state.table, [drafts[i][-1]], state.num_computed + step, [0]))
+            logits, aux = self.head.rows(segments, aux[rows])
+            active, step = still, step + 1
+        return [TokenTree.chain(ids, torch.stack(p) if p else None) for ids, p in zip(drafts, probs, strict=True)]
+
+    def _grow(self, seq: Drafting, budget: Budget) -> TokenTree:
+        depth = min(self.max_depth, budget.depth)
+        if budget.nodes <= 0 or depth <= 0:
+            return TokenTree([], [])
+        chosen, logits, aux = self._catch_up([seq], [budget.nodes + 1])
+        if not chosen:
+            return TokenTree([], [])
+        feed = _TreeFeed(self.head, self._state(seq), aux[0])
+        sampling = getattr(self.chooser, "sampling", None) or _GREEDY
+        root = self.head.target_logits(logits[0], self.target_vocab_size)
+        align = lambda row: self.head.target_logits(row, self.target_vocab_size)  # noqa: E731
+        tree, _ = grow_tree(feed, root, align, self.tree, sampling, depth, budget.nodes, self.eos_ids, seq.generator)
+        return tree
+
+    def _fits(self, state: _State, positions: int) -> bool:
+        if state.table.missing(positions) > self.allocator.num_free:
+            return False
+        state.table.ensure(positions)
+        return True
+
+    def _truncate(self, state: _State, kept: int) -> None:
+        state.num_computed = min(state.num_computed, kept)
+        state.table.truncate(state.num_computed)
+
+    def runners(self) -> dict:
+        return {}
+
+    def kv_bytes(self) -> int:
+        used = self.allocator.num_blocks - self.allocator.num_free
+        return used * self.allocator.block_size * self.head.pool.slot_bytes()
+
+    def describe_tree(self) -> str | None:
+        return self.tree.describe() if self.tree is not None else None
+
+
+class _TreeFeed:
+    """One sequence's head KV as :func:`~spectoolkit.drafting.tree_model.grow_tree` drives it: each node fed with
+    its parent's aux (the root's: the last verified row's)."""
+
+    def __init__(self, head: EagleHead, state: _State, root_aux: torch.Tensor) -> None:
+        self.head, self.state, self.root_aux = head, state, root_aux
+        self.num_computed = state.num_computed
+        self.aux: dict[int, torch.Tensor] = {}  # slot (position in the table) of a fed node -> its aux [H]
+
+    def forward_masked(self, token_ids: list[int], positions: list[int], visible: torch.Tensor) -> torch.Tensor:
+        start, base = self.num_computed, self.state.num_computed
+        hidden = []
+        for row in range(len(token_ids)):
+            seen = torch.nonzero(visible[row, base : start + row]).flatten()
+            parent = base + int(seen[-1]) if len(seen) else None  # a node's last visible ancestor is its parent
+            hidden.append(self.root_aux if parent is None else self.aux[parent])
+        end = start + len(token_ids)
+        self.state.table.ensure(end)
+        rows = list(range(len(token_ids)))
+        segment = Segment(self.state.table, token_ids, start, rows, (positions, visible))
+        logits, aux = self.head.rows([segment], torch.stack(hidden))
+        for row in rows:
+            self.aux[start + row] = aux[row]
+        self.num_computed = end
+        return logits

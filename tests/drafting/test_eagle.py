@@ -1,0 +1,117 @@
+"""The EAGLE-3 drafter (spectoolkit/drafting/eagle.py) in the one engine: what it drafts is what the head computes
+when unrolled whole over the target's states (its paged KV, rows and positions are right), and speculation with it
+is greedy-exact at batch 1 and under batching, chains and dynamic trees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spectoolkit.config import TreeConfig
+from spectoolkit.drafting.base import Lone
+from spectoolkit.models.eagle3_head import capture_states
+from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.sampling import GreedyChooser
+from tests.serving import helpers
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+GAMMA = 3
+
+
+VOCAB = 96  # a small vocabulary: a head trained for seconds agrees with the target often
+
+
+@pytest.fixture(scope="module")
+def target():
+    return helpers.switched(tiny_llama(vocab_size=VOCAB, seed=2, num_layers=6, scale=6.0))
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    return helpers.eagle_head(target, steps=240)
+
+
+def _prompts(lengths: tuple[int, ...]) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(11)  # not the training prompts' seed
+    return [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+class Recording:
+    """Wraps a drafter: keeps (the sequence's tokens, the proposal) of every round."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter, self.rounds = drafter, []
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def propose(self, seqs, budgets):
+        made = self.drafter.propose(seqs, budgets)
+        self.rounds.extend((list(seq.tokens), tree) for seq, tree in zip(seqs, made, strict=True))
+        return made
+
+
+@torch.no_grad()
+def _unrolled_chain(head, target, tokens: list[int], length: int) -> list[int]:
+    """The greedy chain the head drafts after ``tokens`` (the last one pending), computed whole: rows (x_{t+1},
+    fc(states_t)) for every verified t, then each draft fed with the previous row's aux, causal attention."""
+    states = capture_states(target, torch.tensor([tokens[:-1]]), head.shape.aux_layers)  # [1, c, 3H]
+    embed = target.get_input_embeddings()
+    ids, hidden = list(tokens[1:]), head.fc(states)
+    draft = []
+    for _ in range(length):
+        positions = torch.arange(len(ids))[None]
+        normed, aux = head(embed(torch.tensor([ids])), hidden, positions)
+        token = int(head.draft_to_target[head.draft_logits(normed[0, -1]).argmax()])
+        draft.append(token)
+        ids, hidden = ids + [token], torch.cat([hidden, aux[:, -1:]], dim=1)
+    return draft
+
+
+def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained):
+    drafter = Recording(helpers.eagle_drafter(target, trained, GreedyChooser()))
+    eng = helpers.engine(target, gamma=GAMMA, drafter=drafter)
+    helpers.outputs(helpers.run(eng, helpers.requests(_prompts((5, 9)), 16)))
+    chains = [(tokens, tree.token_ids) for tokens, tree in drafter.rounds if len(tree)]
+    assert len(chains) >= 6
+    for tokens, drafted in chains:
+        assert drafted == _unrolled_chain(trained, target, tokens, len(drafted)), len(tokens)
+
+
+def test_head_rows_match_the_heads_own_forward(target, trained):
+    """One catch-up feed through the paged pool gives the logits of the head's own (SDPA) forward."""
+    drafter = helpers.eagle_drafter(target, trained, GreedyChooser())
+    tokens = _prompts((7,))[0]
+    seq = Lone(tokens)
+    states = capture_states(target, torch.tensor([tokens[:-1]]), trained.shape.aux_layers)[0]
+    drafter.keep_states(seq, 0, states)
+    chosen, logits, _ = drafter._catch_up([seq], [1])
+    embed = target.get_input_embeddings()
+    with torch.no_grad():
+        positions = torch.arange(len(tokens) - 1)[None]
+        normed, _ = trained(embed(torch.tensor([tokens[1:]])), trained.fc(states[None]), positions)
+        want = trained.draft_logits(normed[0, -1])
+    assert chosen == [0]
+    torch.testing.assert_close(logits[0], want, rtol=1e-4, atol=1e-4)
+    assert F.cosine_similarity(logits[0], want, dim=0) > 0.9999
+
+
+TREE = TreeConfig(kind="dynamic", max_nodes=8, top_k=3)
+
+
+@pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "dynamic-tree"])
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_speculation_with_the_head_is_greedy_exact(target, trained, tree, concurrency):
+    prompt_ids = _prompts((4, 7, 11, 6))
+    drafter = helpers.eagle_drafter(target, trained, GreedyChooser(), tree, GAMMA)
+    eng = helpers.engine(target, gamma=TREE.max_nodes if tree else GAMMA, drafter=drafter, invariant=True)
+    reqs = helpers.requests(prompt_ids, 20)
+    if concurrency > 1:
+        done = helpers.run(eng, reqs)
+    else:
+        done = {r.request_id: helpers.run(eng, [r])[r.request_id] for r in reqs}
+    assert helpers.outputs(done) == helpers.baseline_outputs(target, prompt_ids, 20)
+    drafted, accepted = (sum(getattr(r, key) for r in done.values()) for key in ("drafted_tokens", "accepted_tokens"))
+    assert 0 < accepted < drafted, (accepted, drafted)
+    assert helpers.all_free(eng) and drafter.allocator.num_free == drafter.allocator.num_blocks
