@@ -16,11 +16,13 @@ from typing import Any
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.precisions import FLOAT_PRECISIONS, KV_PRECISIONS, MODEL_PRECISIONS
 
-DRAFT_KINDS = ("model", "skip", "ngram", "suffix", "eagle", "none")
+DRAFT_KINDS = ("model", "skip", "ngram", "suffix", "eagle", "hybrid", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
 ARM_SETS = ("standard", "four_groups", "gamma_sweep", "tree_chain", "drafters")
-LOOKUP_DRAFTERS = ("ngram", "suffix")  # drafters without a model: bench.arms=drafters pits them against each other
+LOOKUP_DRAFTERS = ("ngram", "suffix")  # drafters without a model
+HEAD_DRAFTERS = ("eagle", "hybrid")  # drafters with a trained head (draft.eagle_path)
+ARM_DRAFTERS = (*LOOKUP_DRAFTERS, *HEAD_DRAFTERS)  # what bench.arms=drafters pits against each other
 DRAFT_POLICIES = ("fixed", "adaptive", "confidence")
 TREE_KINDS = ("none", "static", "dynamic")
 MAX_GAMMA = 64
@@ -68,8 +70,8 @@ class DraftConfig:
     """What proposes tokens: a draft model (``model``), the target with layers left out (``skip``: its own
     weights, shared, and its own KV cache), prompt n-gram lookup, suffix decoding (``suffix``: frequency-scored
     continuations from per-request and global suffix tries, :mod:`spectoolkit.drafting.suffix`), a trained EAGLE-3
-    draft head over the target's states (``eagle``, :mod:`spectoolkit.drafting.eagle`), or ``none`` (baseline
-    only)."""
+    draft head over the target's states (``eagle``, :mod:`spectoolkit.drafting.eagle`), per round the better of
+    suffix decoding and the head (``hybrid``, :mod:`spectoolkit.drafting.hybrid`), or ``none`` (baseline only)."""
 
     kind: str = "ngram"
     precision: str = "bf16"  # weight precision of a draft model (kind=model), float or quantized
@@ -85,7 +87,7 @@ class DraftConfig:
     suffix_factor: float = 1.0  # kind=suffix: draft tokens per matched token
     suffix_min_prob: float = 0.1  # kind=suffix: least probability of a drafted token given its parent
     suffix_cache_tokens: int = 65536  # kind=suffix: earlier outputs kept in the global trie (0: none)
-    eagle_path: str | None = None  # kind=eagle: a trained head's directory (None: train the default one, cached)
+    eagle_path: str | None = None  # kind=eagle/hybrid: a trained head's directory (None: train the default one, cached)
 
     def __post_init__(self) -> None:
         _one_of("draft.kind", self.kind, DRAFT_KINDS)
@@ -324,8 +326,8 @@ class BenchConfig:
         object.__setattr__(self, "gammas", tuple(sorted(set(gammas))))
         drafters = self.drafters
         _require(
-            isinstance(drafters, (list, tuple)) and len(drafters) > 0 and all(d in LOOKUP_DRAFTERS for d in drafters),
-            f"bench.drafters={drafters!r} must be a non-empty list of {', '.join(LOOKUP_DRAFTERS)}",
+            isinstance(drafters, (list, tuple)) and len(drafters) > 0 and all(d in ARM_DRAFTERS for d in drafters),
+            f"bench.drafters={drafters!r} must be a non-empty list of {', '.join(ARM_DRAFTERS)}",
         )
         object.__setattr__(self, "drafters", tuple(dict.fromkeys(drafters)))
 

@@ -79,13 +79,17 @@ def _drafts(cfg: RunConfig, entry: Entry) -> bool:
 
 
 def _looks_up(cfg: RunConfig, kind: str) -> bool:
-    """A lookup drafter of ``kind`` runs: as +draft=kind, or as an arm of bench.arms=drafters."""
-    return cfg.draft.kind == kind or (cfg.bench.arms == "drafters" and kind in cfg.bench.drafters)
+    """A drafter of ``kind`` runs: as +draft=kind, as an arm of bench.arms=drafters, or inside the hybrid (suffix,
+    eagle)."""
+    runs = {cfg.draft.kind} | (set(cfg.bench.drafters) if cfg.bench.arms == "drafters" else set())
+    if "hybrid" in runs:
+        runs |= {"suffix", "eagle"}
+    return kind in runs
 
 
 def _tree_drafter(cfg: RunConfig) -> bool:
     """Grows branching/dynamic trees; n-gram lookup builds a trie of its matches whatever the tree kind."""
-    return cfg.draft.kind in ("model", "skip", "eagle")
+    return cfg.draft.kind in ("model", "skip", "eagle", "hybrid")
 
 
 def _static_tree(cfg: RunConfig) -> bool:
@@ -192,7 +196,8 @@ RULES: tuple[Rule, ...] = (
             "draft.suffix_cache_tokens"),
            lambda c, e: _looks_up(c, "suffix"), "without +draft=suffix (or bench.arms=drafters with suffix)",
            "set +draft=suffix"),
-    Rule("draft.eagle_path", lambda c, e: c.draft.kind == "eagle", "without +draft=eagle", "set +draft=eagle"),
+    Rule("draft.eagle_path", lambda c, e: _looks_up(c, "eagle"), "without +draft=eagle or +draft=hybrid",
+         "set +draft=eagle"),
     Rule("draft.group_size", lambda c, e: _draft_groupwise(c), "without a group-wise quantized draft "
          "(+draft=rtn-int8, rtn-int4 or int4, or +draft=skip with draft.skip_precision)",
          "quantize the draft group-wise"),

@@ -73,9 +73,13 @@ class SuffixDrafter(Lookup):
         return [self._one(seq, budget) for seq, budget in zip(seqs, budgets, strict=True)]
 
     def _one(self, seq: Drafting, budget: Budget) -> TokenTree:
+        return self.scored(seq, budget)[0]
+
+    def scored(self, seq: Drafting, budget: Budget) -> tuple[TokenTree, float]:
+        """``seq``'s proposal and its score: the sum of its nodes' path probabilities (the tokens it expects kept)."""
         state = self._state(seq)
         if budget.nodes <= 0 or budget.depth <= 0:
-            return TokenTree([], [])
+            return TokenTree([], []), 0.0
         best: Continuation | None = None
         for trie in (state.trie, self.cache):
             node, length = trie.match(seq.tokens, self.settings.max_match)
@@ -88,7 +92,9 @@ class SuffixDrafter(Lookup):
                 found = trie.continuation(node, min(deepest, self.max_depth), self.settings.min_prob, budget.nodes)
             if found.token_ids and (best is None or found.score > best.score):
                 best = found
-        return TokenTree([], []) if best is None else self.proposal(best.token_ids, best.parents)
+        if best is None:
+            return TokenTree([], []), 0.0
+        return self.proposal(best.token_ids, best.parents), best.score
 
     def _state(self, seq: Drafting) -> _Request:
         """The request's trie, grown to every verified token (its first sight: its prompt leaves the cache)."""

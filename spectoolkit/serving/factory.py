@@ -6,11 +6,13 @@ draft model its own), so baseline and speculation see the same weights and kerne
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from spectoolkit.config import RunConfig, ServeConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter, SuffixDrafter, SuffixSettings
 from spectoolkit.drafting.eagle import EagleDrafter, EagleHead
+from spectoolkit.drafting.hybrid import HybridDrafter
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.batched_kernels import choose_batched_kernels
@@ -135,12 +137,16 @@ def eagle_drafter(cfg: RunConfig, models, slots: int) -> EagleDrafter:
 
 
 def batched_drafter(cfg: RunConfig, models, slots: int):
-    """The batched drafter ``cfg.draft`` asks for — n-gram lookup, suffix decoding, or the loaded draft model over a
-    pool of ``slots`` — growing ``speculate.tree`` (kind none: chains)."""
+    """The batched drafter ``cfg.draft`` asks for — n-gram lookup, suffix decoding, an EAGLE head, the hybrid of the
+    two, or the loaded draft model over a pool of ``slots`` — growing ``speculate.tree`` (kind none: chains)."""
     target, tree, gamma = models.target, cfg.speculate.tree, cfg.speculate.gamma
     if cfg.draft.kind == "ngram":
         return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not cfg.sampling.greedy,
                             tree, gamma)  # fmt: skip
+    if cfg.draft.kind == "hybrid":
+        suffix = batched_drafter(dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, kind="suffix")), models,
+                                 slots)  # fmt: skip
+        return HybridDrafter(suffix, eagle_drafter(cfg, models, slots))
     if cfg.draft.kind == "suffix":
         d = cfg.draft
         settings = SuffixSettings(

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from spectoolkit.config import DraftConfig, RunConfig, _number, _require
+from spectoolkit.config import HEAD_DRAFTERS, DraftConfig, RunConfig, _number, _require
 from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.eagle3_head import WEIGHTS_FILE, Eagle3Head, HeadShape, draft_vocabulary
@@ -111,8 +111,10 @@ def train_draft(cfg: RunConfig, train_cfg: TrainConfig, progress: bool = True) -
 
 
 def with_trained_head(cfg: RunConfig, progress: bool = True) -> RunConfig:
-    """``cfg`` with ``draft.eagle_path`` set: ``+draft=eagle`` without a path trains (or reuses) the default head."""
-    if cfg.draft.kind != "eagle" or cfg.draft.eagle_path:
+    """``cfg`` with ``draft.eagle_path`` set where a head drafts (``+draft=eagle``/``hybrid``, or such an arm of
+    ``bench.arms=drafters``) and no path is given: the default head, trained now or reused from the cache."""
+    kinds = {cfg.draft.kind} | (set(cfg.bench.drafters) if cfg.bench.arms == "drafters" else set())
+    if cfg.draft.eagle_path or not kinds & set(HEAD_DRAFTERS):
         return cfg
     path = train_draft(cfg, TrainConfig(), progress)
     return dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, eagle_path=str(path)))

@@ -54,8 +54,9 @@ class OneEngines:
         drafter = (drafter or self.drafter()).variant(policy.stop_below, tree, self.cfg.speculate.gamma)
         return OneRequestEngine(self._engine(name, model, drafter, policy), "spec"), drafter
 
-    def lookup_drafter(self, kind: str):
-        """A lookup drafter (n-gram, suffix) with the run's settings, whatever ``draft.kind`` says."""
+    def drafter_of(self, kind: str):
+        """A drafter of ``kind`` (n-gram, suffix, eagle, hybrid) with the run's settings, whatever ``draft.kind``
+        says."""
         cfg = dataclasses.replace(self.cfg, draft=dataclasses.replace(self.cfg.draft, kind=kind))
         return batched_drafter(cfg, self.models, self._slots())
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from spectoolkit.compat import check_pair
-from spectoolkit.config import LOOKUP_DRAFTERS, RunConfig, TreeConfig
+from spectoolkit.config import ARM_DRAFTERS, RunConfig, TreeConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models import resolve_device, resolve_path
@@ -253,15 +253,15 @@ def _tree_chain(parts: _Parts) -> tuple[list[Arm], str | None]:
 
 
 def _drafters(parts: _Parts) -> tuple[list[Arm], str | None]:
-    """Baseline, one arm "spec-<kind>" per lookup drafter in ``bench.drafters``, and a draft model's "spec": the
+    """Baseline, one arm "spec-<kind>" per drafter in ``bench.drafters``, and a draft model's "spec": the
     drafters against each other, interleaved per request over one baseline."""
     cfg, precision = parts.cfg, parts.cfg.target.precision
     arms = [parts.target_alone("baseline", parts.target, precision)]
     for kind in cfg.bench.drafters:
-        drafter = parts.one.lookup_drafter(kind)
+        drafter = parts.one.drafter_of(kind)
         arms.append(parts.drafting(f"spec-{kind}", parts.target, precision, "baseline", make_policy(cfg.speculate),
                                    drafter=drafter))  # fmt: skip
-    if cfg.draft.kind not in (*LOOKUP_DRAFTERS, "none"):
+    if cfg.draft.kind not in (*ARM_DRAFTERS, "none"):
         arms.append(parts.drafting("spec", parts.target, precision, "baseline", make_policy(cfg.speculate)))
         return arms, "spec"
     primary = f"spec-{cfg.draft.kind}"

@@ -115,3 +115,20 @@ def test_speculation_with_the_head_is_greedy_exact(target, trained, tree, concur
     drafted, accepted = (sum(getattr(r, key) for r in done.values()) for key in ("drafted_tokens", "accepted_tokens"))
     assert 0 < accepted < drafted, (accepted, drafted)
     assert helpers.all_free(eng) and drafter.allocator.num_free == drafter.allocator.num_blocks
+
+
+def test_the_hybrid_takes_suffix_drafts_or_the_heads_and_stays_greedy_exact(target, trained):
+    """Repetitive prompts give the suffix tries long matches (they draft those rounds); elsewhere the head drafts."""
+    from spectoolkit.drafting import SuffixDrafter, SuffixSettings
+    from spectoolkit.drafting.hybrid import HybridDrafter
+
+    gen = torch.Generator().manual_seed(3)
+    bases = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (6, 9, 5, 8)]
+    prompt_ids = [base * 3 for base in bases] + _prompts((7, 10))
+    suffix = SuffixDrafter(SuffixSettings(), VOCAB, one_hot_probs=False, gamma=GAMMA)
+    drafter = HybridDrafter(suffix, helpers.eagle_drafter(target, trained, GreedyChooser(), None, GAMMA))
+    eng = helpers.engine(target, gamma=GAMMA, drafter=drafter, invariant=True)
+    done = helpers.run(eng, helpers.requests(prompt_ids, 24))
+    assert helpers.outputs(done) == helpers.baseline_outputs(target, prompt_ids, 24)
+    assert drafter.rounds["suffix"] > 0 and drafter.rounds["head"] > 0, drafter.rounds
+    assert sum(r.accepted_tokens for r in done.values()) > 0

@@ -1,8 +1,8 @@
 """Exact stochastic speculation under batching (DESIGN §1, §6): per request, the target's distribution.
 
 Many requests (several prompts x many per-request seeds) are decoded together at temperature 1 by the
-continuous engine with the :class:`StochasticVerifier`, speculating with a draft model (RandomChooser:
-q is the distribution each draft was drawn from) or with n-gram lookup (one-hot q). At each of the first
+continuous engine with the :class:`StochasticVerifier`, speculating with a draft model or an EAGLE-3 head
+(RandomChooser: q is the distribution each draft was drawn from) or with n-gram or suffix lookup (one-hot q). At each of the first
 ``LENGTH`` output positions, each prompt's tokens are compared with the target alone's (a batch-1 arm
 of the one engine, its own seeds) by the two-sample chi-square of :mod:`spectoolkit.eval.stochastic_empirical`
 (rare tokens pooled, Bonferroni over prompts x positions). A negative control — a verifier that accepts
@@ -153,6 +153,28 @@ def _ngram_case(samples: int, lookup=lambda vocab: NgramDrafter(3, 1, vocab, one
 
     spec = lambda invariant=False: make_engine(StochasticVerifier(SAMPLING), invariant)  # noqa: E731
     return Case(target, spec, {"accept-every-draft": lambda: make_engine(AcceptEveryDraft(SAMPLING))}, prompts, samples)
+
+
+def _eagle_case(samples: int):
+    """An untrained EAGLE-3 head drafting for a 6-layer tiny target (its q is far from p: the control has power)."""
+    vocab = 96
+    target = helpers.switched(tiny_llama(vocab_size=vocab, seed=2, num_layers=6, scale=6.0))
+    head = helpers.eagle_head(target)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 8, 11)]
+
+    def make_engine(verifier):
+        drafter = helpers.eagle_drafter(target, head, RandomChooser(SAMPLING), None, GAMMA, num_blocks=600)
+        return helpers.engine(target, gamma=GAMMA, drafter=drafter, verifier=verifier, stochastic=True,
+                              num_blocks=600, max_num_seqs=48, max_num_tokens=4096)  # fmt: skip
+
+    spec = lambda: make_engine(StochasticVerifier(SAMPLING))  # noqa: E731
+    return Case(target, spec, {"accept-every-draft": lambda: make_engine(AcceptEveryDraft(SAMPLING))}, prompts, samples)
+
+
+def test_eagle_drafter_batch_keeps_each_requests_distribution():
+    stats = _check(_eagle_case(samples=200))
+    assert 0 < stats["accepted"] < stats["drafted"]
 
 
 def test_model_drafter_batch_keeps_each_requests_distribution():
