@@ -124,10 +124,12 @@ class CompiledRunner:
         return self.decoder.head(torch.cat(hidden)[batch.logit_rows]), torch.cat(captured)  # [R, V], [T, n*E]
 
     @torch.inference_mode()  # as forward runs: grad mode and tensor dispatch keys are part of a graph's guards
-    def warm(self, widths: tuple[int, ...] | None = None) -> None:
+    def warm(self, widths: tuple[int, ...] | None = None, capture: tuple[int, ...] = ()) -> None:
         """Compile the graph of every width now (outside measured time), narrowed to ``widths`` when given (a
-        call pads up to the smallest of them that holds it); writes nothing to the pool."""
+        call pads up to the smallest of them that holds it), returning the states entering the layers of
+        ``capture`` (:meth:`forward_states`); writes nothing to the pool."""
         self.widths = tuple(sorted(set(widths))) if widths else self.widths
+        self._capture = tuple(capture)
         for width in self.widths:  # every row reads two slots: a key list of one would be specialized to size 1
             ids = torch.zeros(width, dtype=torch.long, device=self.device)
             cos, sin = self.decoder.rope.rows(ids)

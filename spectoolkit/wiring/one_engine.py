@@ -71,8 +71,11 @@ class OneEngines:
         verify (``each``: every verify size at its own width, so a tree-vs-chain run measures each at its own);
         the draft model a step, a catch-up feed, a prompt chunk and a tree's widest level."""
         buckets = {bucket(size) for size in (verify_sizes if each else (max(verify_sizes),))}
+        capture = tuple(getattr(self._drafter, "capture", ()))  # a head's target states: graphs that return them
         for runner, _ in self._runners.values():
             runner.warm((1, *buckets))
+            if capture:
+                runner.warm((1, *buckets), capture)
         draft = self._drafter.runners().get("draft") if self._drafter is not None else None
         tree = self.cfg.speculate.tree
         if draft is not None:

@@ -205,3 +205,26 @@ def test_the_eager_runner_gives_the_compiled_bits(dtype):
         pools.append(runner.pool.gather(0, "value", torch.tensor(table.slots(0, 15))))
     assert outputs[0].dtype == dtype and torch.equal(outputs[0], outputs[1])
     assert torch.equal(pools[0], pools[1])
+
+
+@torch.inference_mode()
+def test_both_runners_return_the_states_entering_the_captured_layers():
+    """``forward_states`` (what an EAGLE head reads): the residual stream entering each captured layer, as the
+    stock forward's ``hidden_states`` give it, the same bits from both runners, logits unchanged."""
+    from spectoolkit.models.eagle3_head import capture_states
+    from spectoolkit.runtime.step import build_step
+
+    model = tiny_llama(vocab_size=128, seed=6, num_layers=4)
+    pack_model(model)
+    ids, layers = _ids(7, seed=2), (3, 1, 3)  # any order, repeats allowed: side by side as asked
+    got = []
+    for make in (lambda pool: EagerRunner(model, pool), lambda pool: CompiledRunner(model, pool, (8,))):
+        runner, table = make(make_pool(model, "auto", BLOCKS * BLOCK)), BlockTable(BlockAllocator(BLOCKS, BLOCK))
+        table.ensure(len(ids))
+        batch = build_step([Segment(table, ids, 0, list(range(len(ids))))], "chosen", runner.device)
+        got.append(runner.forward_states(batch, layers))
+    (eager_logits, eager_states), (compiled_logits, compiled_states) = got
+    assert eager_states.shape == (7, 3 * 64)
+    assert torch.equal(eager_states, compiled_states) and torch.equal(eager_logits, compiled_logits)
+    stock = capture_states(model, torch.tensor([ids]), layers)[0]
+    torch.testing.assert_close(eager_states, stock, rtol=1e-4, atol=1e-4)
