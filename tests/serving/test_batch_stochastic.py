@@ -2,13 +2,13 @@
 
 Many requests (several prompts x many per-request seeds) are decoded together at temperature 1 by the
 continuous engine with the :class:`StochasticVerifier`, speculating with a draft model or an EAGLE-3 head
-(RandomChooser: q is the distribution each draft was drawn from) or with n-gram or suffix lookup (one-hot q).
-At each of the first ``LENGTH`` output positions, each prompt's tokens are compared with the target alone's (a
-batch-1 arm of the one engine, its own seeds) by the two-sample chi-square of
-:mod:`spectoolkit.eval.stochastic_empirical` (rare tokens pooled, Bonferroni over prompts x positions). A negative control — a verifier that accepts
-every draft, so its tokens follow q — must be rejected by the same test at the same sample size. With
-n-gram drafts in batch-invariant mode, a request's sampled output depends on its seed alone: the batch
-must reproduce each request's concurrency-1 output exactly.
+(RandomChooser: q is the distribution each draft was drawn from) or with n-gram or suffix lookup (one-hot
+q). At each of the first ``LENGTH`` output positions, each prompt's tokens are compared with the target
+alone's (a batch-1 arm of the one engine, its own seeds) by the two-sample chi-square of
+:mod:`spectoolkit.eval.stochastic_empirical` (rare tokens pooled, Bonferroni over prompts x positions). A
+negative control — a verifier that accepts every draft, so its tokens follow q — must be rejected by the
+same test at the same sample size. With n-gram drafts in batch-invariant mode, a request's sampled output
+depends on its seed alone: the batch must reproduce each request's concurrency-1 output exactly.
 """
 
 from __future__ import annotations
