@@ -74,6 +74,29 @@ class Drafter(Protocol):
         """A drafter like this one on the same model and pool, with another stop rule or tree (another arm)."""
 
 
+class OwnKV:
+    """What the drafters with a KV cache of their own (a draft model, a draft head) share: a state per sequence
+    (``_states``, by id) holding a block table of ``allocator`` over ``pool``; leaving frees its blocks."""
+
+    allocator: object  # a runtime.blocks.BlockAllocator
+    pool: object  # a runtime.paged_kv.PagedKVPool
+    _states: dict
+
+    def release(self, seq: Drafting) -> None:
+        state = self._states.pop(id(seq), None)
+        if state is not None:
+            state.table.release()
+
+    def reset(self) -> None:
+        for state in self._states.values():
+            state.table.release()
+        self._states.clear()
+
+    def kv_bytes(self) -> int:
+        used = self.allocator.num_blocks - self.allocator.num_free
+        return used * self.allocator.block_size * self.pool.slot_bytes()
+
+
 class Lookup:
     """What the drafters without a model (n-gram, suffix) share: a proposal is deterministic, so when sampling
     its q is one-hot at each drafted token (which keeps the stochastic acceptance test exact); no runner, no KV

@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting.base import Budget, Drafting
-from spectoolkit.drafting.model_drafter import unsure
+from spectoolkit.drafting.base import Budget, Drafting, OwnKV
+from spectoolkit.drafting.model_drafter import draw_next
 from spectoolkit.drafting.tree import TokenTree, tree_depth
 from spectoolkit.drafting.tree_model import grow_tree
 from spectoolkit.errors import SpecToolkitError
@@ -91,7 +91,7 @@ class _State:
         self.states = torch.empty(0, width)  # the target's states of positions [num_computed, +len), not fed yet
 
 
-class EagleDrafter:
+class EagleDrafter(OwnKV):
     """Proposes chains or trees from a trained EAGLE-3 head for many sequences at once (module docstring)."""
 
     name = "eagle"
@@ -100,7 +100,7 @@ class EagleDrafter:
         self, head: EagleHead, allocator: BlockAllocator, chooser, target_vocab_size: int, eos_ids: frozenset[int],
         stop_below: float | None = None, tree: TreeConfig | None = None, gamma: int = 0,
     ) -> None:  # fmt: skip
-        self.head, self.allocator, self.chooser = head, allocator, chooser
+        self.head, self.allocator, self.chooser, self.pool = head, allocator, chooser, head.pool
         self.target_vocab_size, self.eos_ids = target_vocab_size, eos_ids
         self.capture = head.shape.aux_layers  # the target layers whose input states the engine hands over
         self.stop_below = stop_below
@@ -138,16 +138,6 @@ class EagleDrafter:
         state = self._states.get(id(seq))
         if state is not None:  # draft rows are never kept: the accepted tokens are fed again with the target's states
             state.table.truncate(state.num_computed)
-
-    def release(self, seq: Drafting) -> None:
-        state = self._states.pop(id(seq), None)
-        if state is not None:
-            state.table.release()
-
-    def reset(self) -> None:
-        for state in self._states.values():
-            state.table.release()
-        self._states.clear()
 
     # ---- proposing ----------------------------------------------------------------------------
 
@@ -192,12 +182,7 @@ class EagleDrafter:
             still, rows = [], []
             for row, i in enumerate(active):
                 full = self.head.target_logits(logits[row], self.target_vocab_size)
-                token, q = self.chooser.choose(full, seqs[i].generator)
-                drafts[i].append(token)
-                if q is not None:
-                    probs[i].append(q)
-                done = token in self.eos_ids or unsure(full, q, self.stop_below)  # nothing after EOS is emitted
-                if len(drafts[i]) < lengths[i] and not done:
+                if draw_next(self, full, seqs[i].generator, drafts[i], probs[i], lengths[i]):
                     still.append(i)
                     rows.append(row)
             if not still:
@@ -236,10 +221,6 @@ class EagleDrafter:
 
     def runners(self) -> dict:
         return {}
-
-    def kv_bytes(self) -> int:
-        used = self.allocator.num_blocks - self.allocator.num_free
-        return used * self.allocator.block_size * self.head.pool.slot_bytes()
 
     def describe_tree(self) -> str | None:
         return self.tree.describe() if self.tree is not None else None

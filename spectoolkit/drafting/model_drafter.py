@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting.base import Budget, Drafting
+from spectoolkit.drafting.base import Budget, Drafting, OwnKV
 from spectoolkit.drafting.tree import TokenTree, tree_depth
 from spectoolkit.drafting.tree_model import grow_tree
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
@@ -68,7 +68,7 @@ class _DraftFull(Exception):
     """The draft pool cannot hold a tree's next depth."""
 
 
-class ModelDrafter:
+class ModelDrafter(OwnKV):
     """A draft model proposing for many sequences at once through ragged forwards over its own pool."""
 
     def __init__(
@@ -124,14 +124,8 @@ class ModelDrafter:
             for row, i in enumerate(active):
                 state = self._state(seqs[i])
                 state.num_computed += len(feeds[i])
-                aligned = self._aligned(logits[row])
-                token, q = self.chooser.choose(aligned, seqs[i].generator)
-                drafts[i].append(token)
-                if q is not None:
-                    probs[i].append(q)
-                done = token in self.eos_ids or unsure(aligned, q, self.stop_below)  # nothing after EOS is emitted
-                if len(drafts[i]) < lengths[i] and not done:
-                    feeds[i] = [token]
+                if draw_next(self, self._aligned(logits[row]), seqs[i].generator, drafts[i], probs[i], lengths[i]):
+                    feeds[i] = [drafts[i][-1]]
                     still.append(i)
             active = still
         return [TokenTree.chain(ids, torch.stack(p) if p else None) for ids, p in zip(drafts, probs, strict=True)]
@@ -183,22 +177,8 @@ class ModelDrafter:
         table.ensure(needed)
         return True
 
-    def release(self, seq: Drafting) -> None:
-        state = self._states.pop(id(seq), None)
-        if state is not None:
-            state.table.release()
-
-    def reset(self) -> None:
-        for state in self._states.values():
-            state.table.release()
-        self._states.clear()
-
     def runners(self) -> dict[str, Runner]:
         return {"draft": self.runner}
-
-    def kv_bytes(self) -> int:
-        used = self.allocator.num_blocks - self.allocator.num_free
-        return used * self.allocator.block_size * self.pool.slot_bytes()
 
     def describe_tree(self) -> str | None:
         return self.tree.describe() if self.tree is not None else None
@@ -215,6 +195,17 @@ def lone_drafter(
     allocator = BlockAllocator(blocks, LONE_BLOCK)
     return ModelDrafter(runner, chooser, allocator, target_vocab_size, shared_vocab_size, eos_ids, "model", None,
                         tree, gamma)  # fmt: skip
+
+
+def draw_next(drafter, logits: torch.Tensor, generator, drafts: list[int], probs: list, length: int) -> bool:
+    """Draw a chain's next token from ``logits`` [V_target] with ``drafter.chooser`` into ``drafts`` (and its q into
+    ``probs`` when sampling); whether the chain goes on (not ``length`` long yet, no EOS, not ``unsure``)."""
+    token, q = drafter.chooser.choose(logits, generator)
+    drafts.append(token)
+    if q is not None:
+        probs.append(q)
+    done = token in drafter.eos_ids or unsure(logits, q, drafter.stop_below)  # nothing after EOS is emitted
+    return len(drafts) < length and not done
 
 
 def unsure(logits: torch.Tensor, probs: torch.Tensor | None, stop_below: float | None) -> bool:
