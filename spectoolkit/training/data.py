@@ -25,10 +25,16 @@ def greedy_answer(model, prompt: list[int], max_new_tokens: int, eos_ids: tuple[
 
 
 @torch.no_grad()  # not inference_mode: the head trains on these tensors
-def target_sequence(model, prompt: list[int], answer: list[int], layers: tuple[int, ...], draft_ids: torch.Tensor):
-    """A :class:`~spectoolkit.training.ttt.Sequence` of ``prompt + answer`` read off the target ``model``."""
+def target_sequence(
+    model, prompt: list[int], answer: list[int], layers: tuple[int, ...], draft_ids: torch.Tensor,
+    prompt_loss: bool = False,
+):  # fmt: skip
+    """A :class:`~spectoolkit.training.ttt.Sequence` of ``prompt + answer`` read off the target ``model``; the loss
+    counts the answer's positions, or (``prompt_loss``) every position's: the target's predictions on the prompt
+    are its distribution too, and far more data than its answers alone. Target logits are kept in bf16."""
     ids = torch.tensor([prompt + answer])
     out = model(input_ids=ids, output_hidden_states=True)
     states = aux_states(out.hidden_states, layers)[0]  # [T, 3H]
-    logits = out.logits[0, len(prompt) - 1 :][:, draft_ids].float()  # [len(answer) + 1, Vd]
-    return Sequence(ids[0], states.float(), logits, len(prompt))
+    loss_from = 1 if prompt_loss else len(prompt)
+    logits = out.logits[0, loss_from - 1 :][:, draft_ids].to(torch.bfloat16)  # [T - loss_from + 1, Vd]
+    return Sequence(ids[0], states.float(), logits, loss_from)

@@ -47,13 +47,14 @@ class TrainConfig:
 
     sources: tuple[str, ...] = ("humaneval", "sharegpt")
     jsonl_path: str | None = None  # sources containing jsonl: the file ({"id", "task_type", "prompt"} per line)
-    prompts: int = 64  # training prompts per source
+    prompts: int = 256  # training prompts per source
     held_out: int = 64  # the first prompts of each source, never trained on (runs measure the first ones)
     max_prompt_tokens: int = 512  # longer prompts are skipped
     answer_tokens: int = 128  # the target's greedy answer, at most
     concurrency: int = 8  # answers generated at once on the engine
     draft_vocab: int = 16384
-    steps: int = 2000
+    steps: int = 1800
+    prompt_loss: bool = True  # the loss counts the prompts' positions too (the target's predictions there)
     lr: float = 5e-4
     warmup: int = 30
     ttt_steps: int = 3  # draft steps unrolled per anchor (training-time test)
@@ -131,7 +132,8 @@ def _build(cfg: RunConfig, train_cfg: TrainConfig, work: Path, out: Path, progre
     model = models.target.model
     draft_ids = draft_vocabulary([p + a for p, a in pairs], train_cfg.draft_vocab, models.target.vocab_size)
     shape = HeadShape.of_target(model.config, train_cfg.draft_vocab)
-    sequences = [target_sequence(model, p, a, shape.aux_layers, draft_ids) for p, a in pairs if a]
+    sequences = [target_sequence(model, p, a, shape.aux_layers, draft_ids, train_cfg.prompt_loss)
+                 for p, a in pairs if a]  # fmt: skip
     data_seconds = time.perf_counter() - began
     embeddings = model.get_input_embeddings().weight.detach().float()
     torch.manual_seed(train_cfg.seed)

@@ -10,8 +10,8 @@ next-token distribution at position t + 1 + k, renormalised over the draft vocab
 divergence: the soft cross-entropy less the target's entropy, the same gradient with a floor of 0). Attention is what
 drafting at inference sees: the anchor's query attends the step-0 keys of positions 0 .. t (the verified
 prefix, causal) and its own keys of steps 1 .. k (the tokens it drafted before). Step k's loss is weighted
-``decay ** k``; only positions whose predicted token is in the answer count (the head's logits are computed
-for those alone).
+``decay ** k``; only positions whose predicted token is at ``loss_from`` or later count (the answer, or the
+prompt's too), and the head's logits are computed for those alone.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ class Sequence:
 
     ids: torch.Tensor  # int64 [T]
     states: torch.Tensor  # [T, 3H]: the residual stream entering the head's three target layers
-    target_logits: torch.Tensor  # [T - answer_from + 1, draft_vocab]: the target's next-token logits at the draft
-    # ids after positions answer_from - 1 .. T - 1 (the only ones a counted prediction is compared with)
-    answer_from: int  # first answer position (the prompt's length, >= 1): predictions of x_j count for j >= it
+    target_logits: torch.Tensor  # [T - loss_from + 1, draft_vocab]: the target's next-token logits at the draft
+    # ids after positions loss_from - 1 .. T - 1 (the only ones a counted prediction is compared with; any float dtype)
+    loss_from: int  # >= 1: predictions of x_j count for j >= it (the prompt's length: the answer only)
 
 
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
@@ -62,7 +62,7 @@ def ttt_loss(
     attn = head.midlayer.self_attn
     length = seq.ids.shape[0]
     embeds = embeddings[seq.ids]  # [T, H]
-    target = torch.softmax(seq.target_logits.float(), dim=-1)  # [T - answer_from + 1, Vd]: rows answer_from - 1 ..
+    target = torch.softmax(seq.target_logits.float(), dim=-1)  # [T - loss_from + 1, Vd]: rows loss_from - 1 ..
     hidden = head.fc(seq.states[None])  # [1, T, H]
     keys, values, total, stats = [], [], torch.zeros(()), []
     for k in range(steps):
@@ -75,12 +75,12 @@ def ttt_loss(
         keys.append(key)
         values.append(value)
         normed, hidden = head.layer_out(attn.output(ttt_attention(q, keys, values)), state)
-        first = max(0, seq.answer_from - 2 - k)  # anchors t >= first predict an answer token, x_{t+2+k}
+        first = max(0, seq.loss_from - 2 - k)  # anchors t >= first predict an answer token, x_{t+2+k}
         if first >= rows:
             stats.append((0, 0))
             continue
         log_probs = F.log_softmax(head.draft_logits(normed[0, first:]).float(), dim=-1)  # [rows - first, Vd]
-        row = 1 + k + first - (seq.answer_from - 1)  # the target's row predicting x_{first+2+k}
+        row = 1 + k + first - (seq.loss_from - 1)  # the target's row predicting x_{first+2+k}
         want = target[row : row + rows - first]
         per_position = (torch.xlogy(want, want) - want * log_probs).sum(-1)  # KL(target || head): CE - entropy
         total = total + decay**k * per_position.mean()
