@@ -17,8 +17,8 @@ static ones; ``speculate.tree``) grow one sequence at a time through
 :func:`~spectoolkit.drafting.tree_model.grow_tree`: a node's state is its parent's ``aux``. Sampling, q is the
 head's processed distribution scattered into the target vocabulary (ids outside the draft vocabulary have
 q = 0 and are never drafted), so the stochastic acceptance test stays exact; a draft only proposes.
-The head runs on our kernels: its linears packed (:mod:`spectoolkit.quant.packing`), attention over the pool
-with ``spectoolkit::paged_attention``.
+The head runs on our kernels: its linears packed in bf16 (:mod:`spectoolkit.quant.packing`; half the bytes of a
+draft step, which are mostly its output rows), attention over the pool with ``spectoolkit::paged_attention``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ _GREEDY = SamplingConfig(temperature=0.0)
 class EagleHead:
     """A head ready to draft: packed linears, the target's input embeddings, and its one-layer paged pool."""
 
-    def __init__(self, head: Eagle3Head, embeddings: torch.nn.Module, num_slots: int) -> None:
+    def __init__(
+        self, head: Eagle3Head, embeddings: torch.nn.Module, num_slots: int, weights: torch.dtype = torch.bfloat16
+    ) -> None:
+        """``weights``: the dtype its linears are packed in (bf16 by default: a draft step reads half the bytes, most
+        of them the head's output rows; activations stay fp32, and a draft only proposes)."""
         shape = head.shape
         if embeddings.num_embeddings != shape.vocab_size or embeddings.embedding_dim != shape.hidden_size:
             raise SpecToolkitError(
@@ -58,6 +62,9 @@ class EagleHead:
         self.pool = PagedKVPool(1, shape.num_key_value_heads, shape.head_dim, num_slots, "fp32", torch.float32, device)
         if not kernel_attends(self.pool, shape.head_dim):
             raise SpecToolkitError("+draft=eagle runs the head on our CPU kernels: use device=cpu")
+        for module in head.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.to(weights)
         pack_model(head)
         self.stores = pool_stores(self.pool, 0)
         self.isa = cpu_ops.best_isa()

@@ -70,7 +70,7 @@ def _unrolled_chain(head, target, tokens: list[int], length: int) -> list[int]:
 
 
 def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained):
-    drafter = Recording(helpers.eagle_drafter(target, trained, GreedyChooser()))
+    drafter = Recording(helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32))
     eng = helpers.engine(target, gamma=GAMMA, drafter=drafter)
     helpers.outputs(helpers.run(eng, helpers.requests(_prompts((5, 9)), 16)))
     chains = [(tokens, tree.token_ids) for tokens, tree in drafter.rounds if len(tree)]
@@ -81,7 +81,7 @@ def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained):
 
 def test_head_rows_match_the_heads_own_forward(target, trained):
     """One catch-up feed through the paged pool gives the logits of the head's own (SDPA) forward."""
-    drafter = helpers.eagle_drafter(target, trained, GreedyChooser())
+    drafter = helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32)
     tokens = _prompts((7,))[0]
     seq = Lone(tokens)
     states = capture_states(target, torch.tensor([tokens[:-1]]), trained.shape.aux_layers)[0]

@@ -234,12 +234,14 @@ def eagle_head(target: torch.nn.Module, draft_vocab: int = 64, steps: int = 0, s
     return head.eval()
 
 
-def eagle_drafter(target: torch.nn.Module, head, chooser, tree=None, gamma: int = 0, num_blocks: int = 200):
-    """A batched EAGLE drafter of a copy of ``head`` (the drafter packs its linears) over ``target``'s embeddings."""
+def eagle_drafter(target: torch.nn.Module, head, chooser, tree=None, gamma: int = 0, num_blocks: int = 200,
+                  weights: torch.dtype = torch.bfloat16):  # fmt: skip
+    """A batched EAGLE drafter of a copy of ``head`` (the drafter packs its linears in ``weights``) over ``target``'s
+    embeddings."""
     import copy
 
     from spectoolkit.drafting.eagle import EagleDrafter, EagleHead
 
-    ready = EagleHead(copy.deepcopy(head), target.get_input_embeddings(), num_blocks * BLOCK)
+    ready = EagleHead(copy.deepcopy(head), target.get_input_embeddings(), num_blocks * BLOCK, weights)
     vocab = target.get_input_embeddings().num_embeddings
     return EagleDrafter(ready, BlockAllocator(num_blocks, BLOCK), chooser, vocab, EOS_IDS, None, tree, gamma)
