@@ -115,3 +115,21 @@ def test_bad_train_settings_are_one_clear_error():
         TrainConfig(sources=("jsonl",))
     with pytest.raises(SpecToolkitError, match="train.sources"):
         TrainConfig(sources=("wiki",))
+
+
+def test_a_serving_run_with_the_head_at_concurrency_is_greedy_exact(trained, checkpoint, tmp_path):
+    """The load benchmark's engine with the head at concurrency 1 and 3 (batched head forwards), adaptive beside."""
+    import dataclasses
+
+    from spectoolkit.bench.load.runner import run_serving
+    from spectoolkit.config import ServeConfig, SpeculateConfig
+
+    _, path, _, _ = trained
+    cfg = dataclasses.replace(
+        _cfg(checkpoint, tmp_path, DraftConfig(kind="hybrid", eagle_path=str(path))),
+        serve=ServeConfig(enabled=True, concurrency=(1, 3), warmup_requests=1),
+        speculate=SpeculateConfig(policy="adaptive"),
+    )
+    summary = run_serving(cfg, progress=False)
+    assert summary["serving_exactness"]["divergent"] == [] and summary["serving_exactness"]["checked"] > 0
+    assert {arm["name"] for arm in summary["conditions"]["arms"]} >= {"baseline", "spec", "spec-adaptive"}
