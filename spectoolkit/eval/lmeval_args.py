@@ -6,10 +6,12 @@ The keys (``lm_eval --model spectoolkit --model_args target=int4,draft=bf16,gamm
 key                meaning                                                     default
 =================  ==========================================================  ============
 target             target weight precision (fp32, bf16, fp16, int8, nf4, ...)  fp32
-draft              a draft precision, ``ngram``, ``suffix`` or ``none``           none
+draft              a draft precision, ``ngram``, ``suffix``, ``eagle``,          none
+                   ``hybrid`` or ``none``
 gamma              draft length γ                                              4
 target_path        target checkpoint: local directory or hub id                embedded
 draft_path         draft checkpoint (a draft precision without it: self-draft) target's
+eagle_path         eagle/hybrid: a trained head (python -m spectoolkit.train_draft)
 kv                 KV-cache precision of target and draft                      auto
 device             auto, cpu or cuda                                           auto
 temperature        0 is greedy; top_p / top_k / seed apply when sampling       0
@@ -29,7 +31,7 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.precisions import MODEL_PRECISIONS
 
 MODEL_ARG_KEYS = (
-    "target", "draft", "gamma", "target_path", "draft_path", "kv", "device",
+    "target", "draft", "gamma", "target_path", "draft_path", "eagle_path", "kv", "device",
     "temperature", "top_p", "top_k", "seed", "max_new_tokens",
 )  # fmt: skip
 # Passed by lm-eval itself (create_from_arg_string's additional_config); batch size 1 is all we run.
@@ -44,12 +46,14 @@ def run_config_from_model_args(model_args: dict[str, Any]) -> tuple[RunConfig, i
         raise SpecToolkitError(f"unknown spectoolkit model_args: {', '.join(unknown)}; use {', '.join(MODEL_ARG_KEYS)}")
     draft = "none" if args.get("draft") is None else str(args["draft"])
     if draft not in MODEL_PRECISIONS and draft not in DRAFT_KINDS:
-        choices = ", ".join((*MODEL_PRECISIONS, "skip", "ngram", "suffix", "none"))
+        choices = ", ".join((*MODEL_PRECISIONS, *(kind for kind in DRAFT_KINDS if kind != "model")))
         raise SpecToolkitError(f"model_args draft={draft!r} is not supported; use one of {choices}")
     kv = str(args.get("kv") or "auto")
     values: dict[str, Any] = {
         "target": {"precision": str(args.get("target") or "fp32")},
-        "draft": {"kind": "model", "precision": draft} if draft in MODEL_PRECISIONS else {"kind": draft},
+        "draft": {"kind": "model", "precision": draft}
+        if draft in MODEL_PRECISIONS
+        else {"kind": draft, "eagle_path": _path(args.get("eagle_path"))},
         "model": {"target_path": _path(args.get("target_path")), "draft_path": _path(args.get("draft_path"))},
         "speculate": {"gamma": args.get("gamma", 4)},
         "kv": {"target": kv, "draft": kv},

@@ -72,7 +72,7 @@ def test_model_args_map_to_run_config() -> None:
 
 @pytest.mark.parametrize(
     ("model_args", "message"),
-    [({"drfat": "bf16"}, "unknown spectoolkit model_args: drfat"), ({"draft": "eagle"}, "draft='eagle'"),
+    [({"drfat": "bf16"}, "unknown spectoolkit model_args: drfat"), ({"draft": "medusa"}, "draft='medusa'"),
      ({"gamma": 0}, "speculate.gamma=0"), ({"max_new_tokens": 0}, "max_new_tokens=0")],
 )  # fmt: skip
 def test_bad_model_args_are_clear_errors(model_args: dict, message: str) -> None:

@@ -80,13 +80,13 @@ def reference(target):
 @pytest.fixture
 def masked_widths(monkeypatch) -> list[int]:
     """Rows of every tree-masked segment of the engine's target forwards (a chain has no mask)."""
-    widths, original = [], engine_module.run_segments
+    widths, original = [], engine_module.build_step
 
-    def run(runner, segments, mode):
+    def build(segments, mode, device):
         widths.extend(len(segment.token_ids) for segment in segments if segment.tree is not None)
-        return original(runner, segments, mode)
+        return original(segments, mode, device)
 
-    monkeypatch.setattr(engine_module, "run_segments", run)
+    monkeypatch.setattr(engine_module, "build_step", build)
     return widths
 
 

@@ -138,9 +138,9 @@ def _run(target, precision: str, seed: int):
     snapshots, rows_seen, done = [], [], {}
     original_commit = eng._commit
 
-    def commit(seq, work, proposal, rows, now):
+    def commit(seq, work, proposal, rows, now, states=None):
         before = len(seq.tokens)
-        result = original_commit(seq, work, proposal, rows, now)
+        result = original_commit(seq, work, proposal, rows, now, states)
         accepted = seq.num_computed - before
         rows_seen.append((seq.request.request_id, before - 1, rows[: accepted + 1].clone()))
         return result

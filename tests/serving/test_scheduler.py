@@ -171,7 +171,8 @@ def test_non_finite_logits_fail_that_request_alone(target, batch, references, af
     forward = eng._forward
 
     def poisoned(works, proposals):
-        logits = forward(works, proposals).clone()  # [R, V]
+        logits, states, firsts = forward(works, proposals)
+        logits = logits.clone()  # [R, V]
         row = 0
         for work, proposal in zip(works, proposals, strict=True):
             seq = work.seq
@@ -181,7 +182,7 @@ def test_non_finite_logits_fail_that_request_alone(target, batch, references, af
             if seq.request.request_id == "1" and len(seq.output_ids) >= after_tokens:
                 logits[row + width - 1] = float("nan")  # only its last row: a partial NaN is caught too
             row += width
-        return logits
+        return logits, states, firsts
 
     eng._forward = poisoned
     done = helpers.run(eng, helpers.requests(batch[:4], MAX_NEW))

@@ -305,9 +305,9 @@ def test_committed_kv_after_tree_rounds_equals_a_chain_of_the_committed_tokens(t
     eng.pool.move = lambda sources, targets: (moves.append(sources != targets), original_move(sources, targets))
     seen = []  # (request id, position of the pending token, the rows the verifier chose from)
 
-    def commit(seq, work, proposal, rows, now):
+    def commit(seq, work, proposal, rows, now, states=None):
         before = len(seq.tokens)
-        result = original_commit(seq, work, proposal, rows, now)
+        result = original_commit(seq, work, proposal, rows, now, states)
         path = verifier.paths.pop() if len(proposal) else []
         seen.append((seq.request.request_id, before - 1, rows[[0] + [node + 1 for node in path]].clone()))
         assert seq.num_computed == before + len(path)
