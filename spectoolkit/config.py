@@ -654,6 +654,13 @@ _SECTIONS = {
 _NESTED = {(SpeculateConfig, "tree"): TreeConfig}  # sections inside sections
 
 
+def drafter_kinds(cfg: RunConfig) -> set[str]:
+    """The drafters a run of ``cfg`` builds: ``draft.kind``, ``bench.drafters`` under ``bench.arms=drafters``, and
+    the hybrid's parts (suffix, eagle)."""
+    kinds = {cfg.draft.kind} | (set(cfg.bench.drafters) if cfg.bench.arms == "drafters" else set())
+    return kinds | {"suffix", "eagle"} if "hybrid" in kinds else kinds
+
+
 def run_config_from_dict(values: dict[str, Any]) -> RunConfig:
     """Build a validated :class:`RunConfig` from a nested dict; unknown keys raise SpecToolkitError."""
     return _build(RunConfig, values, "")

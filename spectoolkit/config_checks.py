@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from spectoolkit.config import MAX_TREE_NODES, RunConfig
+from spectoolkit.config import MAX_TREE_NODES, RunConfig, drafter_kinds
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.precisions import QUANT_PRECISIONS
 
@@ -81,10 +81,7 @@ def _drafts(cfg: RunConfig, entry: Entry) -> bool:
 def _looks_up(cfg: RunConfig, kind: str) -> bool:
     """A drafter of ``kind`` runs: as +draft=kind, as an arm of bench.arms=drafters, or inside the hybrid (suffix,
     eagle)."""
-    runs = {cfg.draft.kind} | (set(cfg.bench.drafters) if cfg.bench.arms == "drafters" else set())
-    if "hybrid" in runs:
-        runs |= {"suffix", "eagle"}
-    return kind in runs
+    return kind in drafter_kinds(cfg)
 
 
 def _tree_drafter(cfg: RunConfig) -> bool:

@@ -69,7 +69,6 @@ class EagleHead:
         self.stores = pool_stores(self.pool, 0)
         self.isa = cpu_ops.best_isa()
         self.scaling = shape.head_dim**-0.5
-        self.to_target = head.draft_to_target
 
     @torch.inference_mode()
     def rows(self, segments: list[Segment], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,11 +83,9 @@ class EagleHead:
         normed, aux = head.layer_out(attn.o_proj(out.reshape(out.shape[0], -1)), hidden)
         return head.draft_logits(normed[batch.logit_rows]), aux
 
-    def target_logits(self, draft_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """[Vd] -> fp32 [V]: the draft logits at their target ids, -inf elsewhere."""
-        full = torch.full((vocab_size,), float("-inf"), dtype=torch.float32, device=draft_logits.device)
-        full[self.to_target] = draft_logits.float()
-        return full
+        return self.head.scattered(draft_logits.float())
 
 
 class _State:
@@ -104,11 +101,11 @@ class EagleDrafter(OwnKV):
     name = "eagle"
 
     def __init__(
-        self, head: EagleHead, allocator: BlockAllocator, chooser, target_vocab_size: int, eos_ids: frozenset[int],
+        self, head: EagleHead, allocator: BlockAllocator, chooser, eos_ids: frozenset[int],
         stop_below: float | None = None, tree: TreeConfig | None = None, gamma: int = 0,
     ) -> None:  # fmt: skip
         self.head, self.allocator, self.chooser, self.pool = head, allocator, chooser, head.pool
-        self.target_vocab_size, self.eos_ids = target_vocab_size, eos_ids
+        self.eos_ids = eos_ids  # the head's vocabulary is the target's (EagleHead checks it)
         self.capture = head.shape.aux_layers  # the target layers whose input states the engine hands over
         self.stop_below = stop_below
         self.tree = tree if tree is not None and tree.enabled else None
@@ -118,8 +115,7 @@ class EagleDrafter(OwnKV):
         self.fc = head.head.fc
 
     def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> EagleDrafter:
-        return type(self)(self.head, self.allocator, self.chooser, self.target_vocab_size, self.eos_ids, stop_below,
-                          tree, gamma)  # fmt: skip
+        return type(self)(self.head, self.allocator, self.chooser, self.eos_ids, stop_below, tree, gamma)
 
     def _state(self, seq: Drafting) -> _State:
         return self._states.setdefault(id(seq), _State(self.allocator, 3 * self.head.shape.hidden_size))
@@ -188,7 +184,7 @@ class EagleDrafter(OwnKV):
         while active:
             still, rows = [], []
             for row, i in enumerate(active):
-                full = self.head.target_logits(logits[row], self.target_vocab_size)
+                full = self.head.target_logits(logits[row])
                 if draw_next(self, full, seqs[i].generator, drafts[i], probs[i], lengths[i]):
                     still.append(i)
                     rows.append(row)
@@ -211,9 +207,9 @@ class EagleDrafter(OwnKV):
             return TokenTree([], [])
         feed = _TreeFeed(self.head, self._state(seq), aux[0])
         sampling = getattr(self.chooser, "sampling", None) or _GREEDY
-        root = self.head.target_logits(logits[0], self.target_vocab_size)
-        align = lambda row: self.head.target_logits(row, self.target_vocab_size)  # noqa: E731
-        tree, _ = grow_tree(feed, root, align, self.tree, sampling, depth, budget.nodes, self.eos_ids, seq.generator)
+        align = self.head.target_logits
+        tree, _ = grow_tree(feed, align(logits[0]), align, self.tree, sampling, depth, budget.nodes, self.eos_ids,
+                            seq.generator)  # fmt: skip
         return tree
 
     def _fits(self, state: _State, positions: int) -> bool:

@@ -176,7 +176,10 @@ class Eagle3Head(nn.Module):
 
     def target_logits(self, states: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., vocab] logits: the draft ones at their target ids, -inf elsewhere (vLLM's scatter)."""
-        logits = self.draft_logits(states)
+        return self.scattered(self.draft_logits(states))
+
+    def scattered(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., draft_vocab] -> [..., vocab]: at their target ids, -inf elsewhere."""
         full = logits.new_full((*logits.shape[:-1], self.shape.vocab_size), float("-inf"))
         full[..., self.draft_to_target] = logits
         return full

@@ -46,14 +46,18 @@ RECOMPILE_LIMIT = 64  # dynamo's per-code-object graph limit (default 8): room f
 class CompileStats:
     """What compiling cost: the widths compiled and the seconds they took."""
 
-    built: set[int] = field(default_factory=set)  # widths of the graphs compiled
     keys: set[tuple] = field(default_factory=set)  # (width, captured layers) of each graph compiled
     compile_seconds: float = 0.0
     graphs_at_warm_up: int | None = None  # graphs when warm-up ended (None: not marked)
 
     @property
+    def built(self) -> set[int]:
+        """The widths compiled (with any captured layers)."""
+        return {width for width, _ in self.keys}
+
+    @property
     def graphs(self) -> int:
-        return max(len(self.built), len(self.keys))
+        return len(self.keys)
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -164,7 +168,6 @@ class CompiledRunner:
         began = time.perf_counter()
         out = self._step(*args)
         self.compile_stats.keys.add(graph)
-        self.compile_stats.built.add(width)
         self.compile_stats.compile_seconds += time.perf_counter() - began
         return out
 

@@ -24,5 +24,12 @@ def decoder_rows(
             captured[index] = hidden
         q, k, v = dec.attn_in(args, hidden, cos, sin)  # [W, Hq|Hkv, D] fp32
         hidden = dec.layer_tail(args, hidden, q, k, v, layer_stores, write, key_slots, starts)
-    states = torch.cat([captured[i] for i in capture], dim=-1) if capture else hidden.new_empty(hidden.shape[0], 0)
-    return dec.rms_norm(dec.norm, hidden), states
+    return dec.rms_norm(dec.norm, hidden), side_by_side(captured, capture, hidden)
+
+
+def side_by_side(captured: dict[int, torch.Tensor], capture: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """The states ``captured`` by layer ([W, E] each), in ``capture``'s order (repeats repeated), concatenated:
+    [W, len(capture) * E]; none asked: [W, 0] like ``like`` [W, E]."""
+    if not capture:
+        return like.new_empty(like.shape[0], 0)
+    return torch.cat([captured[layer] for layer in capture], dim=-1)

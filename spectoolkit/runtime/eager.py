@@ -31,7 +31,7 @@ from spectoolkit.runtime.attention import (
     pool_stores,
     row_key_lists,
 )
-from spectoolkit.runtime.decoder_rows import decoder_rows
+from spectoolkit.runtime.decoder_rows import decoder_rows, side_by_side
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
@@ -89,7 +89,7 @@ class EagerRunner:
             mlp = layer.mlp  # SwiGLU: down(act(gate(x)) * up(x))
             gated = mlp.act_fn(run_linear(mlp.gate_proj, x, mode)) * run_linear(mlp.up_proj, x, mode)
             hidden = hidden + run_linear(mlp.down_proj, gated, mode)
-        states = torch.cat([captured[i] for i in layers], dim=-1) if layers else hidden.new_empty(hidden.shape[1], 0)
+        states = side_by_side(captured, layers, hidden[0])
         hidden = self.norm(hidden)[:, batch.logit_rows]  # [1, R, E]
         return run_linear(self.head, hidden, mode)[0], states  # [R, V], [T, n*E]
 

@@ -151,16 +151,16 @@ class ContinuousEngine:
             if seq.result.scheduled is None:
                 seq.result.scheduled = started
             reaches_end = seq.num_computed + work.feed == len(seq.tokens)
+            fed = None if states is None else states[firsts[index] : firsts[index + 1]]  # [feed + nodes, n*E]
             if not reaches_end:  # a prefill chunk: nothing to emit yet
-                if states is not None:
-                    self.drafter.keep_states(seq, seq.num_computed, states[firsts[index] : firsts[index] + work.feed])
+                if fed is not None:
+                    self.drafter.keep_states(seq, seq.num_computed, fed)
                 seq.num_computed += work.feed
                 seq.table.publish_committed(seq.tokens, seq.num_computed)
                 continue
             rows = logits[row : row + 1 + len(proposal)]  # [k+1, V]
             ok = all(finite[row : row + 1 + len(proposal)])
             row += 1 + len(proposal)
-            fed = None if states is None else states[firsts[index] : firsts[index + 1]]  # [feed + nodes, n*E]
             done = self._commit(seq, work, proposal, rows, now, fed) if ok else self._fail(seq, NON_FINITE, now)
             if done is not None:
                 finished.append(done)

@@ -132,8 +132,8 @@ def eagle_drafter(cfg: RunConfig, models, slots: int) -> EagleDrafter:
     blocks = max(1, slots // cfg.serve.block_size)
     ready = EagleHead(head, target.model.get_input_embeddings(), blocks * cfg.serve.block_size)
     allocator = BlockAllocator(blocks, cfg.serve.block_size)
-    return EagleDrafter(ready, allocator, make_chooser(cfg.sampling), target.vocab_size, models.eos_ids, None,
-                        cfg.speculate.tree, cfg.speculate.gamma)  # fmt: skip
+    return EagleDrafter(ready, allocator, make_chooser(cfg.sampling), models.eos_ids, None, cfg.speculate.tree,
+                        cfg.speculate.gamma)  # fmt: skip
 
 
 def batched_drafter(cfg: RunConfig, models, slots: int):

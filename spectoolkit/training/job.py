@@ -27,14 +27,14 @@ from pathlib import Path
 
 import torch
 
-from spectoolkit.config import HEAD_DRAFTERS, DraftConfig, RunConfig, _number, _require
+from spectoolkit.config import DraftConfig, RunConfig, _number, _require, drafter_kinds
 from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.eagle3_head import WEIGHTS_FILE, Eagle3Head, HeadShape, draft_vocabulary
 from spectoolkit.models.paths import checkpoint_identity, local_dir
 from spectoolkit.training.data import target_sequence
 from spectoolkit.training.loop import TrainSettings, train
-from spectoolkit.workloads.prompts import _humaneval_requests, _load_jsonl, _sharegpt_requests, encode_prompt
+from spectoolkit.workloads.prompts import encode_prompt, iter_requests
 
 SOURCES = ("humaneval", "sharegpt", "jsonl")
 JOB_VERSION = 1  # bump when the data or the recipe changes: it is part of the cache key
@@ -114,8 +114,7 @@ def train_draft(cfg: RunConfig, train_cfg: TrainConfig, progress: bool = True) -
 def with_trained_head(cfg: RunConfig, progress: bool = True) -> RunConfig:
     """``cfg`` with ``draft.eagle_path`` set where a head drafts (``+draft=eagle``/``hybrid``, or such an arm of
     ``bench.arms=drafters``) and no path is given: the default head, trained now or reused from the cache."""
-    kinds = {cfg.draft.kind} | (set(cfg.bench.drafters) if cfg.bench.arms == "drafters" else set())
-    if cfg.draft.eagle_path or not kinds & set(HEAD_DRAFTERS):
+    if cfg.draft.eagle_path or "eagle" not in drafter_kinds(cfg):
         return cfg
     path = train_draft(cfg, TrainConfig(), progress)
     return dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, eagle_path=str(path)))
@@ -159,7 +158,7 @@ def training_prompts(train_cfg: TrainConfig, tokenizer) -> list[list[int]]:
     prompts = []
     for source in train_cfg.sources:
         taken = 0
-        for request in islice(_requests(source, train_cfg), train_cfg.held_out, None):
+        for request in islice(iter_requests(source, train_cfg.jsonl_path), train_cfg.held_out, None):
             ids = encode_prompt(tokenizer, request, True)
             if len(ids) <= train_cfg.max_prompt_tokens:
                 prompts.append(ids)
@@ -167,14 +166,6 @@ def training_prompts(train_cfg: TrainConfig, tokenizer) -> list[list[int]]:
             if taken == train_cfg.prompts:
                 break
     return prompts
-
-
-def _requests(source: str, train_cfg: TrainConfig):
-    if source == "humaneval":
-        return _humaneval_requests()
-    if source == "sharegpt":
-        return _sharegpt_requests()
-    return iter(_load_jsonl(Path(train_cfg.jsonl_path)))
 
 
 def _answers(cfg: RunConfig, train_cfg: TrainConfig, setup, work: Path, progress: bool) -> list[tuple[list, list]]:

@@ -81,14 +81,19 @@ def load_workload(cfg: WorkloadConfig) -> list[Request]:
     """The requests of ``cfg.kind``, at most ``cfg.num_prompts`` of them, in a stable order."""
     if cfg.kind == "builtin":
         return list(BUILTIN_REQUESTS[: cfg.num_prompts])
-    if cfg.kind == "jsonl":
-        return _load_jsonl(Path(cfg.path or ""))[: cfg.num_prompts]
-    limit = cfg.num_prompts or DATASET_DEFAULT_PROMPTS
-    if cfg.kind == "humaneval":
-        return list(islice(_humaneval_requests(), limit))
-    if cfg.kind == "sharegpt":
-        return list(islice(_sharegpt_requests(), limit))
-    raise SpecToolkitError(f"workload.kind={cfg.kind!r} has no loader")  # config validation prevents this
+    limit = cfg.num_prompts if cfg.kind == "jsonl" else cfg.num_prompts or DATASET_DEFAULT_PROMPTS
+    return list(islice(iter_requests(cfg.kind, cfg.path), limit))
+
+
+def iter_requests(kind: str, path: str | None = None) -> Iterator[Request]:
+    """Every request of a file or dataset workload ``kind`` (jsonl at ``path``, humaneval, sharegpt), in order."""
+    if kind == "jsonl":
+        return iter(_load_jsonl(Path(path or "")))
+    if kind == "humaneval":
+        return _humaneval_requests()
+    if kind == "sharegpt":
+        return _sharegpt_requests()
+    raise SpecToolkitError(f"workload.kind={kind!r} has no loader")  # config validation prevents this
 
 
 def encode_prompt(tokenizer: Any, request: Request, chat_template: bool) -> list[int]:

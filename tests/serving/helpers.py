@@ -243,5 +243,4 @@ def eagle_drafter(target: torch.nn.Module, head, chooser, tree=None, gamma: int 
     from spectoolkit.drafting.eagle import EagleDrafter, EagleHead
 
     ready = EagleHead(copy.deepcopy(head), target.get_input_embeddings(), num_blocks * BLOCK, weights)
-    vocab = target.get_input_embeddings().num_embeddings
-    return EagleDrafter(ready, BlockAllocator(num_blocks, BLOCK), chooser, vocab, EOS_IDS, None, tree, gamma)
+    return EagleDrafter(ready, BlockAllocator(num_blocks, BLOCK), chooser, EOS_IDS, None, tree, gamma)
