@@ -10,7 +10,10 @@ The head's KV lives in its own paged pool, one layer, by position, and follows t
 - its last row drafts x_{c+1}; draft step j feeds draft j at position c + j - 1 with the previous row's
   pre-norm output (``aux``) as its state, exactly as training unrolls it (:mod:`spectoolkit.training.ttt`);
 - draft rows are never kept: ``commit`` truncates the head to its verified rows, and the next round feeds the
-  accepted tokens again with the target's own states (as vLLM's EAGLE does).
+  accepted tokens again with the target's own states (as vLLM's EAGLE does);
+- rows are held until a round feeds them, except that once :data:`EAGER_ROWS` are held (a prompt's prefill, or
+  a request the draft-length policy kept from drafting) those whose next token is known are fed at once: a
+  round then feeds only its last few, so what the policy measures of a draft forward is a draft forward.
 
 Chains batch every sequence's rows into one head forward per draft step. Trees (EAGLE-2's dynamic trees, or
 static ones; ``speculate.tree``) grow one sequence at a time through
@@ -40,6 +43,7 @@ from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import Segment, build_step
 
 _GREEDY = SamplingConfig(temperature=0.0)
+EAGER_ROWS = 32  # held rows that are fed at once, when handed over, rather than in the next drafting round
 
 
 class EagleHead:
@@ -89,10 +93,34 @@ class EagleHead:
 
 
 class _State:
-    def __init__(self, allocator: BlockAllocator, width: int) -> None:
+    def __init__(self, allocator: BlockAllocator) -> None:
         self.table = BlockTable(allocator)
         self.num_computed = 0  # head positions holding verified rows
-        self.states = torch.empty(0, width)  # the target's states of positions [num_computed, +len), not fed yet
+        self.parts: list[torch.Tensor] = []  # the target's states of positions [num_computed, +pending), not fed yet
+        self.pending = 0  # rows in parts: kept as the engine hands them and joined once, when fed (a request that
+        # does not draft for many rounds must not copy its whole backlog every round)
+
+    def keep(self, offset: int, states: torch.Tensor) -> None:
+        """Hold ``states`` as the rows from ``offset`` on of the pending ones (later ones are dropped)."""
+        if offset < self.pending:
+            self.parts = [self.rows()[:offset]]
+            self.pending = offset
+        self.parts.append(states.detach().float())
+        self.pending += len(states)
+
+    def rows(self) -> torch.Tensor:
+        if len(self.parts) > 1:
+            self.parts = [torch.cat(self.parts)]
+        return self.parts[0]
+
+    def fed(self, count: int) -> None:
+        """The first ``count`` held rows are in the head's KV now."""
+        self.parts = [self.rows()[count:]]
+        self.pending -= count
+        self.num_computed += count
+
+    def drop(self) -> None:
+        self.parts, self.pending = [], 0
 
 
 class EagleDrafter(OwnKV):
@@ -118,24 +146,37 @@ class EagleDrafter(OwnKV):
         return type(self)(self.head, self.allocator, self.chooser, self.eos_ids, stop_below, tree, gamma)
 
     def _state(self, seq: Drafting) -> _State:
-        return self._states.setdefault(id(seq), _State(self.allocator, 3 * self.head.shape.hidden_size))
+        state = self._states.get(id(seq))
+        if state is None:
+            state = self._states[id(seq)] = _State(self.allocator)
+        return state
 
     # ---- what the engine tells it -------------------------------------------------------------
 
     def keep_states(self, seq: Drafting, start: int, states: torch.Tensor) -> None:
         """The target verified positions [start, start + n) of ``seq``; ``states`` [n, 3H] are its states there."""
         state = self._state(seq)
-        end = state.num_computed + len(state.states)
-        if start > end:  # positions the head never saw states for (cannot happen in the engine): start over
-            self._truncate(state, 0)
-            state.states = state.states[:0]
+        if start > state.num_computed + state.pending:  # positions the head never saw states for (the engine computes
+            self._truncate(state, 0)  # every prompt whole for a head): start over
+            state.drop()
             if start > 0:
                 return
         if start < state.num_computed:  # the target recomputed positions the head holds: forget them
             self._truncate(state, start)
-            state.states = state.states[:0]
-        kept = state.states[: start - state.num_computed]
-        state.states = torch.cat([kept, states.detach().float().to(kept.device)])
+            state.drop()
+        state.keep(start - state.num_computed, states)
+        if state.pending >= EAGER_ROWS:
+            self._feed_known(seq, state)
+
+    def _feed_known(self, seq: Drafting, state: _State) -> None:
+        """Feed the held rows whose next token is verified already, but the last: a round drafts from its logits (none
+        if the pool is out of blocks)."""
+        count = min(state.pending - 1, len(seq.tokens) - 1 - state.num_computed)
+        if count <= 0 or not self._fits(state, state.num_computed + count):
+            return
+        tokens = seq.tokens[state.num_computed + 1 : state.num_computed + 1 + count]
+        self.head.rows([Segment(state.table, tokens, state.num_computed, [])], self.fc(state.rows()[:count]))
+        state.fed(count)
 
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         state = self._states.get(id(seq))
@@ -156,7 +197,7 @@ class EagleDrafter(OwnKV):
         row = 0
         for i, seq in enumerate(seqs):
             state = self._state(seq)
-            count = len(state.states)
+            count = state.pending
             if room[i] <= 0 or count == 0 or len(seq.tokens) != state.num_computed + count + 1:
                 continue
             if not self._fits(state, state.num_computed + count + room[i] - 1):
@@ -164,7 +205,7 @@ class EagleDrafter(OwnKV):
             chosen.append(i)
             tokens = seq.tokens[state.num_computed + 1 :]
             segments.append(Segment(state.table, tokens, state.num_computed, [count - 1]))
-            hidden.append(state.states)
+            hidden.append(state.rows())
             row += count
             lasts.append(row - 1)
         if not chosen:
@@ -172,8 +213,7 @@ class EagleDrafter(OwnKV):
         logits, aux = self.head.rows(segments, self.fc(torch.cat(hidden)))
         for i in chosen:
             state = self._state(seqs[i])
-            state.num_computed += len(state.states)
-            state.states = state.states[:0]
+            state.fed(state.pending)
         return chosen, logits, aux[lasts]
 
     def _chains(self, seqs: list[Drafting], lengths: list[int]) -> list[TokenTree]:
