@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from spectoolkit.config import TreeConfig
+from spectoolkit.drafting import eagle
 from spectoolkit.drafting.base import Lone
 from spectoolkit.models.eagle3_head import capture_states
 from spectoolkit.models.tiny import tiny_llama
@@ -95,6 +96,45 @@ def test_head_rows_match_the_heads_own_forward(target, trained):
     assert chosen == [0]
     torch.testing.assert_close(logits[0], want, rtol=1e-4, atol=1e-4)
     assert F.cosine_similarity(logits[0], want, dim=0) > 0.9999
+
+
+@pytest.mark.parametrize("eager", [32, 2], ids=["held", "fed-when-handed"])
+def test_states_handed_over_in_pieces_feed_as_one(target, trained, eager, monkeypatch):
+    """Rows the engine hands over round by round (one position recomputed) give the head the KV and logits of the
+    rows handed over at once: held until a round feeds them, or fed as they come (but the last)."""
+    monkeypatch.setattr(eagle, "EAGER_ROWS", eager)
+    tokens = _prompts((9,))[0]
+    states = capture_states(target, torch.tensor([tokens[:-1]]), trained.shape.aux_layers)[0]  # [8, 3H]
+    whole, pieces = (helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32) for _ in "ab")
+    seq_whole, seq_pieces = Lone(tokens), Lone(tokens)
+    stale = states[3:6].clone()
+    stale[2] += 100.0  # position 5 as first handed over; the target recomputes it next round
+    for start, rows in ((0, states[:3]), (3, stale), (5, states[5:])):
+        pieces.keep_states(seq_pieces, start, rows)
+    assert pieces._state(seq_pieces).pending == (8 if eager == 32 else 1)
+    monkeypatch.setattr(eagle, "EAGER_ROWS", 32)
+    whole.keep_states(seq_whole, 0, states)
+    _, want, _ = whole._catch_up([seq_whole], [1])
+    _, got, _ = pieces._catch_up([seq_pieces], [1])
+    torch.testing.assert_close(got, want)
+    assert pieces._state(seq_pieces).pending == 0 and pieces._state(seq_pieces).num_computed == 8
+
+
+def test_prompts_sharing_a_prefix_both_draft(target, trained):
+    """Two live prompts with a common prefix: the second is computed whole (the head reads every position's
+    states), so the head drafts for both, not only for the one that computed the prefix first."""
+    drafter = Recording(helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32))
+    eng = helpers.engine(target, gamma=GAMMA, drafter=drafter)
+    shared = _prompts((4 * helpers.BLOCK,))[0]
+    prompts = [shared + [5, 6, 7], shared + [8, 9]]
+    first, second = helpers.requests(prompts, 12)
+    eng.submit(first)
+    done = {result.request_id: result for _ in range(2) for result in eng.step()}  # the first's prompt is computed
+    done |= helpers.run(eng, [second])
+    assert helpers.outputs(done) == helpers.outputs(helpers.run(helpers.engine(target), helpers.requests(prompts, 12)))
+    for prompt in prompts:
+        rounds = [tree for tokens, tree in drafter.rounds if tokens[: len(prompt)] == prompt]
+        assert rounds and sum(1 for tree in rounds if len(tree)) >= len(rounds) - 1, prompt
 
 
 TREE = TreeConfig(kind="dynamic", max_nodes=8, top_k=3)
