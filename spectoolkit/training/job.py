@@ -2,9 +2,11 @@
 
 1. **Data.** Training prompts come from ``train.sources`` (HumanEval, ShareGPT, a JSONL file), skipping the
    first ``train.held_out`` of each — the prompts a run measures on come first, so they are never trained on.
-   The target answers them greedily (chat template) on the one engine, ``train.concurrency`` at a time, and
-   one target forward per sequence reads its states and next-token logits (:mod:`~spectoolkit.training.data`).
-2. **Vocabulary.** The ``train.draft_vocab`` most frequent target ids of prompts + answers; the head's
+   The target answers ``train.prompts`` of them greedily (chat template) on the one engine,
+   ``train.concurrency`` at a time; ``train.references`` of them (none by default) also come with the
+   dataset's own reply (ShareGPT's, HumanEval's canonical solution), which costs no generation. One target
+   forward per sequence reads its states and next-token distribution (:mod:`~spectoolkit.training.data`).
+2. **Vocabulary.** The ``train.draft_vocab`` most frequent target ids of the sequences; the head's
    output rows start as the target's embedding rows of those ids (a tied-head target's own head).
 3. **Training** (:mod:`~spectoolkit.training.loop`): ``train.steps`` steps with a progress bar; the answers
    and checkpoints live in a work directory beside the cache entry, so an interrupted job resumes.
@@ -32,12 +34,12 @@ from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.eagle3_head import WEIGHTS_FILE, Eagle3Head, HeadShape, draft_vocabulary
 from spectoolkit.models.paths import checkpoint_identity, local_dir
-from spectoolkit.training.data import target_sequence
+from spectoolkit.training.data import output_rows, target_sequence
 from spectoolkit.training.loop import TrainSettings, train
 from spectoolkit.workloads.prompts import encode_prompt, iter_requests
 
 SOURCES = ("humaneval", "sharegpt", "jsonl")
-JOB_VERSION = 1  # bump when the data or the recipe changes: it is part of the cache key
+JOB_VERSION = 2  # bump when the data or the recipe changes: it is part of the cache key
 ANSWERS_FILE = "answers.json"
 
 
@@ -46,8 +48,10 @@ class TrainConfig:
     """The ``train/`` group: where the data comes from, the head's size and the recipe."""
 
     sources: tuple[str, ...] = ("humaneval", "sharegpt")
-    jsonl_path: str | None = None  # sources containing jsonl: the file ({"id", "task_type", "prompt"} per line)
-    prompts: int = 256  # training prompts per source
+    jsonl_path: str | None = None  # sources containing jsonl: the file ({"id", "task_type", "prompt", "reference"})
+    prompts: int = 256  # training prompts per source the target answers
+    references: int = 0  # training prompts per source taken with the dataset's reply (those that have one)
+    reference_tokens: int = 384  # a reference reply is cut to this many tokens
     held_out: int = 64  # the first prompts of each source, never trained on (runs measure the first ones)
     max_prompt_tokens: int = 512  # longer prompts are skipped
     answer_tokens: int = 128  # the target's greedy answer, at most
@@ -67,11 +71,11 @@ class TrainConfig:
         _require(bool(sources) and all(s in SOURCES for s in sources),
                  f"train.sources={list(sources)} must be a non-empty list of {', '.join(SOURCES)}")  # fmt: skip
         _require("jsonl" not in sources or bool(self.jsonl_path), "train.sources has jsonl: set train.jsonl_path")
-        for key in ("prompts", "max_prompt_tokens", "answer_tokens", "concurrency", "draft_vocab", "steps",
-                    "ttt_steps"):  # fmt: skip
+        positive = ("prompts", "reference_tokens", "max_prompt_tokens", "answer_tokens", "concurrency", "draft_vocab",
+                    "steps", "ttt_steps")  # fmt: skip
+        for key, least in [*((key, 1) for key in positive), ("held_out", 0), ("references", 0)]:
             value = getattr(self, key)
-            _require(_number(value, int) and value >= 1, f"train.{key}={value!r} must be an integer >= 1")
-        _require(_number(self.held_out, int) and self.held_out >= 0, "train.held_out must be an integer >= 0")
+            _require(_number(value, int) and value >= least, f"train.{key}={value!r} must be an integer >= {least}")
         _require(_number(self.lr, (int, float)) and self.lr > 0, f"train.lr={self.lr} must be > 0")
 
     def settings(self) -> TrainSettings:
@@ -128,11 +132,19 @@ def _build(cfg: RunConfig, train_cfg: TrainConfig, work: Path, out: Path, progre
     models = setup.models
     began = time.perf_counter()
     pairs = _answers(cfg, train_cfg, setup, work, progress)
+    references = training_references(train_cfg, models.tokenizer)
     model = models.target.model
-    draft_ids = draft_vocabulary([p + a for p, a in pairs], train_cfg.draft_vocab, models.target.vocab_size)
+    texts = [p + a for p, a in pairs + references if a]
+    draft_ids = draft_vocabulary(texts, train_cfg.draft_vocab, models.target.vocab_size)
     shape = HeadShape.of_target(model.config, train_cfg.draft_vocab)
-    sequences = [target_sequence(model, p, a, shape.aux_layers, draft_ids, train_cfg.prompt_loss)
-                 for p, a in pairs if a]  # fmt: skip
+    rows = output_rows(model, draft_ids)
+    bar = _bar(len(texts), progress, "labels")
+    sequences = []
+    for p, a in pairs + references:
+        if a:
+            sequences.append(target_sequence(model, p, a, shape.aux_layers, draft_ids, train_cfg.prompt_loss, rows))
+            bar(len(sequences) - 1, None)
+    bar(None, None)
     data_seconds = time.perf_counter() - began
     embeddings = model.get_input_embeddings().weight.detach().float()
     torch.manual_seed(train_cfg.seed)
@@ -145,7 +157,8 @@ def _build(cfg: RunConfig, train_cfg: TrainConfig, work: Path, out: Path, progre
     bar(None, None)
     head.save(out)
     facts = {"prompts": len(pairs), "answer_tokens": sum(len(a) for _, a in pairs),
-             "tokens": sum(len(p) + len(a) for p, a in pairs), "data_seconds": round(data_seconds, 1),
+             "references": len(references), "reference_tokens": sum(len(a) for _, a in references),
+             "tokens": sum(len(t) for t in texts), "data_seconds": round(data_seconds, 1),
              "train_seconds": round(time.perf_counter() - began, 1), "steps": train_cfg.steps,
              "final_loss": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4) if losses else None,
              "train": train_cfg.key(), "target_precision": cfg.target.precision}  # fmt: skip
@@ -153,19 +166,30 @@ def _build(cfg: RunConfig, train_cfg: TrainConfig, work: Path, out: Path, progre
 
 
 def training_prompts(train_cfg: TrainConfig, tokenizer) -> list[list[int]]:
-    """Token ids of the training prompts: per source, ``prompts`` of them after the first ``held_out``, each at
-    most ``max_prompt_tokens`` long (longer ones are skipped, not cut)."""
-    prompts = []
+    """Token ids of the prompts the target answers: per source, ``prompts`` of them after the first ``held_out``,
+    each at most ``max_prompt_tokens`` long (longer ones are skipped, not cut)."""
+    return [ids for source in train_cfg.sources
+            for ids, _ in islice(_training_requests(train_cfg, tokenizer, source), train_cfg.prompts)]  # fmt: skip
+
+
+def training_references(train_cfg: TrainConfig, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(prompt, reference reply) token ids: per source, the first ``references`` training prompts that have a
+    dataset reply, the reply cut to ``reference_tokens``."""
+    out = []
     for source in train_cfg.sources:
-        taken = 0
-        for request in islice(iter_requests(source, train_cfg.jsonl_path), train_cfg.held_out, None):
-            ids = encode_prompt(tokenizer, request, True)
-            if len(ids) <= train_cfg.max_prompt_tokens:
-                prompts.append(ids)
-                taken += 1
-            if taken == train_cfg.prompts:
-                break
-    return prompts
+        replies = ((ids, request.reference) for ids, request in _training_requests(train_cfg, tokenizer, source)
+                   if request.reference)  # fmt: skip
+        for ids, reply in islice(replies, train_cfg.references):
+            out.append((ids, tokenizer.encode(reply, add_special_tokens=False)[: train_cfg.reference_tokens]))
+    return out
+
+
+def _training_requests(train_cfg: TrainConfig, tokenizer, source: str):
+    """(prompt ids, request) of ``source`` after its first ``held_out``, prompts of at most ``max_prompt_tokens``."""
+    for request in islice(iter_requests(source, train_cfg.jsonl_path), train_cfg.held_out, None):
+        ids = encode_prompt(tokenizer, request, True)
+        if len(ids) <= train_cfg.max_prompt_tokens:
+            yield ids, request
 
 
 def _answers(cfg: RunConfig, train_cfg: TrainConfig, setup, work: Path, progress: bool) -> list[tuple[list, list]]:

@@ -29,10 +29,15 @@ class Sequence:
     """One training sequence, from the target (:func:`spectoolkit.training.data.target_sequence`)."""
 
     ids: torch.Tensor  # int64 [T]
-    states: torch.Tensor  # [T, 3H]: the residual stream entering the head's three target layers
-    target_logits: torch.Tensor  # [T - loss_from + 1, draft_vocab]: the target's next-token logits at the draft
-    # ids after positions loss_from - 1 .. T - 1 (the only ones a counted prediction is compared with; any float dtype)
+    states: torch.Tensor  # [T, 3H]: the residual stream entering the head's three target layers (any float dtype)
+    final: torch.Tensor  # [T - loss_from + 1, H]: the target's last hidden state (after its final norm) at positions
+    # loss_from - 1 .. T - 1 (the only ones a counted prediction is compared with; any float dtype)
+    lm_rows: torch.Tensor  # [draft_vocab, H]: the target's output rows of the draft ids (shared between sequences)
     loss_from: int  # >= 1: predictions of x_j count for j >= it (the prompt's length: the answer only)
+
+    def target_logits(self) -> torch.Tensor:
+        """[T - loss_from + 1, draft_vocab] fp32: the target's next-token logits at the draft ids."""
+        return self.final.float() @ self.lm_rows.T
 
 
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
@@ -62,8 +67,8 @@ def ttt_loss(
     attn = head.midlayer.self_attn
     length = seq.ids.shape[0]
     embeds = embeddings[seq.ids]  # [T, H]
-    target = torch.softmax(seq.target_logits.float(), dim=-1)  # [T - loss_from + 1, Vd]: rows loss_from - 1 ..
-    hidden = head.fc(seq.states[None])  # [1, T, H]
+    target = torch.softmax(seq.target_logits(), dim=-1)  # [T - loss_from + 1, Vd]: rows loss_from - 1 ..
+    hidden = head.fc(seq.states[None].float())  # [1, T, H]
     keys, values, total, stats = [], [], torch.zeros(()), []
     for k in range(steps):
         rows = length - 1 - k  # anchors 0 .. rows - 1

@@ -40,7 +40,7 @@ DATASET_DEFAULT_PROMPTS = 8  # humaneval / sharegpt when workload.num_prompts is
 # Real serving benchmarks drop over-long ShareGPT prompts (vLLM's keeps prompts under 1024
 # tokens); 4000 characters is roughly that for English text, without needing a tokenizer here.
 SHAREGPT_MAX_PROMPT_CHARS = 4000
-JSONL_LINE_FORMAT = '{"id": ..., "task_type": ..., "prompt": ...}'
+JSONL_LINE_FORMAT = '{"id": ..., "task_type": ..., "prompt": ..., "reference": ... (optional)}'
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,10 @@ def _parse_jsonl_line(raw: bytes, lineno: int) -> Request:
         return bad(f'"prompt" must be a string, got {type(prompt).__name__}')
     if not prompt.strip():
         return bad('"prompt" is empty')
-    return Request(case_id, task_type, prompt)
+    reference = obj.get("reference")
+    if reference is not None and not isinstance(reference, str):
+        return bad(f'"reference" (a reply to the prompt) must be a string, got {type(reference).__name__}')
+    return Request(case_id, task_type, prompt, reference=reference or None)
 
 
 # --- datasets -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 
 from spectoolkit.models.eagle3_head import Eagle3Head, HeadShape, draft_vocabulary
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.training.data import greedy_answer, target_sequence
+from spectoolkit.training.data import greedy_answer, output_rows, target_sequence
 from spectoolkit.training.loop import TrainSettings, agreement, train
 from spectoolkit.training.ttt import ttt_attention
 
@@ -68,3 +68,22 @@ def test_the_unrolled_attention_sees_the_prefix_and_its_own_steps_only():
     v = torch.cat([values[0][0, 1, : t + 1], values[1][0, 1, t : t + 1]])
     want = torch.softmax(q[0, head, t] @ k.t() / 8**0.5, -1) @ v
     torch.testing.assert_close(out[0, head, t], want)
+
+
+def test_labels_are_the_targets_logits_at_the_draft_ids():
+    """A sequence keeps the target's final state, not its logits; with the output rows they give the logits back,
+    and a head the final state does not explain (a bias) is refused."""
+    from spectoolkit.errors import SpecToolkitError
+
+    target = tiny_llama(vocab_size=VOCAB, seed=3, num_layers=4)
+    draft_ids = torch.arange(0, VOCAB, 3)
+    rows = output_rows(target, draft_ids)
+    torch.testing.assert_close(rows, target.lm_head.weight.detach()[draft_ids])
+    ids = list(range(5, 17))
+    seq = target_sequence(target, ids[:4], ids[4:], (0, 1, 2), draft_ids, prompt_loss=True)
+    with torch.no_grad():
+        logits = target(input_ids=torch.tensor([ids])).logits[0][:, draft_ids]
+    torch.testing.assert_close(seq.target_logits(), logits, rtol=0.02, atol=0.02)  # states kept in bf16
+    target.lm_head.bias = torch.nn.Parameter(torch.ones(VOCAB))
+    with pytest.raises(SpecToolkitError, match="no bias"):
+        output_rows(target, draft_ids)

@@ -36,7 +36,8 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    lines = [{"id": f"p{i}", "task_type": "chat", "prompt": " ".join(WORDS[i:] + WORDS[:i])} for i in range(8)]
+    lines = [{"id": f"p{i}", "task_type": "chat", "prompt": " ".join(WORDS[i:] + WORDS[:i]),
+              **({"reference": " ".join(WORDS[::-1] * 3)} if i % 2 else {})} for i in range(8)]  # fmt: skip
     path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     return path
 
@@ -52,7 +53,8 @@ def _cfg(checkpoint: Path, out: Path, draft: DraftConfig = NO_DRAFT) -> RunConfi
 
 def _train_cfg(prompts_file: Path, **overrides) -> TrainConfig:
     values = dict(sources=("jsonl",), jsonl_path=str(prompts_file), prompts=5, held_out=2, answer_tokens=12,
-                  concurrency=3, draft_vocab=512, steps=30, lr=3e-3, warmup=3)  # fmt: skip
+                  concurrency=3, draft_vocab=512, steps=30, lr=3e-3, warmup=3, references=2,
+                  reference_tokens=10)  # fmt: skip
     return TrainConfig(**{**values, **overrides})
 
 
@@ -76,6 +78,7 @@ def test_the_job_exports_a_head_vllm_reads_with_its_facts(trained, prompts_file)
     assert bool((ids[1:] > ids[:-1]).all()) and bool(head.t2d[ids].all()) and int(head.t2d.sum()) == 512
     facts = json.loads((path / "training.json").read_text())
     assert facts["prompts"] == 5 and facts["steps"] == 30 and facts["answer_tokens"] > 0
+    assert facts["references"] == 2 and facts["reference_tokens"] == 20
     assert not list(cache.glob("eagle3/*.work")), "the work directory outlives a finished job"
 
 
@@ -98,6 +101,20 @@ def test_training_prompts_skip_the_held_out_ones(trained, prompts_file):
     assert len(texts) == 5
     assert not any(" ".join(WORDS[i:] + WORDS[:i]) in text for text in texts for i in (0, 1))  # held out
     assert all(any(" ".join(WORDS[i:] + WORDS[:i]) in text for text in texts) for i in range(2, 7))
+
+
+def test_references_are_the_training_prompts_dataset_replies_cut(trained, prompts_file):
+    from spectoolkit.training.job import training_references
+    from spectoolkit.wiring.loading import load_tokenizer
+
+    cfg, _, _, _ = trained
+    tokenizer = load_tokenizer(cfg.model.target_path)
+    pairs = training_references(_train_cfg(prompts_file, references=9), tokenizer)
+    prompts = [tokenizer.decode(p) for p, _ in pairs]
+    assert len(pairs) == 3  # lines 3, 5 and 7: past the two held out, with a reply
+    assert all(" ".join(WORDS[i:] + WORDS[:i]) in text for text, i in zip(prompts, (3, 5, 7), strict=True))
+    reply = tokenizer.encode(" ".join(WORDS[::-1] * 3), add_special_tokens=False)
+    assert all(ids == reply[:10] for _, ids in pairs)
 
 
 def test_a_run_with_the_trained_head_is_greedy_exact(trained, checkpoint, tmp_path):

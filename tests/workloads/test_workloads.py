@@ -44,14 +44,14 @@ def test_jsonl_good_file(tmp_path: Path) -> None:
         [
             json.dumps({"id": 7, "task_type": "code", "prompt": "Write a loop."}),
             "",
-            json.dumps({"id": "b", "prompt": "Say hi."}),
+            json.dumps({"id": "b", "prompt": "Say hi.", "reference": "Hi!"}),
             "   ",
         ],
     )
     requests = load_workload(WorkloadConfig(kind="jsonl", path=path))
     assert requests == [
         Request(case_id="7", task_type="code", prompt="Write a loop."),
-        Request(case_id="b", task_type="unknown", prompt="Say hi."),
+        Request(case_id="b", task_type="unknown", prompt="Say hi.", reference="Hi!"),
     ]
 
 
@@ -67,6 +67,7 @@ def test_jsonl_good_file(tmp_path: Path) -> None:
         ('{"id": "x", "prompt": 3}', "x", '"prompt" must be a string'),
         ('{"id": "x", "prompt": null}', "x", 'missing "prompt"'),
         ('{"id": [1], "prompt": "p"}', "line-2", "id must be"),
+        ('{"id": "x", "prompt": "p", "reference": 3}', "x", '"reference" (a reply to the prompt) must be a string'),
         ('{"id": "good", "prompt": "again"}', "good", "duplicate id 'good' (first on line 1)"),
     ],
 )
