@@ -13,7 +13,9 @@ The head's KV lives in its own paged pool, one layer, by position, and follows t
   accepted tokens again with the target's own states (as vLLM's EAGLE does);
 - rows are held until a round feeds them, except that once :data:`EAGER_ROWS` are held (a prompt's prefill, or
   a request the draft-length policy kept from drafting) those whose next token is known are fed at once: a
-  round then feeds only its last few, so what the policy measures of a draft forward is a draft forward.
+  round then feeds only its last few, so what the policy measures of a draft forward is a draft forward;
+- the head's blocks of verified rows are published like the target's (keyed by the tokens their rows depend on),
+  so a prompt the engine starts from another's live shared prefix takes the head's rows of it too.
 
 Chains batch every sequence's rows into one head forward per draft step. Trees (EAGLE-2's dynamic trees, or
 static ones; ``speculate.tree``) grow one sequence at a time through
@@ -43,7 +45,7 @@ from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import Segment, build_step
 
 _GREEDY = SamplingConfig(temperature=0.0)
-EAGER_ROWS = 32  # held rows that are fed at once, when handed over, rather than in the next drafting round
+EAGER_ROWS = 128  # held rows that are fed at once, when handed over, rather than in the next drafting round
 
 
 class EagleHead:
@@ -90,6 +92,12 @@ class EagleHead:
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """[Vd] -> fp32 [V]: the draft logits at their target ids, -inf elsewhere."""
         return self.head.scattered(draft_logits.float())
+
+
+def _row_keys(tokens: list[int], end: int) -> list[tuple[int, int]]:
+    """What head positions 0 .. end - 1 are shared under: (x_t, x_{t+1}), so a block's hash chain covers every token
+    its rows depend on."""
+    return list(zip(tokens[:end], tokens[1 : end + 1], strict=True))
 
 
 class _State:
@@ -156,17 +164,34 @@ class EagleDrafter(OwnKV):
     def keep_states(self, seq: Drafting, start: int, states: torch.Tensor) -> None:
         """The target verified positions [start, start + n) of ``seq``; ``states`` [n, 3H] are its states there."""
         state = self._state(seq)
-        if start > state.num_computed + state.pending:  # positions the head never saw states for (the engine computes
-            self._truncate(state, 0)  # every prompt whole for a head): start over
-            state.drop()
-            if start > 0:
-                return
+        if start > state.num_computed + state.pending and not self._adopt(seq, state, start):
+            return
         if start < state.num_computed:  # the target recomputed positions the head holds: forget them
             self._truncate(state, start)
             state.drop()
-        state.keep(start - state.num_computed, states)
+        skip = max(0, state.num_computed - start)  # positions a shared block holds already
+        state.keep(start + skip - state.num_computed, states[skip:])
         if state.pending >= EAGER_ROWS:
             self._feed_known(seq, state)
+
+    def _adopt(self, seq: Drafting, state: _State, start: int) -> bool:
+        """The target took positions [0, start) of ``seq`` from another live sequence's identical prefix: take the
+        head's blocks of that prefix too (their rows depend on its tokens only: position t on x_0 .. x_{t+1}, the
+        key they are shared under). False if the head holds none, and then it drafts nothing for ``seq``: also when
+        the prompts part right after a shared block, as the head's last block depends on the next token too."""
+        state.table.release()
+        state.num_computed = 0
+        state.drop()
+        if state.table.share_prefix(_row_keys(seq.tokens, start), start) < start:
+            state.table.release()
+            return False
+        state.num_computed = start
+        return True
+
+    def _publish(self, seq: Drafting, state: _State) -> None:
+        """Offer the head's blocks of verified rows to later sequences with the same prefix (:meth:`_adopt`)."""
+        if (state.table.published + 1) * self.allocator.block_size <= state.num_computed:
+            state.table.publish_committed(_row_keys(seq.tokens, state.num_computed), state.num_computed)
 
     def _feed_known(self, seq: Drafting, state: _State) -> None:
         """Feed the held rows whose next token is verified already, but the last: a round drafts from its logits (none
@@ -177,6 +202,7 @@ class EagleDrafter(OwnKV):
         tokens = seq.tokens[state.num_computed + 1 : state.num_computed + 1 + count]
         self.head.rows([Segment(state.table, tokens, state.num_computed, [])], self.fc(state.rows()[:count]))
         state.fed(count)
+        self._publish(seq, state)
 
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         state = self._states.get(id(seq))
@@ -214,6 +240,7 @@ class EagleDrafter(OwnKV):
         for i in chosen:
             state = self._state(seqs[i])
             state.fed(state.pending)
+            self._publish(seqs[i], state)
         return chosen, logits, aux[lasts]
 
     def _chains(self, seqs: list[Drafting], lengths: list[int]) -> list[TokenTree]:
@@ -259,7 +286,8 @@ class EagleDrafter(OwnKV):
         return True
 
     def _truncate(self, state: _State, kept: int) -> None:
-        state.num_computed = min(state.num_computed, kept)
+        shared = state.table.published * self.allocator.block_size  # published rows are never written again
+        state.num_computed = min(state.num_computed, max(kept, shared))
         state.table.truncate(state.num_computed)
 
     def runners(self) -> dict:

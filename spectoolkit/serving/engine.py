@@ -67,9 +67,7 @@ class ContinuousEngine:
         self.trees = drafter is not None and drafter.tree is not None  # drafts are tree nodes, not a chain
         # A drafter that reads the target's states (an EAGLE head): the layers whose input states each forward returns.
         self.capture: tuple[int, ...] = tuple(getattr(drafter, "capture", ())) if drafter is not None else ()
-        # Its states exist only for positions the target computes: no prompt starts from another's shared prefix.
-        limits = dataclasses.replace(limits, tree=self.trees, share_prefixes=limits.share_prefixes and not self.capture)
-        self.scheduler = Scheduler(limits, allocator, policy)
+        self.scheduler = Scheduler(dataclasses.replace(limits, tree=self.trees), allocator, policy)
         self.policy = self.scheduler.policy
         self.on_step: Callable[[StepStats], None] | None = None
         self.on_emit: Callable[[str, list[int]], None] | None = None  # (request id, new output ids) per step

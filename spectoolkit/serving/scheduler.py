@@ -34,7 +34,6 @@ class SchedulerLimits:
     spec_max_batch: int | None
     max_draft_tokens: int | None
     tree: bool = False  # drafts are token-tree nodes: a sequence's room bounds a tree's depth, not its node count
-    share_prefixes: bool = True  # False: every prompt is computed whole (a drafter reads the states of each position)
 
 
 @dataclass
@@ -117,7 +116,7 @@ class Scheduler:
     def _admit(self) -> None:
         while self.queue and len(self.running) < self.limits.max_num_seqs:
             seq = self.queue[0]
-            if not seq.table.blocks and self.limits.share_prefixes:  # a live identical prefix (not the last token)
+            if not seq.table.blocks:  # share a live identical prefix (never the last prompt token)
                 seq.num_computed = seq.table.share_prefix(seq.tokens, len(seq.tokens) - 1)
             if seq.table.missing(len(seq.tokens) + 1) > self.allocator.num_free:
                 seq.table.release()  # a waiting sequence holds no blocks: they may be what others need

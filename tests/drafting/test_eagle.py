@@ -121,20 +121,25 @@ def test_states_handed_over_in_pieces_feed_as_one(target, trained, eager, monkey
 
 
 def test_prompts_sharing_a_prefix_both_draft(target, trained):
-    """Two live prompts with a common prefix: the second is computed whole (the head reads every position's
-    states), so the head drafts for both, not only for the one that computed the prefix first."""
+    """Two live prompts with a common prefix: the second takes the first's target blocks and the head's blocks of
+    that prefix, and its drafts are still the head unrolled whole over its own tokens."""
     drafter = Recording(helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32))
     eng = helpers.engine(target, gamma=GAMMA, drafter=drafter)
-    shared = _prompts((4 * helpers.BLOCK,))[0]
+    shared = _prompts((4 * helpers.BLOCK + 3,))[0]  # they part inside a block (at a block's end, see _adopt)
     prompts = [shared + [5, 6, 7], shared + [8, 9]]
     first, second = helpers.requests(prompts, 12)
+    adopt, adopted = drafter.drafter._adopt, []
+    drafter.drafter._adopt = lambda *args: adopted.append(adopt(*args)) or adopted[-1]
     eng.submit(first)
     done = {result.request_id: result for _ in range(2) for result in eng.step()}  # the first's prompt is computed
     done |= helpers.run(eng, [second])
     assert helpers.outputs(done) == helpers.outputs(helpers.run(helpers.engine(target), helpers.requests(prompts, 12)))
     for prompt in prompts:
-        rounds = [tree for tokens, tree in drafter.rounds if tokens[: len(prompt)] == prompt]
-        assert rounds and sum(1 for tree in rounds if len(tree)) >= len(rounds) - 1, prompt
+        rounds = [(tokens, tree) for tokens, tree in drafter.rounds if tokens[: len(prompt)] == prompt]
+        assert rounds and sum(1 for _, tree in rounds if len(tree)) >= len(rounds) - 1, prompt
+        for tokens, tree in rounds:
+            assert tree.token_ids == _unrolled_chain(trained, target, tokens, len(tree)), len(tokens)
+    assert adopted == [True], "the second prompt did not start from the first's shared prefix"
 
 
 TREE = TreeConfig(kind="dynamic", max_nodes=8, top_k=3)
