@@ -134,16 +134,16 @@ def _build(cfg: RunConfig, train_cfg: TrainConfig, work: Path, out: Path, progre
     pairs = _answers(cfg, train_cfg, setup, work, progress)
     references = training_references(train_cfg, models.tokenizer)
     model = models.target.model
-    texts = [p + a for p, a in pairs + references if a]
+    labelled = [(p, a) for p, a in pairs + references if a]  # an empty answer or reply has nothing to learn
+    texts = [p + a for p, a in labelled]
     draft_ids = draft_vocabulary(texts, train_cfg.draft_vocab, models.target.vocab_size)
     shape = HeadShape.of_target(model.config, train_cfg.draft_vocab)
     rows = output_rows(model, draft_ids)
-    bar = _bar(len(texts), progress, "labels")
+    bar = _bar(len(labelled), progress, "labels")
     sequences = []
-    for p, a in pairs + references:
-        if a:
-            sequences.append(target_sequence(model, p, a, shape.aux_layers, draft_ids, train_cfg.prompt_loss, rows))
-            bar(len(sequences) - 1, None)
+    for index, (p, a) in enumerate(labelled):
+        sequences.append(target_sequence(model, p, a, shape.aux_layers, draft_ids, train_cfg.prompt_loss, rows))
+        bar(index, None)
     bar(None, None)
     data_seconds = time.perf_counter() - began
     embeddings = model.get_input_embeddings().weight.detach().float()
