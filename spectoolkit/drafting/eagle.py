@@ -11,9 +11,11 @@ The head's KV lives in its own paged pool, one layer, by position, and follows t
   pre-norm output (``aux``) as its state, exactly as training unrolls it (:mod:`spectoolkit.training.ttt`);
 - draft rows are never kept: ``commit`` truncates the head to its verified rows, and the next round feeds the
   accepted tokens again with the target's own states (as vLLM's EAGLE does);
-- rows are held until a round feeds them, except that once :data:`EAGER_ROWS` are held (a prompt's prefill, or
-  a request the draft-length policy kept from drafting) those whose next token is known are fed at once: a
-  round then feeds only its last few, so what the policy measures of a draft forward is a draft forward;
+- rows are held until a round feeds them, so a request the draft-length policy keeps from drafting (under
+  load) costs the head nothing; a round whose sequences hold more than :data:`BACKLOG_ROWS` (a prompt, or the
+  rounds a request sat out) first feeds those in one forward of its own, timed apart as ``upkeep_seconds``, so
+  what the policy measures of a draft forward is a draft forward; once :data:`MAX_HELD` rows are held (a bound
+  on memory: 6.9 KB a row for the embedded model) those whose next token is known are fed at once;
 - the head's blocks of verified rows are published like the target's (keyed by the tokens their rows depend on),
   so a prompt the engine starts from another's live shared prefix takes the head's rows of it too.
 
@@ -27,6 +29,8 @@ draft step, which are mostly its output rows), attention over the pool with ``sp
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -45,7 +49,8 @@ from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import Segment, build_step
 
 _GREEDY = SamplingConfig(temperature=0.0)
-EAGER_ROWS = 128  # held rows that are fed at once, when handed over, rather than in the next drafting round
+BACKLOG_ROWS = 16  # a drafting round first feeds a sequence holding more rows than this, in a forward of its own
+MAX_HELD = 512  # held rows that are fed at once, when handed over, rather than in the next drafting round
 
 
 class EagleHead:
@@ -149,6 +154,7 @@ class EagleDrafter(OwnKV):
         self.max_depth = tree_depth(self.tree, gamma) if self.tree else None
         self._states: dict[int, _State] = {}
         self.fc = head.head.fc
+        self.upkeep_seconds = 0.0  # spent feeding backlogs in drafting rounds (the engine keeps it out of draft costs)
 
     def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> EagleDrafter:
         return type(self)(self.head, self.allocator, self.chooser, self.eos_ids, stop_below, tree, gamma)
@@ -171,8 +177,8 @@ class EagleDrafter(OwnKV):
             state.drop()
         skip = max(0, state.num_computed - start)  # positions a shared block holds already
         state.keep(start + skip - state.num_computed, states[skip:])
-        if state.pending >= EAGER_ROWS:
-            self._feed_known(seq, state)
+        if state.pending >= MAX_HELD:
+            self._feed_held([seq], MAX_HELD - 1)
 
     def _adopt(self, seq: Drafting, state: _State, start: int) -> bool:
         """The target took positions [0, start) of ``seq`` from another live sequence's identical prefix: take the
@@ -193,16 +199,29 @@ class EagleDrafter(OwnKV):
         if (state.table.published + 1) * self.allocator.block_size <= state.num_computed:
             state.table.publish_committed(_row_keys(seq.tokens, state.num_computed), state.num_computed)
 
-    def _feed_known(self, seq: Drafting, state: _State) -> None:
-        """Feed the held rows whose next token is verified already, but the last: a round drafts from its logits (none
-        if the pool is out of blocks)."""
-        count = min(state.pending - 1, len(seq.tokens) - 1 - state.num_computed)
-        if count <= 0 or not self._fits(state, state.num_computed + count):
-            return
-        tokens = seq.tokens[state.num_computed + 1 : state.num_computed + 1 + count]
-        self.head.rows([Segment(state.table, tokens, state.num_computed, [])], self.fc(state.rows()[:count]))
-        state.fed(count)
-        self._publish(seq, state)
+    def _feed_held(self, seqs: list[Drafting], more_than: int) -> bool:
+        """Feed, in one head forward, every sequence of ``seqs`` holding more than ``more_than`` rows: its rows whose
+        next token is verified already, but the last (a round drafts from its logits; none if the pool is out of
+        blocks). False if there was none."""
+        segments, hidden, fed = [], [], []
+        for seq in seqs:
+            state = self._states.get(id(seq))
+            if state is None or state.pending <= more_than:
+                continue
+            count = min(state.pending - 1, len(seq.tokens) - 1 - state.num_computed)
+            if count <= 0 or not self._fits(state, state.num_computed + count):
+                continue
+            tokens = seq.tokens[state.num_computed + 1 : state.num_computed + 1 + count]
+            segments.append(Segment(state.table, tokens, state.num_computed, []))
+            hidden.append(state.rows()[:count])
+            fed.append((seq, state, count))
+        if not segments:
+            return False
+        self.head.rows(segments, self.fc(torch.cat(hidden)))
+        for seq, state, count in fed:
+            state.fed(count)
+            self._publish(seq, state)
+        return True
 
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         state = self._states.get(id(seq))
@@ -212,6 +231,9 @@ class EagleDrafter(OwnKV):
     # ---- proposing ----------------------------------------------------------------------------
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
+        began = time.perf_counter()
+        if self._feed_held([seq for seq, budget in zip(seqs, budgets, strict=True) if budget.nodes > 0], BACKLOG_ROWS):
+            self.upkeep_seconds += time.perf_counter() - began
         if self.tree is not None:
             return [self._grow(seq, budget) for seq, budget in zip(seqs, budgets, strict=True)]
         return self._chains(seqs, [min(budget.nodes, budget.depth) for budget in budgets])

@@ -64,6 +64,10 @@ class HybridDrafter:
     def keep_states(self, seq: Drafting, start: int, states: torch.Tensor) -> None:
         self.head.keep_states(seq, start, states)
 
+    @property
+    def upkeep_seconds(self) -> float:
+        return self.head.upkeep_seconds
+
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         self.head.commit(seq, num_prefix, path)
         self.suffix.commit(seq, num_prefix, path)

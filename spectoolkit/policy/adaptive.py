@@ -14,12 +14,18 @@ doubles each time its probe is rejected (to at most :data:`MAX_PROBE_INTERVAL`) 
 is accepted. Per request, because requests differ: a summary that copies its source must not wait
 for the probes of a chat request that never accepts. No request is probed while even drafts that are
 always accepted would not pay at the measured costs (a draft model as slow as the target): a probe of
-a draft model also pays its catch-up over every token since it last drafted.
+a draft model also pays its catch-up over every token since it last drafted. In a step of several
+sequences where drafts accepted at the workload's rate would not pay (a busy CPU, where every verify
+row costs), a request is probed only after :data:`MAX_PROBE_INTERVAL` plain rounds: a draft head then
+feeds nothing for requests that do not draft (it holds their rows), and a request that copies its
+context is still found; when the load falls, probing resumes at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+
+import numpy as np
 
 from spectoolkit.policy.acceptance import AcceptanceModel, NodeAcceptance
 from spectoolkit.policy.allocate import best_lengths
@@ -55,19 +61,36 @@ class AdaptivePolicy:
         curve, draft_forward = self.step_curve(len(keys)), self.draft_cost.per_forward
         forwards = self.forwards(max(caps, default=0))
         lengths = best_lengths(survival, fixed_tokens, budget, curve, draft_forward, forwards)
+        spare = budget - sum(lengths)
+        if budget > 0 and self._load_bound(prior, caps, fixed_tokens, budget, curve, draft_forward, forwards):
+            return self._probe(keys, caps, lengths, spare, MAX_PROBE_INTERVAL)
         if budget > 0 and not any(lengths):
             perfect = [[1.0] * cap for cap in caps]
             if not any(best_lengths(perfect, fixed_tokens, budget, curve, draft_forward, forwards)):
                 return lengths  # even drafts that are always accepted would not pay: a probe cannot find a gain
-        return self._probe(keys, caps, lengths, budget - sum(lengths))
+        return self._probe(keys, caps, lengths, spare)
 
-    def _probe(self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], spare: int) -> list[int]:
+    def _load_bound(
+        self, prior: np.ndarray, caps: list[int], fixed_tokens: int, budget: int, curve: StepCurve,
+        draft_forward: float, forwards: list[float],
+    ) -> bool:  # fmt: skip
+        """A step of several sequences in which drafts accepted at the workload's rate would not pay (a busy CPU,
+        where every verify row costs): a probe, and a draft head's catch-up over the rounds a request sat out,
+        would cost more than it finds."""
+        if len(caps) < 2 or not any(caps):
+            return False
+        typical = [np.cumprod(prior[:cap]).tolist() for cap in caps]  # requests with the workload's acceptance
+        return not any(best_lengths(typical, fixed_tokens, budget, curve, draft_forward, forwards))
+
+    def _probe(
+        self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], spare: int, least: int = 0
+    ) -> list[int]:
         for i, key in enumerate(keys):
             if lengths[i] > 0 or caps[i] == 0:
                 self._idle.pop(key, None)
                 continue
             idle = self._idle.get(key, 0)  # plain rounds so far: this one is a probe after probe_interval of them
-            if idle >= self.probe_interval(key) and spare > 0:
+            if idle >= max(least, self.probe_interval(key)) and spare > 0:
                 lengths[i], spare, idle = 1, spare - 1, 0
                 self._probing.add(key)
             else:

@@ -133,7 +133,9 @@ class ContinuousEngine:
             return finished
         reserved = sum(work.drafts for work in plan.work)
         prefill = sum(work.feed for work in plan.work if not work.seq.decoding)  # before anything commits
+        upkeep = getattr(self.drafter, "upkeep_seconds", 0.0)
         proposals = self._draft(plan)
+        upkeep = getattr(self.drafter, "upkeep_seconds", 0.0) - upkeep  # a head feeding backlogs: not a draft cost
         forward_start = time.perf_counter()
         draft_time = forward_start - started
         logits, states, firsts = self._forward(plan.work, proposals)  # [R, V], [T, n*E] or None, rows of each work
@@ -165,16 +167,20 @@ class ContinuousEngine:
             if done is not None:
                 finished.append(done)
         if not prefill:  # a step with prefill chunks says little about the cost of drafts
-            self._learn(plan.work, proposals, started, draft_time)
+            self._learn(plan.work, proposals, started, draft_time, upkeep)
         self._report(plan, reserved, prefill, started, draft_time, forward_time, len(finished))
         return finished
 
-    def _learn(self, works: list[Work], proposals: list[TokenTree], started: float, draft_time: float) -> None:
-        """Tell the draft-length policy what this step cost: its tokens, draft forwards (one per depth) and times."""
+    def _learn(
+        self, works: list[Work], proposals: list[TokenTree], started: float, draft_time: float, upkeep: float
+    ) -> None:
+        """Tell the draft-length policy what this step cost: its tokens, draft forwards (one per depth) and times
+        (``upkeep``: the part of ``draft_time`` a drafter spent catching up on rounds it sat out, which it pays
+        whenever it drafts again, not per draft forward)."""
         tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
         forwards = max((max(proposal.depths(), default=0) for proposal in proposals), default=0)
         elapsed = time.perf_counter() - started
-        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time, len(works))
+        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time - upkeep, len(works))
 
     # ---- the parts of a step ------------------------------------------------------------------
 

@@ -70,14 +70,18 @@ def _unrolled_chain(head, target, tokens: list[int], length: int) -> list[int]:
     return draft
 
 
-def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained):
+@pytest.mark.parametrize("lengths", [(5, 9), (5, 3 * eagle.BACKLOG_ROWS)], ids=["short", "backlog"])
+def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained, lengths):
+    """A long prompt's rows are held until its first drafting round, which feeds them in a forward of its own (the
+    upkeep the engine keeps out of draft costs) before it drafts."""
     drafter = Recording(helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32))
     eng = helpers.engine(target, gamma=GAMMA, drafter=drafter)
-    helpers.outputs(helpers.run(eng, helpers.requests(_prompts((5, 9)), 16)))
+    helpers.outputs(helpers.run(eng, helpers.requests(_prompts(lengths), 16)))
     chains = [(tokens, tree.token_ids) for tokens, tree in drafter.rounds if len(tree)]
     assert len(chains) >= 6
     for tokens, drafted in chains:
         assert drafted == _unrolled_chain(trained, target, tokens, len(drafted)), len(tokens)
+    assert (drafter.upkeep_seconds > 0) == (max(lengths) > eagle.BACKLOG_ROWS)
 
 
 def test_head_rows_match_the_heads_own_forward(target, trained):
@@ -102,7 +106,7 @@ def test_head_rows_match_the_heads_own_forward(target, trained):
 def test_states_handed_over_in_pieces_feed_as_one(target, trained, eager, monkeypatch):
     """Rows the engine hands over round by round (one position recomputed) give the head the KV and logits of the
     rows handed over at once: held until a round feeds them, or fed as they come (but the last)."""
-    monkeypatch.setattr(eagle, "EAGER_ROWS", eager)
+    monkeypatch.setattr(eagle, "MAX_HELD", eager)
     tokens = _prompts((9,))[0]
     states = capture_states(target, torch.tensor([tokens[:-1]]), trained.shape.aux_layers)[0]  # [8, 3H]
     whole, pieces = (helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32) for _ in "ab")
@@ -112,7 +116,7 @@ def test_states_handed_over_in_pieces_feed_as_one(target, trained, eager, monkey
     for start, rows in ((0, states[:3]), (3, stale), (5, states[5:])):
         pieces.keep_states(seq_pieces, start, rows)
     assert pieces._state(seq_pieces).pending == (8 if eager == 32 else 1)
-    monkeypatch.setattr(eagle, "EAGER_ROWS", 32)
+    monkeypatch.setattr(eagle, "MAX_HELD", 32)
     whole.keep_states(seq_whole, 0, states)
     _, want, _ = whole._catch_up([seq_whole], [1])
     _, got, _ = pieces._catch_up([seq_pieces], [1])

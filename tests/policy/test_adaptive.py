@@ -245,3 +245,28 @@ def test_a_curve_known_at_one_width_only_still_drafts():
     for _ in range(20):
         policy.observe_step(1, 0, 0.05, 0.0)  # only plain decode steps measured so far
     assert policy.choose(["a"], [GAMMA], 1, GAMMA)[0] > 0
+
+
+def test_under_a_load_where_typical_drafts_do_not_pay_only_the_longest_interval_probes():
+    """The workload accepts half the first drafts: that pays for a lone request (T(n) = 10 ms + 0.3 ms·n), but not in
+    a step of four sequences where every token costs 5 ms (a busy CPU; drafts always accepted would still pay). Four
+    requests at k = 0 are then probed only after MAX_PROBE_INTERVAL plain rounds; alone, after probe_every again."""
+    policy = _policy(probe_every=2)
+    keys = ["a", "b", "c", "d"]
+    for key in keys:
+        _hopeless(policy, key)
+    for _ in range(300):  # the workload: other requests with half their first drafts accepted
+        policy.observe("w", 1, 1, 1)
+        policy.observe("w", 1, 1, 0)
+    for _ in range(3):
+        for tokens in (4, 8):
+            policy.observe_step(tokens, 0, 0.020 + 0.005 * tokens, 0.0, sequences=4)
+    assert policy.acceptance.workload_acceptance()[0] == pytest.approx(0.5, abs=0.05)
+    plain = 0
+    while not any(policy.choose(keys, [GAMMA] * 4, 4, 16)):
+        plain += 1
+        assert plain <= MAX_PROBE_INTERVAL, "never probed"
+    assert plain == MAX_PROBE_INTERVAL
+    policy.release("a")
+    _hopeless(policy, "a")
+    assert _rounds_until_probe(policy, "a") == 2
