@@ -155,6 +155,7 @@ class EagleDrafter(OwnKV):
         self._states: dict[int, _State] = {}
         self.fc = head.head.fc
         self.upkeep_seconds = 0.0  # spent feeding backlogs in drafting rounds (the engine keeps it out of draft costs)
+        self.upkeep_rows = 0  # the rows those backlogs held (the policy prices a backlog by them)
 
     def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> EagleDrafter:
         return type(self)(self.head, self.allocator, self.chooser, self.eos_ids, stop_below, tree, gamma)
@@ -199,10 +200,16 @@ class EagleDrafter(OwnKV):
         if (state.table.published + 1) * self.allocator.block_size <= state.num_computed:
             state.table.publish_committed(_row_keys(seq.tokens, state.num_computed), state.num_computed)
 
-    def _feed_held(self, seqs: list[Drafting], more_than: int) -> bool:
+    def backlog(self, seq: Drafting) -> int:
+        """Rows a round drafting for ``seq`` first feeds in a forward of its own (0: none, or a few the draft forward
+        takes along)."""
+        state = self._states.get(id(seq))
+        return state.pending - 1 if state is not None and state.pending > BACKLOG_ROWS else 0
+
+    def _feed_held(self, seqs: list[Drafting], more_than: int) -> int:
         """Feed, in one head forward, every sequence of ``seqs`` holding more than ``more_than`` rows: its rows whose
         next token is verified already, but the last (a round drafts from its logits; none if the pool is out of
-        blocks). False if there was none."""
+        blocks). The rows fed (0: none)."""
         segments, hidden, fed = [], [], []
         for seq in seqs:
             state = self._states.get(id(seq))
@@ -216,12 +223,12 @@ class EagleDrafter(OwnKV):
             hidden.append(state.rows()[:count])
             fed.append((seq, state, count))
         if not segments:
-            return False
+            return 0
         self.head.rows(segments, self.fc(torch.cat(hidden)))
         for seq, state, count in fed:
             state.fed(count)
             self._publish(seq, state)
-        return True
+        return sum(count for _, _, count in fed)
 
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         state = self._states.get(id(seq))
@@ -232,8 +239,12 @@ class EagleDrafter(OwnKV):
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
         began = time.perf_counter()
-        if self._feed_held([seq for seq, budget in zip(seqs, budgets, strict=True) if budget.nodes > 0], BACKLOG_ROWS):
+        rows = self._feed_held(
+            [seq for seq, budget in zip(seqs, budgets, strict=True) if budget.nodes > 0], BACKLOG_ROWS
+        )
+        if rows:
             self.upkeep_seconds += time.perf_counter() - began
+            self.upkeep_rows += rows
         if self.tree is not None:
             return [self._grow(seq, budget) for seq, budget in zip(seqs, budgets, strict=True)]
         return self._chains(seqs, [min(budget.nodes, budget.depth) for budget in budgets])

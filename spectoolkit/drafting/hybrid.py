@@ -68,6 +68,13 @@ class HybridDrafter:
     def upkeep_seconds(self) -> float:
         return self.head.upkeep_seconds
 
+    @property
+    def upkeep_rows(self) -> int:
+        return self.head.upkeep_rows
+
+    def backlog(self, seq: Drafting) -> int:
+        return self.head.backlog(seq)  # a round the head drafts pays it (the policy's acceptance covers both)
+
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         self.head.commit(seq, num_prefix, path)
         self.suffix.commit(seq, num_prefix, path)

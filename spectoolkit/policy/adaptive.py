@@ -18,7 +18,11 @@ a draft model also pays its catch-up over every token since it last drafted. In 
 sequences where drafts accepted at the workload's rate would not pay (a busy CPU, where every verify
 row costs), a request is probed only after :data:`MAX_PROBE_INTERVAL` plain rounds: a draft head then
 feeds nothing for requests that do not draft (it holds their rows), and a request that copies its
-context is still found; when the load falls, probing resumes at once.
+context is still found; when the load falls, probing resumes at once. A draft head pays, before it
+drafts for a request that sat out rounds, a catch-up over the rows it held for it: a request whose
+remaining tokens cannot repay that (its backlog rows at the measured cost per row, against the time
+its best drafts would save, at the better of its own and the workload's acceptance) neither drafts
+nor is probed; a request near its end after a busy stretch decodes plainly to the end.
 """
 
 from __future__ import annotations
@@ -49,17 +53,24 @@ class AdaptivePolicy:
         self.curve = StepCurve()  # every decode step, whatever its batch
         self.curves: dict[int, StepCurve] = {}  # by the step's sequence count
         self.draft_cost = DraftCost()
+        self.catch_up_cost = DraftCost()  # seconds per backlog row a drafter fed before drafting
         self.probe_every = probe_every
         self._interval: dict[Hashable, int] = {}  # plain rounds before the next probe, per request
         self._idle: dict[Hashable, int] = {}  # plain rounds in a row, per request
         self._probing: set[Hashable] = set()
 
-    def choose(self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int) -> list[int]:
+    def choose(
+        self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int,
+        backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None,
+    ) -> list[int]:  # fmt: skip
         caps = [max(0, min(cap, self.max_gamma)) for cap in caps]
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
         curve, draft_forward = self.step_curve(len(keys)), self.draft_cost.per_forward
         forwards = self.forwards(max(caps, default=0))
+        if backlogs is not None and rooms is not None and self.catch_up_cost.per_forward > 0:
+            for i in self._not_repaid(survival, prior, backlogs, rooms, fixed_tokens, curve, draft_forward, forwards):
+                caps[i], survival[i] = 0, []
         lengths = best_lengths(survival, fixed_tokens, budget, curve, draft_forward, forwards)
         spare = budget - sum(lengths)
         if budget > 0 and self._load_bound(prior, caps, fixed_tokens, budget, curve, draft_forward, forwards):
@@ -69,6 +80,25 @@ class AdaptivePolicy:
             if not any(best_lengths(perfect, fixed_tokens, budget, curve, draft_forward, forwards)):
                 return lengths  # even drafts that are always accepted would not pay: a probe cannot find a gain
         return self._probe(keys, caps, lengths, spare)
+
+    def _not_repaid(
+        self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], fixed_tokens: int,
+        curve: StepCurve, draft_forward: float, forwards: list[float],
+    ) -> list[int]:  # fmt: skip
+        """The requests whose catch-up (their backlog rows at the measured cost per row) the time their drafts would
+        save over the tokens they may still emit cannot repay, at the better of their own and the workload's
+        acceptance: a request near its end with many rows held (it sat out the rounds of a busy step) decodes
+        plainly to the end instead of feeding the head for a few drafts."""
+        sequences, blocked = len(survival), []
+        for i, (backlog, room) in enumerate(zip(backlogs, rooms, strict=True)):
+            if backlog <= 0 or not len(survival[i]):
+                continue
+            hopeful = np.maximum(np.asarray(survival[i]), np.cumprod(prior[: len(survival[i])]))
+            if backlog * self.catch_up_cost.per_forward >= _time_saved(
+                hopeful, room, sequences, fixed_tokens, curve, draft_forward, forwards
+            ):
+                blocked.append(i)
+        return blocked
 
     def _load_bound(
         self, prior: np.ndarray, caps: list[int], fixed_tokens: int, budget: int, curve: StepCurve,
@@ -137,6 +167,9 @@ class AdaptivePolicy:
         self.curves.setdefault(sequences, StepCurve()).observe(num_tokens, target_seconds)
         self.draft_cost.observe(draft_forwards, draft_seconds)
 
+    def observe_catch_up(self, rows: int, seconds: float) -> None:
+        self.catch_up_cost.observe(rows, seconds)
+
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Batch-1 calibration: the verify forward time by width."""
         self.curve.seed(seconds_by_tokens)
@@ -147,3 +180,23 @@ class AdaptivePolicy:
         self._idle.pop(key, None)
         self._interval.pop(key, None)
         self._probing.discard(key)
+
+
+def _time_saved(
+    survival: np.ndarray,
+    room: int,
+    sequences: int,
+    fixed_tokens: int,
+    curve: StepCurve,
+    draft_forward: float,
+    forwards: list[float],
+) -> float:
+    """Seconds the step's requests save while one of ``sequences`` drafts its best k (``survival`` [cap]) until it
+    has emitted ``room`` tokens, against decoding plainly: each of its room / E(k) rounds emits n − 1 + E(k) tokens
+    in T(n0 + k) + d·forwards[k] where plain steps take T(n0) for n (batch 1: room · (T(n0) − T_k / E(k)))."""
+    cap = len(survival)
+    times = curve(np.arange(fixed_tokens, fixed_tokens + cap + 1))  # [cap + 1]
+    emitted = 1.0 + np.cumsum(survival)  # E(k), k = 1..cap
+    drafting = times[1:] + draft_forward * np.asarray(forwards[1 : cap + 1])  # [cap]
+    saved = room / emitted * ((sequences - 1 + emitted) * times[0] / sequences - drafting)
+    return float(max(saved.max(), 0.0))

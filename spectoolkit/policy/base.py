@@ -24,8 +24,13 @@ class DraftLengthPolicy(Protocol):
     name: str
     max_gamma: int  # no request drafts more than this in a round
 
-    def choose(self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int) -> list[int]:
-        """k_i <= caps[i] with Σ k_i <= ``budget`` for requests ``keys`` in a step with ``fixed_tokens`` others."""
+    def choose(
+        self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int,
+        backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None,
+    ) -> list[int]:  # fmt: skip
+        """k_i <= caps[i] with Σ k_i <= ``budget`` for requests ``keys`` in a step with ``fixed_tokens`` others;
+        ``backlogs[i]``: rows the drafter first feeds before it drafts for request i (a draft head's held states of
+        the rounds it sat out), ``rooms[i]``: the tokens request i may still emit."""
 
     def observe(
         self, key: Hashable, chosen: int, drafted: int, accepted: int, path: list[int] | None = None,
@@ -39,6 +44,9 @@ class DraftLengthPolicy(Protocol):
     ) -> None:
         """A decode step of ``num_tokens`` target tokens over ``sequences`` sequences (batch 1: a round);
         its drafting took ``draft_forwards`` sequential forwards. Steps with prefill chunks are not reported."""
+
+    def observe_catch_up(self, rows: int, seconds: float) -> None:
+        """The drafter fed ``rows`` backlog rows in ``seconds`` before it drafted (what ``backlogs`` cost)."""
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Calibrated target step times by token count (batch 1: the verify widths)."""
@@ -56,7 +64,10 @@ class FixedPolicy:
     def __init__(self, gamma: int) -> None:
         self.max_gamma = gamma
 
-    def choose(self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int) -> list[int]:
+    def choose(
+        self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int,
+        backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None,
+    ) -> list[int]:  # fmt: skip
         lengths = []
         for cap in caps:
             k = max(0, min(self.max_gamma, cap, budget))
@@ -73,6 +84,9 @@ class FixedPolicy:
     def observe_step(
         self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
     ) -> None:
+        pass
+
+    def observe_catch_up(self, rows: int, seconds: float) -> None:
         pass
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:

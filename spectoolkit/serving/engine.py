@@ -67,7 +67,8 @@ class ContinuousEngine:
         self.trees = drafter is not None and drafter.tree is not None  # drafts are tree nodes, not a chain
         # A drafter that reads the target's states (an EAGLE head): the layers whose input states each forward returns.
         self.capture: tuple[int, ...] = tuple(getattr(drafter, "capture", ())) if drafter is not None else ()
-        self.scheduler = Scheduler(dataclasses.replace(limits, tree=self.trees), allocator, policy)
+        backlog = getattr(drafter, "backlog", None)  # a drafter that holds rows for requests that sat rounds out
+        self.scheduler = Scheduler(dataclasses.replace(limits, tree=self.trees), allocator, policy, backlog)
         self.policy = self.scheduler.policy
         self.on_step: Callable[[StepStats], None] | None = None
         self.on_emit: Callable[[str, list[int]], None] | None = None  # (request id, new output ids) per step
@@ -133,9 +134,9 @@ class ContinuousEngine:
             return finished
         reserved = sum(work.drafts for work in plan.work)
         prefill = sum(work.feed for work in plan.work if not work.seq.decoding)  # before anything commits
-        upkeep = getattr(self.drafter, "upkeep_seconds", 0.0)
+        before = self._upkeep()
         proposals = self._draft(plan)
-        upkeep = getattr(self.drafter, "upkeep_seconds", 0.0) - upkeep  # a head feeding backlogs: not a draft cost
+        upkeep_seconds, upkeep_rows = (now - then for now, then in zip(self._upkeep(), before, strict=True))
         forward_start = time.perf_counter()
         draft_time = forward_start - started
         logits, states, firsts = self._forward(plan.work, proposals)  # [R, V], [T, n*E] or None, rows of each work
@@ -167,16 +168,22 @@ class ContinuousEngine:
             if done is not None:
                 finished.append(done)
         if not prefill:  # a step with prefill chunks says little about the cost of drafts
-            self._learn(plan.work, proposals, started, draft_time, upkeep)
+            self._learn(plan.work, proposals, started, draft_time, upkeep_seconds)
+        if upkeep_rows:
+            self.policy.observe_catch_up(upkeep_rows, upkeep_seconds)
         self._report(plan, reserved, prefill, started, draft_time, forward_time, len(finished))
         return finished
+
+    def _upkeep(self) -> tuple[float, int]:
+        """(seconds, rows) a drafter spent so far feeding backlogs (a head catching up on rounds a request sat out:
+        paid before it drafts again, not per draft forward); (0, 0) for the others."""
+        return getattr(self.drafter, "upkeep_seconds", 0.0), getattr(self.drafter, "upkeep_rows", 0)
 
     def _learn(
         self, works: list[Work], proposals: list[TokenTree], started: float, draft_time: float, upkeep: float
     ) -> None:
         """Tell the draft-length policy what this step cost: its tokens, draft forwards (one per depth) and times
-        (``upkeep``: the part of ``draft_time`` a drafter spent catching up on rounds it sat out, which it pays
-        whenever it drafts again, not per draft forward)."""
+        (``upkeep``: the part of ``draft_time`` a drafter spent feeding backlogs, priced apart per row)."""
         tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
         forwards = max((max(proposal.depths(), default=0) for proposal in proposals), default=0)
         elapsed = time.perf_counter() - started

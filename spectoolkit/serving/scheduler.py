@@ -20,6 +20,7 @@ Every step (vLLM v1's unified token budget):
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy
@@ -59,10 +60,15 @@ class Plan:
 class Scheduler:
     """Holds the queue and the running sequences; :meth:`schedule` plans one step."""
 
-    def __init__(self, limits: SchedulerLimits, allocator, policy: DraftLengthPolicy | None = None) -> None:
+    def __init__(
+        self, limits: SchedulerLimits, allocator, policy: DraftLengthPolicy | None = None,
+        backlog: Callable[[Sequence], int] | None = None,
+    ) -> None:  # fmt: skip
+        """``backlog(seq)``: rows the drafter feeds before it drafts for ``seq`` (the policy prices them)."""
         self.limits = limits
         self.allocator = allocator
         self.policy = policy or FixedPolicy(limits.gamma)
+        self.backlog = backlog
         self.queue: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -103,7 +109,9 @@ class Scheduler:
         fixed = len(by_seq) + min(prefill, budget)  # the step's other tokens: pending ones, prefill chunks
         caps = [min(self.limits.gamma, work.seq.room - 1) if not self.limits.tree or work.seq.room <= 1
                 else self.limits.gamma for work in works]  # fmt: skip
-        lengths = self.policy.choose([work.seq for work in works], caps, fixed, draft_budget)
+        seqs = [work.seq for work in works]
+        backlogs = [self.backlog(seq) for seq in seqs] if self.backlog is not None else None
+        lengths = self.policy.choose(seqs, caps, fixed, draft_budget, backlogs, [seq.room for seq in seqs])
         planned = 0
         for work, drafts in zip(works, lengths, strict=True):
             seq = work.seq

@@ -42,7 +42,7 @@ class Recording:
     """Wraps a drafter: keeps (the sequence's tokens, the proposal) of every round."""
 
     def __init__(self, drafter) -> None:
-        self.drafter, self.rounds = drafter, []
+        self.drafter, self.rounds, self.backlogs = drafter, [], []
 
     def __getattr__(self, name):
         return getattr(self.drafter, name)
@@ -73,15 +73,23 @@ def _unrolled_chain(head, target, tokens: list[int], length: int) -> list[int]:
 @pytest.mark.parametrize("lengths", [(5, 9), (5, 3 * eagle.BACKLOG_ROWS)], ids=["short", "backlog"])
 def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained, lengths):
     """A long prompt's rows are held until its first drafting round, which feeds them in a forward of its own (the
-    upkeep the engine keeps out of draft costs) before it drafts."""
+    upkeep the engine keeps out of draft costs, and tells the policy of by rows, as the scheduler told it the
+    backlog) before it drafts."""
     drafter = Recording(helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32))
     eng = helpers.engine(target, gamma=GAMMA, drafter=drafter)
+    caught_up, choose = [], eng.policy.choose
+    eng.policy.observe_catch_up = lambda rows, seconds: caught_up.append(rows)
+    eng.policy.choose = lambda keys, caps, fixed, budget, backlogs, rooms: (
+        drafter.backlogs.extend(backlogs) or choose(keys, caps, fixed, budget, backlogs, rooms)
+    )
     helpers.outputs(helpers.run(eng, helpers.requests(_prompts(lengths), 16)))
     chains = [(tokens, tree.token_ids) for tokens, tree in drafter.rounds if len(tree)]
     assert len(chains) >= 6
     for tokens, drafted in chains:
         assert drafted == _unrolled_chain(trained, target, tokens, len(drafted)), len(tokens)
     assert (drafter.upkeep_seconds > 0) == (max(lengths) > eagle.BACKLOG_ROWS)
+    assert sum(caught_up) == drafter.upkeep_rows == sum(drafter.backlogs)
+    assert (drafter.upkeep_rows >= max(lengths) - 1) == (max(lengths) > eagle.BACKLOG_ROWS)
 
 
 def test_head_rows_match_the_heads_own_forward(target, trained):

@@ -270,3 +270,34 @@ def test_under_a_load_where_typical_drafts_do_not_pay_only_the_longest_interval_
     policy.release("a")
     _hopeless(policy, "a")
     assert _rounds_until_probe(policy, "a") == 2
+
+
+@pytest.mark.parametrize(("room", "drafts"), [(3, 0), (400, GAMMA)])
+def test_a_request_drafts_after_a_backlog_only_if_its_remaining_tokens_repay_the_catch_up(room, drafts):
+    """A request whose drafts are always accepted holds 300 rows its drafter must feed first, at 0.1 ms a row (30 ms).
+    With 400 tokens left its drafts save seconds: it drafts γ. With 3 left they save about 18 ms (3 tokens at
+    10.3 ms plainly, at 4.3 ms drafting 2): it decodes plainly. With nothing held, or no catch-up measured yet, it
+    drafts as before."""
+    policy = _policy()
+    _perfect(policy, "a")
+    cap = min(GAMMA, room - 1)
+    assert policy.choose(["a"], [cap], 1, cap, backlogs=[300], rooms=[room]) == [cap]  # no catch-up cost measured
+    policy.observe_catch_up(100, 0.010)
+    assert policy.choose(["a"], [cap], 1, cap, backlogs=[300], rooms=[room]) == [drafts]
+    assert policy.choose(["a"], [cap], 1, cap, backlogs=[0], rooms=[room]) == [cap]
+
+
+@pytest.mark.parametrize(("room", "probed"), [(3, False), (400, True)])
+def test_a_request_at_zero_is_probed_after_a_backlog_only_if_a_typical_request_would_repay_it(room, probed):
+    """The workload accepts half the first drafts; a request at k = 0 holds 300 rows (30 ms to feed). With 400 tokens
+    left, drafts at the workload's acceptance would repay that: it is probed after probe_every plain rounds as ever.
+    With 3 left they would not: it is never probed."""
+    policy = _policy(probe_every=2)
+    _hopeless(policy, "h")
+    for _ in range(300):
+        policy.observe("w", 1, 1, 1)
+        policy.observe("w", 1, 1, 0)
+    policy.observe_catch_up(100, 0.010)
+    rounds = [policy.choose(["h"], [2], 1, 2, backlogs=[300], rooms=[room])[0] for _ in range(50)]
+    assert any(rounds) == probed
+    assert set(rounds) <= {0, 1}

@@ -65,8 +65,8 @@ class PinnedCosts(AdaptivePolicy):
         self.draft_cost.observe(1, draft_forward)
         self.chosen: Counter = Counter()  # (cap, k) -> rounds
 
-    def choose(self, keys, caps, fixed_tokens, budget):
-        lengths = super().choose(keys, caps, fixed_tokens, budget)
+    def choose(self, keys, caps, fixed_tokens, budget, backlogs=None, rooms=None):
+        lengths = super().choose(keys, caps, fixed_tokens, budget, backlogs, rooms)
         self.chosen.update(zip(caps, lengths, strict=True))
         return lengths
 
