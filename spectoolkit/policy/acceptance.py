@@ -96,6 +96,10 @@ class AcceptanceModel:
         prior = self.workload_acceptance() if prior is None else prior
         return self._curve(self._requests.get(key), cap, prior)
 
+    def typical(self, cap: int, prior: np.ndarray) -> list[float]:
+        """S_1..S_cap of a request with the workload's acceptance (``prior``), none of its own rounds seen."""
+        return self._curve(None, cap, prior) if cap > 0 else []
+
     def _curve(self, counts: _Counts | None, cap: int, prior: np.ndarray) -> list[float]:
         if counts is None:
             return np.cumprod(prior[:cap]).tolist()

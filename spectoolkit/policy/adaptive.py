@@ -93,7 +93,7 @@ class AdaptivePolicy:
         for i, (backlog, room) in enumerate(zip(backlogs, rooms, strict=True)):
             if backlog <= 0 or not len(survival[i]):
                 continue
-            hopeful = np.maximum(np.asarray(survival[i]), np.cumprod(prior[: len(survival[i])]))
+            hopeful = np.maximum(survival[i], self.acceptance.typical(len(survival[i]), prior))
             if backlog * self.catch_up_cost.per_forward >= _time_saved(
                 hopeful, room, sequences, fixed_tokens, curve, draft_forward, forwards
             ):
@@ -109,7 +109,7 @@ class AdaptivePolicy:
         would cost more than it finds."""
         if len(caps) < 2 or not any(caps):
             return False
-        typical = [np.cumprod(prior[:cap]).tolist() for cap in caps]  # requests with the workload's acceptance
+        typical = [self.acceptance.typical(cap, prior) for cap in caps]  # requests with the workload's acceptance
         return not any(best_lengths(typical, fixed_tokens, budget, curve, draft_forward, forwards))
 
     def _probe(

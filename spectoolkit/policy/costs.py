@@ -98,7 +98,8 @@ class StepCurve:
 
 
 class DraftCost:
-    """Seconds of one sequential draft forward (or lookup) per step, as an EWMA; 0 until measured."""
+    """Seconds of one sequential draft forward (or lookup) per step, as an EWMA; 0 until measured. The adaptive
+    policy's ``catch_up_cost`` is one too, per backlog row a draft head fed ("forwards" are rows there)."""
 
     def __init__(self) -> None:
         self.per_forward = 0.0
