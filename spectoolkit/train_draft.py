@@ -2,7 +2,7 @@
 
 The run config (``model=``, ``+target=``, ...) plus the ``train/`` group (``conf/train/eagle3.yaml``)::
 
-    python -m spectoolkit.train_draft                       # the embedded model, about half an hour on 2 cores
+    python -m spectoolkit.train_draft                       # the embedded model, about 40 minutes on 2 cores
     python -m spectoolkit.train_draft +target=rtn-int4 train.steps=1000 train.out=/tmp/head
 
 It prints the head's directory; ``+draft=eagle draft.eagle_path=DIR`` drafts with it here and

@@ -49,15 +49,15 @@ class TrainConfig:
 
     sources: tuple[str, ...] = ("humaneval", "sharegpt")
     jsonl_path: str | None = None  # sources containing jsonl: the file ({"id", "task_type", "prompt", "reference"})
-    prompts: int = 256  # training prompts per source the target answers
+    prompts: int = 1024  # training prompts per source the target answers (HumanEval has 100 after held_out)
     references: int = 0  # training prompts per source taken with the dataset's reply (those that have one)
     reference_tokens: int = 384  # a reference reply is cut to this many tokens
     held_out: int = 64  # the first prompts of each source, never trained on (runs measure the first ones)
     max_prompt_tokens: int = 512  # longer prompts are skipped
     answer_tokens: int = 128  # the target's greedy answer, at most
-    concurrency: int = 8  # answers generated at once on the engine
+    concurrency: int = 16  # answers generated at once on the engine
     draft_vocab: int = 16384
-    steps: int = 1800
+    steps: int = 2400
     prompt_loss: bool = True  # the loss counts the prompts' positions too (the target's predictions there)
     lr: float = 5e-4
     warmup: int = 30
