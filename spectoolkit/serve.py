@@ -39,8 +39,10 @@ def serve(config) -> None:
     import uvicorn
 
     from spectoolkit.server.build import build_server
+    from spectoolkit.wiring.setup import freeze_heap
 
     built = build_server(config)
+    freeze_heap()  # served until the process exits: the loaded heap never needs scanning
     server = config.server
     print(f"serving '{built.served.name}' ({built.arm.name}: drafter {built.arm.drafter}, gamma {built.arm.gamma}, "
           f"policy {built.arm.policy}) on http://{server.host}:{server.port}/v1", flush=True)  # fmt: skip

@@ -16,13 +16,18 @@ expected number of tokens it gets accepted if the counts were the truth.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
-@dataclass(eq=False)
 class Node:
-    count: int = 0
-    children: dict[int, Node] = field(default_factory=dict)
+    """A substring's occurrence count and its one-token extensions (a plain slotted class: a request's prompt
+    creates thousands at once, three times faster than as a dataclass)."""
+
+    __slots__ = ("count", "children")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.children: dict[int, Node] = {}
 
 
 @dataclass
@@ -70,16 +75,19 @@ class SuffixTrie:
         """Append ``tokens`` to the one sequence this trie grows (a request's prompt and output): each new token
         extends the open suffixes (lengths 1 .. depth - 1) that end before it, ``O(depth)`` per token. The counts
         are those :meth:`add` of the whole sequence gives."""
+        root, opened, keep = self.root, self._open, self.depth - 1
         for token in tokens:
-            self.root.count += 1
+            root.count += 1
             grown = []
-            for node in [self.root, *self._open]:
-                child = node.children.get(token)
+            for node in (root, *opened):
+                children = node.children
+                child = children.get(token)
                 if child is None:
-                    child = node.children[token] = Node()
+                    child = children[token] = Node()
                 child.count += 1
                 grown.append(child)
-            self._open = grown[: self.depth - 1]
+            opened = grown[:keep]
+        self._open = opened
 
     def node(self, tokens: list[int]) -> Node | None:
         """The node of substring ``tokens`` (None: it does not occur)."""

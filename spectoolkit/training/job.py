@@ -125,13 +125,14 @@ def with_trained_head(cfg: RunConfig, progress: bool = True) -> RunConfig:
 
 
 def _build(cfg: RunConfig, train_cfg: TrainConfig, work: Path, out: Path, progress: bool) -> None:
-    from spectoolkit.wiring.setup import build  # the target as a run loads it (precision, packing)
+    from spectoolkit.wiring.setup import build, frozen_heap  # the target as a run loads it (precision, packing)
 
     cfg = dataclasses.replace(cfg, draft=DraftConfig(kind="none"))
     setup = build(cfg, arms=False)
     models = setup.models
     began = time.perf_counter()
-    pairs = _answers(cfg, train_cfg, setup, work, progress)
+    with frozen_heap():
+        pairs = _answers(cfg, train_cfg, setup, work, progress)
     references = training_references(train_cfg, models.tokenizer)
     model = models.target.model
     labelled = [(p, a) for p, a in pairs + references if a]  # an empty answer or reply has nothing to learn

@@ -6,7 +6,10 @@ Data flows one way (DESIGN §4): config → loaded models → compat check → e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,3 +323,22 @@ def _verify_sizes(cfg: RunConfig) -> tuple[int, ...]:
     gammas = cfg.bench.gammas if cfg.bench.arms in ("gamma_sweep", "tree_chain") else (cfg.speculate.gamma,)
     tree = cfg.speculate.tree.max_nodes if cfg.speculate.tree.enabled else 0
     return tuple(sorted({g + 1 for g in gammas} | ({tree + 1} if tree else set())))
+
+
+def freeze_heap() -> None:
+    """Move everything loaded so far (libraries, models, engines) out of the cyclic garbage collector's reach
+    (``gc.freeze``, as vLLM and SGLang do after start-up), garbage collected first. Otherwise a step that
+    allocates many objects at once (a suffix trie indexing a prompt: thousands of nodes) sets off collections
+    that walk every object the process holds (measured: 27 ms against 4 ms for a 400-token prompt's trie)."""
+    gc.collect()
+    gc.freeze()
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """:func:`freeze_heap` while measuring, the heap unfrozen after (the next job's collections see it again)."""
+    freeze_heap()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -31,7 +31,7 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import RecordWriter, read_records, write_json_atomic
 from spectoolkit.metrics.summary_schema import SUMMARY_SCHEMA_VERSION
 from spectoolkit.metrics.token_cost import serving_token_cost
-from spectoolkit.wiring.setup import RunSetup, build
+from spectoolkit.wiring.setup import RunSetup, build, frozen_heap
 from spectoolkit.workloads.prompts import load_workload
 
 STEPS_FILE = "steps.jsonl"
@@ -67,7 +67,9 @@ def _source(cfg: RunConfig) -> Iterator[_Source]:
     """backend=local: our engine in process; endpoint / vllm: servers (:mod:`spectoolkit.backends.source`)."""
     if cfg.backend.kind == "local":
         setup = build(cfg)
-        yield _Source(setup.models, _serving_arms(cfg, setup), lambda arms: _conditions(cfg, setup, arms))
+        arms = _serving_arms(cfg, setup)
+        with frozen_heap():
+            yield _Source(setup.models, arms, lambda arms: _conditions(cfg, setup, arms))
         return
     from spectoolkit.backends.source import server_source
     from spectoolkit.bench.load.server_conditions import server_conditions

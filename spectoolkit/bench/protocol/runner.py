@@ -33,7 +33,7 @@ from spectoolkit.metrics.records import RecordWriter, RequestRecord, read_record
 from spectoolkit.metrics.summary import cost_models, summarize
 from spectoolkit.metrics.token_cost import batch_token_cost
 from spectoolkit.runtime.compiled import compiled_runners
-from spectoolkit.wiring.setup import Arm, ArmSet, LoadedModels, RunSetup, build
+from spectoolkit.wiring.setup import Arm, ArmSet, LoadedModels, RunSetup, build, frozen_heap
 from spectoolkit.workloads.prompts import Request, encode_prompt, load_workload
 
 RECORDS_FILE = "records.jsonl"
@@ -56,7 +56,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     _set_aside(out_dir / RECORDS_FILE)
     complete, extra = False, {"verify_costs": {}}
     try:
-        with RecordWriter(out_dir / RECORDS_FILE) as writer:
+        with frozen_heap(), RecordWriter(out_dir / RECORDS_FILE) as writer:
             _warm_up(setup.arm_set, cfg, prompts)
             extra["verify_costs"] = _calibrate(setup.arm_set, cfg, prompts, setup.models.max_positions)
             if cfg.bench.baseline_check:  # is our baseline as fast as stock transformers?

@@ -3,6 +3,7 @@ errors that cost one record, Ctrl-C, and earlier records kept."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -161,9 +162,20 @@ def test_conditions(two_arm_run) -> None:
         assert 0 <= memory["memory_delta_bytes"] <= cfg.serve.block_size * slot
 
 
-def test_draft_none_runs_only_the_baseline(tiny_checkpoint: Path, tmp_path: Path) -> None:
+def test_draft_none_runs_only_the_baseline(tiny_checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
+    frozen = []  # objects out of the collector's reach at each generation: the loaded heap, frozen while measuring
+    generate = OneRequestEngine.generate
+
+    def noting_the_heap(self, *args, **kwargs):
+        frozen.append(gc.get_freeze_count())
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(OneRequestEngine, "generate", noting_the_heap)
+    before = gc.get_freeze_count()
     cfg = _config(tiny_checkpoint, tmp_path, DraftConfig(kind="none"), bench=BenchConfig(warmup=1, repeat=1))
     summary = run(cfg, progress=False)
+    assert frozen and min(frozen) > before
+    assert gc.get_freeze_count() == before  # and unfrozen after the run
     records = _lines(tmp_path / RECORDS_FILE)
     assert len(records) == BUILTIN_CASES  # warm-up generations are not recorded
     assert {r["arm"] for r in records} == {"baseline"}
