@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 class Node:
     """A substring's occurrence count and its one-token extensions (a plain slotted class: a request's prompt
-    creates thousands at once, three times faster than as a dataclass)."""
+    creates thousands at once, and these are cheaper to make than a dataclass's: with the heap frozen a 400-token
+    prompt indexed 32 deep took 5.2-5.9 ms against 6.1-10.2)."""
 
     __slots__ = ("count", "children")
 
