@@ -6,7 +6,8 @@ engine measured (:mod:`~spectoolkit.policy.costs`: target step time by token cou
 calibration at batch 1, the scheduler's own decode steps under load — and one draft forward). It then picks the k_i that
 maximise the step's expected emitted tokens per second, jointly over the batch under the step's
 candidate budget (:func:`~spectoolkit.policy.allocate.best_lengths`): a request's marginal candidate
-competes with every other request's.
+competes with every other request's. A step that also carries prefill chunks is priced as the decoding
+sequences' plain step plus what the drafts add to it (:class:`DecodeView`).
 
 A request that fell to k = 0 learns nothing more about its own acceptance, so now and then it is
 re-probed with one draft token: after ``probe_every`` plain rounds at first; the request's interval
@@ -67,6 +68,8 @@ class AdaptivePolicy:
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
         curve, draft_forward = self.step_curve(len(keys)), self.draft_cost.per_forward
+        if fixed_tokens > len(keys):  # the step carries prefill chunks: drafts are priced at what they add to it
+            curve = DecodeView(curve, fixed_tokens, len(keys))
         forwards = self.forwards(max(caps, default=0))
         if backlogs is not None and rooms is not None and self.catch_up_cost.per_forward > 0:
             for i in self._not_repaid(survival, prior, backlogs, rooms, fixed_tokens, curve, draft_forward, forwards):
@@ -83,7 +86,7 @@ class AdaptivePolicy:
 
     def _not_repaid(
         self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], fixed_tokens: int,
-        curve: StepCurve, draft_forward: float, forwards: list[float],
+        curve: StepCurve | DecodeView, draft_forward: float, forwards: list[float],
     ) -> list[int]:  # fmt: skip
         """The requests whose catch-up (their backlog rows at the measured cost per row) the time their drafts would
         save over the tokens they may still emit cannot repay, at the better of their own and the workload's
@@ -101,7 +104,7 @@ class AdaptivePolicy:
         return blocked
 
     def _load_bound(
-        self, prior: np.ndarray, caps: list[int], fixed_tokens: int, budget: int, curve: StepCurve,
+        self, prior: np.ndarray, caps: list[int], fixed_tokens: int, budget: int, curve: StepCurve | DecodeView,
         draft_forward: float, forwards: list[float],
     ) -> bool:  # fmt: skip
         """A step of several sequences in which drafts accepted at the workload's rate would not pay (a busy CPU,
@@ -182,12 +185,26 @@ class AdaptivePolicy:
         self._probing.discard(key)
 
 
+class DecodeView:
+    """T as the decoding sequences of a step that also carries prefill chunks see it: their plain decode step plus
+    what drafts add to this step, T(n) − T(n0) + T(plain). The prefill's own time buys prompt tokens, not emitted
+    ones: counting it in a step's goodput makes every draft look nearly free beside it (a 400 ms step of six
+    decoding sequences and a 250-token chunk), so drafts rode along that a plain decode step would not pay for."""
+
+    def __init__(self, curve: StepCurve, fixed_tokens: int, plain_tokens: int) -> None:
+        self.curve = curve
+        self.shift = float(curve(np.array([plain_tokens]))[0] - curve(np.array([fixed_tokens]))[0])
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        return self.curve(tokens) + self.shift
+
+
 def _time_saved(
     survival: np.ndarray,
     room: int,
     sequences: int,
     fixed_tokens: int,
-    curve: StepCurve,
+    curve: StepCurve | DecodeView,
     draft_forward: float,
     forwards: list[float],
 ) -> float:

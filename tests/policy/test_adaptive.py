@@ -301,3 +301,23 @@ def test_a_request_at_zero_is_probed_after_a_backlog_only_if_a_typical_request_w
     rounds = [policy.choose(["h"], [2], 1, 2, backlogs=[300], rooms=[room])[0] for _ in range(50)]
     assert any(rounds) == probed
     assert set(rounds) <= {0, 1}
+
+
+def test_a_step_carrying_a_prefill_chunk_drafts_only_what_a_plain_decode_step_would():
+    """Four requests accept half their first drafts, in steps where every token costs 5 ms: drafts do not pay in a
+    plain decode step. A 200-token prefill chunk in the same step (a second of work) must not make them look cheap
+    beside it; drafts that are always accepted still pay there, as they do in a plain step."""
+    policy = _policy(probe_every=1000)
+    keys = ["a", "b", "c", "d"]
+    for _ in range(30):
+        for key in keys:
+            policy.observe(key, 1, 1, 1)
+            policy.observe(key, 1, 1, 0)
+    for _ in range(3):
+        for tokens in (4, 8):
+            policy.observe_step(tokens, 0, 0.020 + 0.005 * tokens, 0.0, sequences=4)
+    assert policy.choose(keys, [GAMMA] * 4, 4, 16) == [0, 0, 0, 0]
+    assert policy.choose(keys, [GAMMA] * 4, 4 + 200, 16) == [0, 0, 0, 0]
+    for key in keys:
+        _perfect(policy, key)
+    assert policy.choose(keys, [GAMMA] * 4, 4 + 200, 16) == policy.choose(keys, [GAMMA] * 4, 4, 16) != [0, 0, 0, 0]
