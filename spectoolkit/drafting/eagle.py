@@ -17,7 +17,8 @@ The head's KV lives in its own paged pool, one layer, by position, and follows t
   what the policy measures of a draft forward is a draft forward; once :data:`MAX_HELD` rows are held (a bound
   on memory: 6.9 KB a row for the embedded model) those whose next token is known are fed at once;
 - the head's blocks of verified rows are published like the target's (keyed by the tokens their rows depend on),
-  so a prompt the engine starts from another's live shared prefix takes the head's rows of it too.
+  so a prompt the engine starts from another's live shared prefix takes the head's rows of it too (or, where that
+  sequence still holds them unfed, a copy of the target's states there).
 
 Chains batch every sequence's rows into one head forward per draft step. Trees (EAGLE-2's dynamic trees, or
 static ones; ``speculate.tree``) grow one sequence at a time through
@@ -106,8 +107,9 @@ def _row_keys(tokens: list[int], end: int) -> list[tuple[int, int]]:
 
 
 class _State:
-    def __init__(self, allocator: BlockAllocator) -> None:
+    def __init__(self, allocator: BlockAllocator, tokens: list[int]) -> None:
         self.table = BlockTable(allocator)
+        self.tokens = tokens  # the sequence's own list (it grows in place): what a later prompt's prefix is matched to
         self.num_computed = 0  # head positions holding verified rows
         self.parts: list[torch.Tensor] = []  # the target's states of positions [num_computed, +pending), not fed yet
         self.pending = 0  # rows in parts: kept as the engine hands them and joined once, when fed (a request that
@@ -163,7 +165,7 @@ class EagleDrafter(OwnKV):
     def _state(self, seq: Drafting) -> _State:
         state = self._states.get(id(seq))
         if state is None:
-            state = self._states[id(seq)] = _State(self.allocator)
+            state = self._states[id(seq)] = _State(self.allocator, seq.tokens)
         return state
 
     # ---- what the engine tells it -------------------------------------------------------------
@@ -184,16 +186,33 @@ class EagleDrafter(OwnKV):
     def _adopt(self, seq: Drafting, state: _State, start: int) -> bool:
         """The target took positions [0, start) of ``seq`` from another live sequence's identical prefix: take the
         head's blocks of that prefix too (their rows depend on its tokens only: position t on x_0 .. x_{t+1}, the
-        key they are shared under). False if the head holds none, and then it drafts nothing for ``seq``: also when
-        the prompts part right after a shared block, as the head's last block depends on the next token too."""
+        key they are shared under), and the target's states of the positions past them from a live sequence that
+        still holds them unfed (a request the policy kept from drafting under load; states at t depend on
+        x_0 .. x_t only, so they serve even where the prompts part right after the prefix). False if neither
+        covers the prefix, and then the head drafts nothing for ``seq``."""
         state.table.release()
         state.num_computed = 0
         state.drop()
-        if state.table.share_prefix(_row_keys(seq.tokens, start), start) < start:
+        shared = state.table.share_prefix(_row_keys(seq.tokens, start), start)
+        if shared == start:
+            state.num_computed = start
+            return True
+        held = self._held_rows(seq.tokens, shared, start)
+        if held is None:
             state.table.release()
             return False
-        state.num_computed = start
+        state.num_computed = shared
+        state.keep(0, held)
         return True
+
+    def _held_rows(self, tokens: list[int], start: int, end: int) -> torch.Tensor | None:
+        """The target's states of positions [start, end) of ``tokens`` [end - start, 3H], copied from a live sequence
+        with the same first ``end`` tokens that holds them unfed; None if none does."""
+        for other in self._states.values():
+            if other.num_computed <= start < end <= other.num_computed + other.pending and len(other.tokens) >= end:
+                if other.tokens[:end] == tokens[:end]:
+                    return other.rows()[start - other.num_computed : end - other.num_computed].clone()
+        return None
 
     def _publish(self, seq: Drafting, state: _State) -> None:
         """Offer the head's blocks of verified rows to later sequences with the same prefix (:meth:`_adopt`)."""

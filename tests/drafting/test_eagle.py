@@ -154,6 +154,30 @@ def test_prompts_sharing_a_prefix_both_draft(target, trained):
     assert adopted == [True], "the second prompt did not start from the first's shared prefix"
 
 
+@pytest.mark.parametrize("tail", [[5, 6, 7], []], ids=["part-inside-a-block", "part-at-a-block-end"])
+def test_a_prompt_sharing_a_prefix_whose_rows_are_held_unfed_still_drafts(target, trained, tail):
+    """The first prompt's rows are held, not fed (its requests sat out rounds under load): the second, started from
+    its shared target blocks, copies the target's states of the prefix from it and drafts what the head drafts fed
+    whole; also where the prompts part right after the prefix (the head's blocks could not be shared there)."""
+    shared = _prompts((4 * helpers.BLOCK,))[0]
+    first, second = Lone(shared + tail + [9, 10]), Lone(shared + [11, 12, 13])
+    start = len(shared)
+    states = [capture_states(target, torch.tensor([seq.tokens[:-1]]), trained.shape.aux_layers)[0]
+              for seq in (first, second)]  # fmt: skip
+    drafter = helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32)
+    drafter.keep_states(first, 0, states[0])
+    drafter.keep_states(second, start, states[1][start:])
+    assert drafter._state(second).pending == len(second.tokens) - 1, "the second prompt held nothing to feed"
+    whole = helpers.eagle_drafter(target, trained, GreedyChooser(), weights=torch.float32)
+    alone = Lone(list(second.tokens))
+    whole.keep_states(alone, 0, states[1])
+    _, want, _ = whole._catch_up([alone], [1])
+    _, got, _ = drafter._catch_up([second], [1])
+    torch.testing.assert_close(got, want)
+    _, first_logits, _ = drafter._catch_up([first], [1])  # the donor still feeds its own rows
+    assert first_logits.shape[0] == 1
+
+
 TREE = TreeConfig(kind="dynamic", max_nodes=8, top_k=3)
 
 
