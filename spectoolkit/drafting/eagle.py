@@ -209,9 +209,9 @@ class EagleDrafter(OwnKV):
         """The target's states of positions [start, end) of ``tokens`` [end - start, 3H], copied from a live sequence
         with the same first ``end`` tokens that holds them unfed; None if none does."""
         for other in self._states.values():
-            if other.num_computed <= start < end <= other.num_computed + other.pending and len(other.tokens) >= end:
-                if other.tokens[:end] == tokens[:end]:
-                    return other.rows()[start - other.num_computed : end - other.num_computed].clone()
+            held = other.num_computed <= start < end <= other.num_computed + other.pending
+            if held and other.tokens[:end] == tokens[:end]:  # a shorter list's slice never equals
+                return other.rows()[start - other.num_computed : end - other.num_computed].clone()
         return None
 
     def _publish(self, seq: Drafting, state: _State) -> None:

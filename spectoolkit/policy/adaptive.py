@@ -193,7 +193,8 @@ class DecodeView:
 
     def __init__(self, curve: StepCurve, fixed_tokens: int, plain_tokens: int) -> None:
         self.curve = curve
-        self.shift = float(curve(np.array([plain_tokens]))[0] - curve(np.array([fixed_tokens]))[0])
+        plain, fixed = curve(np.array([plain_tokens, fixed_tokens]))
+        self.shift = float(plain - fixed)
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         return self.curve(tokens) + self.shift
