@@ -5,8 +5,10 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streaming over 
 server reports about itself: config, arm, precision — read into a benchmark's conditions).
 
 A bad request gets an OpenAI-style error (:class:`~spectoolkit.server.protocol.APIError`) and never
-reaches the engine; an unexpected exception in one request is a 500 for that request only. The
-engine runner starts with the app and stops with it: in-flight requests get ``drain_s`` seconds.
+reaches the engine: 400 for bad parameters, a body that is not JSON or a prompt past the context, 404
+for an unknown model or route, 405 for a route's wrong method, 503 while the server shuts down. An
+unexpected exception in one request is a 500 for that request only. The engine runner starts with the
+app and stops with it: in-flight requests get ``drain_s`` seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 
 from spectoolkit.server.completions import (
     Context,
@@ -135,6 +139,20 @@ def _errors(app: FastAPI) -> None:
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        """Starlette's own refusals (no such route, a route's wrong method) in OpenAI's shape."""
+        asked = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            message = f"Invalid URL ({asked}): this server answers {_routes(app)}"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "another method")
+            message = f"{asked} is not allowed: {request.url.path} takes {allowed}"
+        else:
+            message = f"{asked}: {exc.detail}"
+        error = APIError(message, status=exc.status_code)
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = pydantic_message(list(exc.errors()))
@@ -144,3 +162,10 @@ def _errors(app: FastAPI) -> None:
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         error = APIError(f"internal error: {type(exc).__name__}: {exc}", code="internal_error", status=500)
         return JSONResponse(error.body(), status_code=500)
+
+
+def _routes(app: FastAPI) -> str:
+    """``POST /v1/completions, ...``: the API's routes, for a client that asked for another."""
+    return ", ".join(
+        f"{' '.join(sorted(route.methods))} {route.path}" for route in app.routes if isinstance(route, APIRoute)
+    )

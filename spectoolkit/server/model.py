@@ -1,8 +1,8 @@
 """What the HTTP side knows about the served model: its name, tokenizer, limits and sampling (issue 17).
 
 Everything a request is checked against before it reaches the engine lives here, so a bad request gets
-its 400 without touching the running batch: the model name, prompt ids inside the vocabulary, prompt +
-``max_tokens`` within the context, chat messages the template can render.
+its 400 (an unknown model its 404) without touching the running batch: the model name, prompt ids inside
+the vocabulary, prompt + ``max_tokens`` within the context, chat messages the template can render.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ServedModel:
     def check_model(self, name: str) -> None:
         if name != self.name:
             raise APIError(f"the model '{name}' does not exist: this server serves '{self.name}' (see /v1/models)",
-                           "model", "model_not_found")  # fmt: skip
+                           "model", "model_not_found", status=404)  # fmt: skip
 
     def encode(self, prompt: str | list[int], param: str = "prompt") -> list[int]:
         """Token ids of a text prompt (no special tokens added twice: the tokenizer's own rule), or the ids."""
@@ -63,18 +63,20 @@ class ServedModel:
         return self.encode([int(i) for i in ids], "messages")
 
     def check_length(self, prompt_len: int, max_tokens: int, param: str = "max_tokens") -> None:
+        """Prompt + ``max_tokens`` within the context; the message opens as vLLM's does (clients parse it)."""
         total = prompt_len + max_tokens
+        asked = f"However, you requested {total} tokens ({prompt_len} in the prompt, {max_tokens} in {param})"
         if total > self.max_positions:
             raise APIError(
-                f"this model's maximum context length is {self.max_positions} tokens, but {prompt_len} prompt "
-                f"tokens + {max_tokens} max_tokens were requested: shorten the prompt or lower {param}",
+                f"This model's maximum context length is {self.max_positions} tokens. {asked}: shorten the prompt "
+                f"or lower {param}",
                 param, "context_length_exceeded",
             )  # fmt: skip
         if total > self.context:
             raise APIError(
-                f"{prompt_len} prompt tokens + {max_tokens} max_tokens do not fit this server's KV pool of "
-                f"{self.kv_slots} tokens (the model's context is {self.max_positions}): shorten the prompt, lower "
-                f"{param}, or restart the server with a larger serve.max_kv_tokens",
+                f"This server's maximum context length is {self.context} tokens (its KV pool of {self.kv_slots} "
+                f"tokens; the model's context is {self.max_positions}). {asked}: shorten the prompt, lower {param}, "
+                "or restart the server with a larger serve.max_kv_tokens",
                 param, "context_length_exceeded",
             )  # fmt: skip
 

@@ -2,7 +2,8 @@
 
 Pydantic checks types (strictly: ``"5"`` is not an int); :func:`check_sampling` and the app check what
 depends on the running server (model name, context length, its sampling mode). Every failure is an
-:class:`APIError`, rendered as ``{"error": {"message", "type", "param", "code"}}`` with status 400.
+:class:`APIError`, rendered as ``{"error": {"message", "type", "param", "code"}}`` with status 400 (404
+for an unknown model, as OpenAI and vLLM answer).
 Fields we do not know are ignored, as OpenAI-compatible servers do; fields we know but cannot honour
 (``n > 1``, a temperature other than the server's) are refused, never silently dropped.
 """

@@ -1,7 +1,9 @@
-"""Every bad request gets a 400 with OpenAI's error object and never reaches the engine; the server goes on.
+"""Every refused request gets OpenAI's status code and error object and never reaches the engine; the server goes on.
 
 OpenAI's shape: ``{"error": {"message": str, "type": "invalid_request_error", "param": str | None,
-"code": str | None}}``. After all of them a normal request still gets its 200 and ``/health`` is ok.
+"code": str | None}}`` (type ``server_error`` for 5xx). Bad parameters, a body that is not JSON and a prompt
+past the context are 400; an unknown model or route 404; a route's wrong method 405; a server shutting down
+503. After all of them a normal request still gets its 200 and ``/health`` is ok.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ CONTEXT = 8192  # SmolLM2-135M's max_position_embeddings
 KV_SLOTS = 4096  # serve.max_kv_tokens of the test server
 VOCAB = 49152
 
-# (id, path, body, the param the error names, its code)
+# (id, path, body, the param the error names, its code): each a 400
 BAD = [
-    ("unknown-model", "/completions", {"model": "gpt-4", "prompt": "a", "max_tokens": 2}, "model", "model_not_found"),
     ("max-tokens-string", "/completions", completion("a", "5"), "max_tokens", None),
     ("max-tokens-float", "/completions", completion("a", 5.0), "max_tokens", None),
     ("prompt-float", "/completions", completion(3.5, 2), "prompt", None),
@@ -56,21 +57,30 @@ BAD = [
      "max_completion_tokens", None),
     ("chat-n-2", "/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, "n",
      None),
-    ("chat-unknown-model", "/chat/completions", {"model": "x", "messages": [{"role": "user", "content": "x"}]},
-     "model", "model_not_found"),
     ("chat-logprobs", "/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                                             "max_tokens": 2, "logprobs": True}, "logprobs", None),
 ]  # fmt: skip
+UNKNOWN_MODEL = [
+    ("/completions", {"model": "gpt-4", "prompt": "a", "max_tokens": 2}),
+    ("/completions", {"model": "gpt-4", "prompt": "a", "max_tokens": 2, "stream": True}),
+    ("/chat/completions", {"model": "x", "messages": [{"role": "user", "content": "x"}]}),
+]
 
 
-def _assert_openai_error(response: httpx.Response, param: str | None, code: str | None = None) -> dict:
-    assert response.status_code == 400, response.text
+def _error(response: httpx.Response, status: int) -> dict:
+    """The error object of ``response``, checked against OpenAI's shape and ``status``."""
+    assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error"}
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "invalid_request_error"
+    assert error["type"] == ("server_error" if status >= 500 else "invalid_request_error")
     assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+def _assert_openai_error(response: httpx.Response, param: str, code: str | None = None, status: int = 400) -> dict:
+    error = _error(response, status)
     assert error["param"] is not None and error["param"].split(".")[0] == param.split(".")[0], error
     if "." in param:
         assert error["param"] == param, error
@@ -78,13 +88,64 @@ def _assert_openai_error(response: httpx.Response, param: str | None, code: str 
     return error
 
 
+def _untouched(server: Server, before) -> None:
+    after = counters(server)
+    assert after.prompt_tokens == before.prompt_tokens and after.failed_requests == before.failed_requests
+    assert server.built.runner.in_flight() == 0
+
+
 @pytest.mark.parametrize(("path", "body", "param", "code"), [case[1:] for case in BAD], ids=[case[0] for case in BAD])
 def test_bad_request_is_400_and_never_reaches_engine(server: Server, path, body, param, code):
     before = counters(server)
     _assert_openai_error(post(server, path, body), param, code)
-    after = counters(server)
-    assert after.prompt_tokens == before.prompt_tokens and after.failed_requests == before.failed_requests
-    assert server.built.runner.in_flight() == 0
+    _untouched(server, before)
+
+
+@pytest.mark.parametrize(("path", "body"), UNKNOWN_MODEL, ids=["completions", "completions-stream", "chat"])
+def test_unknown_model_is_404_model_not_found(server: Server, path: str, body: dict):
+    """As OpenAI and vLLM answer: 404, invalid_request_error, code model_not_found; the message names the model."""
+    before = counters(server)
+    error = _assert_openai_error(post(server, path, body), "model", "model_not_found", status=404)
+    assert body["model"] in error["message"] and MODEL in error["message"]
+    _untouched(server, before)
+
+
+def test_prompt_past_the_context_states_the_limit(server: Server):
+    """vLLM's wording, which clients parse: the limit, then the tokens requested."""
+    response = post(server, "/completions", completion([17] * (CONTEXT - 4), 8))
+    error = _assert_openai_error(response, "max_tokens", "context_length_exceeded")
+    assert error["message"].startswith(
+        f"This model's maximum context length is {CONTEXT} tokens. However, you "
+        f"requested {CONTEXT + 4} tokens ({CONTEXT - 4} in the prompt, 8 in max_tokens)"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_server_shutting_down_is_503(server: Server, monkeypatch: pytest.MonkeyPatch, stream: bool):
+    """While the runner drains (Ctrl-C / SIGTERM) a new request is refused before it reaches the engine."""
+    monkeypatch.setattr(server.built.runner, "accepting", False)
+    before = counters(server)
+    error = _error(post(server, "/completions", completion("a", 2, stream=stream)), 503)
+    assert error["code"] == "unavailable" and "shutting down" in error["message"]
+    _untouched(server, before)
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/nope"), ("POST", "/v1/embeddings"), ("GET", "/nope")])
+def test_unknown_route_is_404(server: Server, method: str, path: str):
+    error = _error(httpx.request(method, server.root + path, json={}, timeout=TIMEOUT_S), 404)
+    assert error["param"] is None and error["code"] is None
+    assert f"{method} {path}" in error["message"] and "POST /v1/completions" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [("GET", "/v1/completions", "POST"), ("POST", "/v1/models", "GET"), ("DELETE", "/health", "GET")],
+)
+def test_wrong_method_is_405(server: Server, method: str, path: str, allowed: str):
+    response = httpx.request(method, server.root + path, timeout=TIMEOUT_S)
+    error = _error(response, 405)
+    assert response.headers["allow"] == allowed and error["param"] is None
+    assert f"{method} {path} is not allowed" in error["message"] and allowed in error["message"]
 
 
 def test_temperature_message_says_what_to_change(server: Server):
@@ -104,9 +165,7 @@ def test_greedy_sampling_fields_are_accepted(server: Server):
 def test_invalid_json_body_is_400(server: Server, content: bytes):
     response = httpx.post(server.url + "/completions", content=content, timeout=TIMEOUT_S,
                           headers={"content-type": "application/json"})  # fmt: skip
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["message"]
+    _error(response, 400)
 
 
 def test_malformed_json_names_no_param(server: Server):
@@ -120,9 +179,12 @@ def test_malformed_json_names_no_param(server: Server):
 
 def test_request_larger_than_kv_pool_is_400(server: Server):
     """8 + 4200 tokens fit the 8192-token context but never the 4096-slot pool: the server knows before it
-    submits. It gets a 500 engine_error instead (spectoolkit/server/model.py check_length)."""
+    submits (spectoolkit/server/model.py check_length), where the engine would fail it with a 500; the message
+    states the server's limit."""
     response = post(server, "/completions", completion([17] * 8, KV_SLOTS + 104))
-    _assert_openai_error(response, "max_tokens", "context_length_exceeded")
+    error = _assert_openai_error(response, "max_tokens", "context_length_exceeded")
+    assert f"maximum context length is {KV_SLOTS + 1} tokens" in error["message"]
+    assert f"requested {KV_SLOTS + 112} tokens" in error["message"]
 
 
 def test_server_still_serves_after_bad_requests(server: Server):
