@@ -19,7 +19,11 @@ max_new_tokens     cap on the tokens generated per request                     t
 =================  ==========================================================  ============
 
 Building a :class:`RunConfig` and handing it to :func:`spectoolkit.wiring.setup.build` keeps
-precisions, quantization and KV identical to the bench (DESIGN §4: one way to load a run).
+precisions, quantization and KV identical to the bench (DESIGN §4: one way to load a run). The config
+goes through the command line's checks (:func:`spectoolkit.config_checks.check_config`), each model_arg
+counted as the config key it sets: one that would do nothing (``gamma`` with ``draft=none``, ``top_p``
+when greedy, ``draft_path`` without a draft model) is refused with ``python -m spectoolkit``'s message
+for that key, after the model_arg's name.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from spectoolkit.config import DRAFT_KINDS, RunConfig, run_config_from_dict
+from spectoolkit.config_checks import check_config, dead_keys
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.precisions import MODEL_PRECISIONS
 
@@ -36,6 +41,13 @@ MODEL_ARG_KEYS = (
 )  # fmt: skip
 # Passed by lm-eval itself (create_from_arg_string's additional_config); batch size 1 is all we run.
 HARNESS_KEYS = ("batch_size", "max_batch_size")
+# The config key each model_arg sets, as its command-line override would. target, draft and kv choose config
+# files there (+target=, +draft=, kv=), which set no key of the user's; max_new_tokens is lm-eval's alone.
+CONFIG_KEYS = {
+    "gamma": "speculate.gamma", "target_path": "model.target_path", "draft_path": "model.draft_path",
+    "eagle_path": "draft.eagle_path", "device": "device", "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p", "top_k": "sampling.top_k", "seed": "sampling.seed",
+}  # fmt: skip
 
 
 def run_config_from_model_args(model_args: dict[str, Any]) -> tuple[RunConfig, int | None]:
@@ -49,11 +61,10 @@ def run_config_from_model_args(model_args: dict[str, Any]) -> tuple[RunConfig, i
         choices = ", ".join((*MODEL_PRECISIONS, *(kind for kind in DRAFT_KINDS if kind != "model")))
         raise SpecToolkitError(f"model_args draft={draft!r} is not supported; use one of {choices}")
     kv = str(args.get("kv") or "auto")
+    drafter = {"kind": "model", "precision": draft} if draft in MODEL_PRECISIONS else {"kind": draft}
     values: dict[str, Any] = {
         "target": {"precision": str(args.get("target") or "fp32")},
-        "draft": {"kind": "model", "precision": draft}
-        if draft in MODEL_PRECISIONS
-        else {"kind": draft, "eagle_path": _path(args.get("eagle_path"))},
+        "draft": {**drafter, "eagle_path": _path(args.get("eagle_path"))},  # any drafter's: the checks judge it
         "model": {"target_path": _path(args.get("target_path")), "draft_path": _path(args.get("draft_path"))},
         "speculate": {"gamma": args.get("gamma", 4)},
         "kv": {"target": kv, "draft": kv},
@@ -70,7 +81,18 @@ def run_config_from_model_args(model_args: dict[str, Any]) -> tuple[RunConfig, i
         not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1
     ):
         raise SpecToolkitError(f"model_args max_new_tokens={max_new_tokens!r} must be an integer >= 1")
-    return run_config_from_dict(values), max_new_tokens
+    return _checked(run_config_from_dict(values), args), max_new_tokens
+
+
+def _checked(config: RunConfig, args: dict[str, Any]) -> RunConfig:
+    """``config`` through the command line's checks, judged by the keys ``args`` set; a key that would do
+    nothing is one error naming its model_arg, with the message ``python -m spectoolkit`` gives for it."""
+    named = [f"model_args {arg}={args[arg]}: {message}"
+             for arg, key in CONFIG_KEYS.items() if arg in args for message in dead_keys(config, [key])]  # fmt: skip
+    if named:
+        raise SpecToolkitError("; ".join(named))
+    check_config(config, [CONFIG_KEYS[arg] for arg in args if arg in CONFIG_KEYS])  # what else the CLI refuses
+    return config
 
 
 def model_args_of(config: RunConfig, max_new_tokens: int | None = None) -> dict[str, Any]:

@@ -93,3 +93,13 @@ def test_explicit_cuda_without_a_gpu_is_one_error_line(capsys: pytest.CaptureFix
 def test_bad_model_args_are_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*RUN, "--model_args", "drfat=bf16"]) == 1
     assert capsys.readouterr().err.startswith("error: unknown spectoolkit model_args: drfat; use target,")
+
+
+def test_a_model_arg_with_no_effect_is_one_error_line(built_devices: list[str], capsys: pytest.CaptureFixture[str]):
+    """``gamma`` without a drafter is refused as ``python -m spectoolkit +draft=none speculate.gamma=4`` is (the
+    message: tests/eval/test_lmeval_args.py), before any model loads."""
+    assert main([*RUN, "--model_args", "draft=none,gamma=4"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: model_args gamma=4: speculate.gamma has no effect with +draft=none")
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.out + captured.err
+    assert built_devices == []
