@@ -17,6 +17,7 @@ from spectoolkit.bench.sweep.jobs import COMPLETE, config_hash, end_job, finishe
 from spectoolkit.config import RunConfig, run_config_from_dict
 from spectoolkit.config_checks import Entry, check_config, override_keys
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.path_checks import check_run_paths
 
 
 def config_from_hydra(cfg: DictConfig):
@@ -34,11 +35,14 @@ def _resolved(cfg: DictConfig) -> dict:
 
 def checked(config: RunConfig, entry: Entry) -> RunConfig:
     """Refuse settings of ``config`` that would do nothing or less than asked (:mod:`spectoolkit.config_checks`),
-    judged by the keys on this command line; print its warnings. Returns ``config``."""
+    judged by the keys on this command line, and paths that do not hold what they must
+    (:mod:`spectoolkit.path_checks`); print its warnings. Returns ``config``."""
     from hydra.core.hydra_config import HydraConfig
 
     given = override_keys(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
-    for warning in check_config(config, given, entry):
+    warnings = check_config(config, given, entry)
+    check_run_paths(config, entry)
+    for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     return config
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from spectoolkit.bench.sweep.report import report_path_for
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.path_checks import REPORT_DIR, check_path
 
-HINT = "point it at a run directory with summary.json or a sweep directory"
+HINT = REPORT_DIR.fix
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spectoolkit.report", description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path, help="run directory (summary.json) or sweep directory")
     args = parser.parse_args(argv)
+    try:
+        check_path("DIR", args.directory, REPORT_DIR)  # names what DIR must be
+    except SpecToolkitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         path = report_path_for(args.directory)
     except SpecToolkitError as exc:

@@ -12,11 +12,16 @@ It prints the head's directory; ``+draft=eagle draft.eagle_path=DIR`` drafts wit
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
 from spectoolkit.errors import SpecToolkitError
+
+if TYPE_CHECKING:
+    from spectoolkit.config import RunConfig
+    from spectoolkit.training.job import TrainConfig
 
 
 @hydra.main(version_base=None, config_path="pkg://spectoolkit.conf", config_name="train_draft")
@@ -29,11 +34,23 @@ def _app(cfg: DictConfig) -> None:
     try:
         values = _resolved(cfg)
         train_cfg = train_config_from_dict(values.pop("train", None))
-        path = train_draft(run_config_from_dict(values), train_cfg)
+        run_cfg = run_config_from_dict(values)
+        check_train_paths(run_cfg, train_cfg)
+        path = train_draft(run_cfg, train_cfg)
     except SpecToolkitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
     print(path)
+
+
+def check_train_paths(run_cfg: RunConfig, train_cfg: TrainConfig) -> None:
+    """Refuse, before any work, a path this job reads or writes that does not hold what it must
+    (:mod:`spectoolkit.path_checks`): the target checkpoint, the training prompts, where the head is copied."""
+    from spectoolkit.path_checks import check_paths
+
+    jsonl_path = train_cfg.jsonl_path if "jsonl" in train_cfg.sources else None  # read only as a source
+    check_paths({"model.target_path": run_cfg.model.target_path, "train.jsonl_path": jsonl_path,
+                 "train.out": train_cfg.out})  # fmt: skip
 
 
 def main() -> None:

@@ -83,7 +83,7 @@ def test_run_prints_table_and_writes_results(tiny_checkpoint: Path, tmp_path: Pa
         (["speculate.gama=4"], ["Could not override 'speculate.gama'"]),
         (["+speculate.gama=4"], ["error: unknown config option(s): speculate.gama"]),  # appended: ours
         (["model.target_path=/nonexistent"], ["error: ", "'/nonexistent' does not exist"]),
-        (["workload=jsonl", "workload.path=/nonexistent.jsonl"], ["error: ", "/nonexistent.jsonl", "not found"]),
+        (["workload=jsonl", "workload.path=/nonexistent.jsonl"], ["error: ", "/nonexistent.jsonl' does not exist"]),
         (["workload=jsonl"], ["error: ", "workload.path"]),
         (["workload.max_new_tokens=0"], ["error: ", "workload.max_new_tokens=0 must be >= 1"]),
         (["serve.max_num_seqs=4"], ["error: serve.max_num_seqs has no effect outside a serving run"]),

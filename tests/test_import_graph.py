@@ -31,7 +31,13 @@ NESTED = ("spectoolkit.bench",)  # bench's sub-packages (protocol, load, report,
 # - backends sit below bench: the load benchmark measures them; server and the entry points top it off.
 LAYERS: list[tuple[str, ...]] = [
     ("spectoolkit", "spectoolkit.errors", "spectoolkit.precisions", "spectoolkit.embedded"),
-    ("spectoolkit.config", "spectoolkit.sampling", "spectoolkit.config_checks", "spectoolkit.compat"),
+    (
+        "spectoolkit.config",
+        "spectoolkit.sampling",
+        "spectoolkit.config_checks",
+        "spectoolkit.path_checks",
+        "spectoolkit.compat",
+    ),
     ("spectoolkit.workloads",),
     ("spectoolkit.verify",),
     ("spectoolkit.kvcache",),

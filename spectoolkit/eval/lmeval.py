@@ -25,11 +25,15 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from spectoolkit.config import RunConfig
 from spectoolkit.eval.lmeval_args import run_config_from_model_args
+from spectoolkit.path_checks import check_run_paths
 from spectoolkit.wiring.setup import RunSetup, build
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # the shipped task YAMLs (spectoolkit_*)
 MODEL_NAME = "spectoolkit"
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets no max_gen_toks
+# The path-valued config keys as model_args spell them (spectoolkit.eval.lmeval_args), for error messages.
+PATH_ARGS = {"model.target_path": "model_args target_path", "model.draft_path": "model_args draft_path",
+             "draft.eagle_path": "model_args eagle_path"}  # fmt: skip
 
 
 class _StopReached(Exception):
@@ -43,6 +47,7 @@ class SpecToolkitLM(TemplateLM):
     def __init__(self, **model_args: Any) -> None:
         """``model_args``: see :mod:`spectoolkit.eval.lmeval_args` (``device`` may also come from lm-eval)."""
         config, max_new_tokens = run_config_from_model_args(model_args)
+        check_run_paths(config, "run", PATH_ARGS)  # before any model loads
         setup = build(config)
         self._attach(setup, setup.arm_set.primary or "baseline", config, max_new_tokens)
 

@@ -212,7 +212,7 @@ class Eagle3Head(nn.Module):
         """A head written by :meth:`save`."""
         from safetensors.torch import load_file
 
-        directory = Path(directory)
+        directory = Path(directory).expanduser()
         config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
         values = dict(config["spectoolkit"]["shape"])
         shape = HeadShape(**{**values, "aux_layers": tuple(values["aux_layers"])})

@@ -15,6 +15,7 @@ import torch
 
 from spectoolkit.embedded import embedded_dir
 from spectoolkit.errors import SpecToolkitError, first_line
+from spectoolkit.path_checks import WEIGHT_SUFFIXES, is_hub_id
 
 
 def resolve_path(path: str | None) -> str:
@@ -26,7 +27,7 @@ def resolve_path(path: str | None) -> str:
         if not (local / "config.json").is_file():
             raise SpecToolkitError(f"model directory '{path}' has no config.json: point it at an HF checkpoint")
         return str(local)
-    if path.startswith((".", "/", "~")) or path.count("/") != 1:
+    if not is_hub_id(path):
         raise SpecToolkitError(f"model path '{path}' does not exist: give a local HF directory or a hub id")
     check_hub_model(path)
     return path  # a hub id such as "org/name"
@@ -61,9 +62,6 @@ def check_hub_model(repo_id: str) -> None:
     except Exception as exc:  # network failures surface as the HTTP client's own exception types
         message = f"'{repo_id}' is not cached here and the hub cannot be reached ({first_line(exc)}): {fix}"
         raise SpecToolkitError(message) from None
-
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
 def local_dir(path: str | None) -> Path:

@@ -88,7 +88,7 @@ def load_workload(cfg: WorkloadConfig) -> list[Request]:
 def iter_requests(kind: str, path: str | None = None) -> Iterator[Request]:
     """Every request of a file or dataset workload ``kind`` (jsonl at ``path``, humaneval, sharegpt), in order."""
     if kind == "jsonl":
-        return iter(_load_jsonl(Path(path or "")))
+        return iter(_load_jsonl(Path(path or "").expanduser()))
     if kind == "humaneval":
         return _humaneval_requests()
     if kind == "sharegpt":
