@@ -10,8 +10,10 @@ reference dequantize the same codes and differ only in rounding:
 - bf16: the same with an 8-bit mantissa (~4e-3 relative each) -> 3e-2.
 
 Invariance (DESIGN §7) is checked bit for bit (``torch.equal``): a request alone against the same request
-batched with others of other lengths, and a decode step against the verify-window row at its position — with
-64-slot splits, so the contexts here span several splits and the merge kernel runs.
+batched with others of other lengths (each row keeps its place in its tile), and a decode step against the
+verify-window row at its position — with 64-slot splits, so the contexts here span several splits and the merge
+kernel runs. The decode-vs-verify check moves a row within the query tile, so it runs on CUDA only (under the
+interpreter that order is numpy's BLAS's: tests/kernels/conftest.py); its calls meet the reference everywhere.
 """
 
 from __future__ import annotations
@@ -129,16 +131,34 @@ DECODE_CASES = [("int8", torch.float32, 61), ("int4", torch.float32, 126), ("fp8
                 ("bf16", torch.bfloat16, 61)]  # fmt: skip
 
 
-@pytest.mark.parametrize(("fmt", "dtype", "prefix"), DECODE_CASES)
-def test_decode_step_equals_verify_row(kva, device, fmt, dtype, prefix):
-    """Row i of a verify window over ``prefix`` equals, bit for bit, a decode step at position prefix + i over the
-    same slots — across a split boundary too (64-slot splits: the window at 61 spans two, the first decode steps
-    one; at 126 the window spans three)."""
+def _decode_and_verify(kva, device, fmt, dtype, prefix):
+    """(query, key fields, value fields, a verify window's output [1, 8, 5, 64], five decode steps' outputs)."""
     query, key_fields, value_fields, _ = _case(fmt, (8, 2), 5, 64, (prefix + 5,), dtype, device)
     window = kva.kv_attention(query, key_fields, value_fields, fmt, prefix, split_len=64)  # [1, 8, 5, 64]
-    for i in range(5):
-        step = kva.kv_attention(query[:, :, i : i + 1], key_fields, value_fields, fmt, prefix + i, split_len=64)
+    steps = [kva.kv_attention(query[:, :, i : i + 1], key_fields, value_fields, fmt, prefix + i, split_len=64)
+             for i in range(5)]  # fmt: skip
+    return query, key_fields, value_fields, window, steps
+
+
+@pytest.mark.parametrize(("fmt", "dtype", "prefix"), DECODE_CASES)
+def test_decode_step_equals_verify_row(kva, device, gpu_tile_order, fmt, dtype, prefix):
+    """Row i of a verify window over ``prefix`` equals, bit for bit, a decode step at position prefix + i over the
+    same slots — across a split boundary too (64-slot splits: the window at 61 spans two, the first decode steps
+    one; at 126 the window spans three). CUDA only: a decode row sits at another place of the query tile than
+    its verify row (tests/kernels/conftest.py)."""
+    _, _, _, window, steps = _decode_and_verify(kva, device, fmt, dtype, prefix)
+    for i, step in enumerate(steps):
         assert torch.equal(step, window[:, :, i : i + 1]), f"position {prefix + i}: decode differs from verify row {i}"
+
+
+@pytest.mark.parametrize(("fmt", "dtype", "prefix"), DECODE_CASES)
+def test_decode_steps_and_verify_window_meet_the_reference(kva, device, fmt, dtype, prefix):
+    """The calls of the decode-vs-verify test, each against the reference, on the interpreter too."""
+    query, key_fields, value_fields, window, steps = _decode_and_verify(kva, device, fmt, dtype, prefix)
+    reference = kva.kv_attention_reference(query, key_fields, value_fields, fmt, [prefix]).float()  # [1, 8, 5, 64]
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(window.float(), reference, atol=tol, rtol=tol)
+    torch.testing.assert_close(torch.cat(steps, dim=2).float(), reference, atol=tol, rtol=tol)
 
 
 def test_split_len_must_be_whole_blocks(kva, device):

@@ -1,7 +1,9 @@
 """Triton int4/int8 weight-only matmul against the plain-torch reference; packing round trip; RtnLinear on it.
 
 Row invariance (DESIGN §7): a row's output bits do not depend on how many rows came with it, which, or
-where it sits among them — checked bit for bit (``torch.equal``), rows alone against rows together.
+where it sits among them — checked bit for bit (``torch.equal``), rows alone against rows together, on CUDA
+(under the interpreter a row's summation order within a tile is numpy's BLAS's: tests/kernels/conftest.py);
+the same calls meet the reference everywhere.
 
 Tolerance: kernel and reference both sum the exact canonical weights in fp32 (the kernel as
 ``scale·Σ x·code + zero·Σ x`` per group, the reference as ``Σ x·w``), so before the final rounding
@@ -88,11 +90,8 @@ def test_matches_reference_full_grid(qm, device, bits, group, dtype, m, shape, w
 INVARIANCE_ROWS = 17  # two M tiles: rows 0..15 and 16
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(("bits", "group"), [(4, 64), (4, -1), (8, 32), (8, -1)])
-def test_rows_alone_equal_rows_together(qm, device, bits, group, dtype):
-    """Rows 1..M one call each equal, bit for bit, the same rows in one call of M = 2, 5, 17 (every prefix for
-    bf16), and in reverse order (each row in another tile position); the together call also meets the reference."""
+def _invariance_case(qm, device, bits, group, dtype):
+    """(x [17, K], packed weight, canonical weight, bias, rows one call each [17, N]) of the invariance tests."""
     rows, cols = 48, 256  # N = 48: a ragged N tile; K = 256: several K tiles per group or channel
     weight = _weight(rows, cols, device)
     # An amplifier, so that a reordered fp32 sum shows even in a bf16 output: columns 0 and `last` (the ends of
@@ -107,13 +106,37 @@ def test_rows_alone_equal_rows_together(qm, device, bits, group, dtype):
     x = x.to(dtype)  # [17, K]
     bias = torch.randn(rows, generator=torch.Generator().manual_seed(3)).to(device) if bits == 4 else None
     alone = torch.cat([qm.quant_matmul(x[i : i + 1], packed, bias) for i in range(INVARIANCE_ROWS)])  # [17, N]
+    return x, packed, q, bias, alone
+
+
+INVARIANCE_CASES = [(4, 64), (4, -1), (8, 32), (8, -1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("bits", "group"), INVARIANCE_CASES)
+def test_rows_alone_equal_rows_together(qm, device, gpu_tile_order, bits, group, dtype):
+    """Rows 1..M one call each equal, bit for bit, the same rows in one call of M = 2, 5, 17 (every prefix for
+    bf16), and in reverse order (each row in another tile position). CUDA only (conftest: the interpreter's
+    tile order is numpy's BLAS); the calls' agreement with the reference is checked everywhere below."""
+    x, packed, q, bias, alone = _invariance_case(qm, device, bits, group, dtype)
     widths = range(2, INVARIANCE_ROWS + 1) if dtype == torch.bfloat16 else (2, 5, INVARIANCE_ROWS)
     for m in widths:
         together = qm.quant_matmul(x[:m], packed, bias)
         mismatched = (together != alone[:m]).any(dim=1).nonzero().flatten().tolist()
         assert not mismatched, f"M={m}: rows {mismatched} differ from the same rows alone"
     assert torch.equal(qm.quant_matmul(x.flip(0), packed, bias), alone.flip(0)), "reversed rows differ"
-    _assert_close(together, x, q, bias, qm)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("bits", "group"), INVARIANCE_CASES)
+def test_rows_alone_and_together_meet_the_reference(qm, device, bits, group, dtype):
+    """The invariance test's calls — rows alone, prefixes of 2, 5 and 17 rows, the rows reversed — each within the
+    reference's bound (module docstring), on the interpreter too, where their bits are numpy's BLAS's."""
+    x, packed, q, bias, alone = _invariance_case(qm, device, bits, group, dtype)
+    _assert_close(alone, x, q, bias, qm)
+    for m in (2, 5, INVARIANCE_ROWS):
+        _assert_close(qm.quant_matmul(x[:m], packed, bias), x[:m], q, bias, qm)
+    _assert_close(qm.quant_matmul(x.flip(0), packed, bias), x.flip(0), q, bias, qm)
 
 
 @pytest.mark.parametrize(("bits", "cols"), [(4, 100), (4, 200), (8, 100)])
