@@ -15,7 +15,9 @@ export, so one file watches either:
 A threshold that cannot be derived (no drafting arm, no break-even α, no records) leaves its rule out and
 the file says why in a comment; the file always parses. :func:`derive_alerts` is pure (the checklist uses
 it too), :func:`write_alerts` writes the file atomically. The checklist items are :func:`check_alerts`
-and :func:`check_canary`.
+and :func:`check_canary`: a rule left out because the run measured that speculation never pays is a
+finding (FAIL); one left out for want of a number (a serving run has no cost model, a variable-k policy
+has no break-even α, no records) is INSUFFICIENT DATA with the run that would derive it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from spectoolkit.bench.report.check_item import FAIL, NA, PASS, CheckItem
+from spectoolkit.bench.report.check_item import FAIL, INSUFFICIENT, NA, NO_RECORDS, PASS, RERUN, CheckItem
 from spectoolkit.bench.report.load import (
     Records,
     arm_policy,
@@ -72,22 +74,36 @@ class AlertRule:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """A rule that could not be derived: why, what would derive it, and whether the why is a finding."""
+
+    alert: str
+    why: str
+    fix: str  # the run or override that derives it (or, for a finding, what to do instead)
+    finding: bool = False  # True: the run measured the reason (speculation never pays), not a missing number
+
+
+@dataclass(frozen=True)
 class AlertPlan:
-    """The rules derived from one run, and (alert name, why) for each rule left out."""
+    """The rules derived from one run, and each rule left out with its reason."""
 
     arm: str | None  # the primary speculative arm the thresholds come from
     rules: tuple[AlertRule, ...] = ()
-    left_out: tuple[tuple[str, str], ...] = ()
+    left_out: tuple[LeftOut, ...] = ()
     drafts: bool = True  # False: no arm of the run drafts (draft=none), speculation alerts do not apply
 
     def rule(self, name: str) -> AlertRule | None:
         return next((rule for rule in self.rules if rule.alert == name), None)
 
+    def missing(self, name: str) -> LeftOut | None:
+        return next((item for item in self.left_out if item.alert == name), None)
+
     def why(self, name: str) -> str | None:
-        return next((why for alert, why in self.left_out if alert == name), None)
+        item = self.missing(name)
+        return item.why if item else None
 
 
-Derived = AlertRule | tuple[str, str]  # a rule, or (its alert name, why it was left out)
+Derived = AlertRule | LeftOut
 
 
 def per_request_rollback(records: Records, arm: str) -> list[float]:
@@ -112,19 +128,25 @@ def _drafting(summary: Summary, serving: ServingSummary | None) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _break_even(summary: Summary, arm: str, serving: ServingSummary | None) -> float | str:
+def _break_even(summary: Summary, arm: str, serving: ServingSummary | None) -> float | LeftOut:
     """The arm's break-even α, or why there is none."""
     model = summary.cost_model.get(arm)
     if model is None and serving is not None:
-        return ("no break-even α: a serving run has no cost model; a batch-1 run of this configuration "
-                "(serve.enabled=false) derives it")  # fmt: skip
+        return LeftOut(ACCEPTANCE, "no break-even α: a serving run has no cost model; a batch-1 run of this "
+                       "configuration (serve.enabled=false) derives it", "run this configuration batch-1 "
+                       "(serve.enabled=false) and take the acceptance rule of its alerts.yml")  # fmt: skip
     if model is None:
-        return f"no break-even α: summary.json has no cost model for {arm} (no reference arm or no measured rounds)"
+        return LeftOut(ACCEPTANCE, f"no break-even α: summary.json has no cost model for {arm} (no reference arm or "
+                       "no measured rounds)", f"{RERUN}; an arm whose requests drafted no round has none")  # fmt: skip
     if not is_fixed(summary, arm):
-        return f"no break-even α: {arm} uses the {arm_policy(summary, arm)} policy (k varies per round)"
+        return LeftOut(ACCEPTANCE, f"no break-even α: {arm} uses the {arm_policy(summary, arm)} policy (k varies "
+                       "per round)", "a fixed-γ run of this drafter (speculate.policy=fixed) measures the break-even α "
+                       "to alert on")  # fmt: skip
     if model.break_even_alpha is None:
-        return (f"no break-even α for {arm}: even α = 1 does not pay at its measured costs, speculation cannot "
-                "beat the target alone on this machine (keep draft=none)")  # fmt: skip
+        return LeftOut(ACCEPTANCE, f"no break-even α for {arm}: even α = 1 does not pay at its measured costs, "
+                       "speculation cannot beat the target alone on this machine (keep draft=none)",
+                       "keep draft=none on this machine, or a cheaper drafter (the cost model section shows the "
+                       "draft and verify costs that decide it)", finding=True)  # fmt: skip
     return model.break_even_alpha
 
 
@@ -144,10 +166,12 @@ def _acceptance_rule(summary: Summary, arm: str, even: float, alpha: float | Non
 
 def _rollback_rule(records: Records, arm: str, alpha: float | None, even: float | None, where: str) -> Derived:
     if not records:
-        return ROLLBACK, "no records.jsonl: the per-request rollback P95 needs the run's records"
+        return LeftOut(ROLLBACK, "no records.jsonl: the per-request rollback P95 needs the run's records",
+                       NO_RECORDS)  # fmt: skip
     shares = per_request_rollback(records, arm)
     if not shares:
-        return ROLLBACK, f"no successful request of {arm} drafted a token: no rollback share to take a P95 of"
+        return LeftOut(ROLLBACK, f"no successful request of {arm} drafted a token: no rollback share to take a P95 "
+                       "of", "a workload the drafter proposes on (its coverage is in the results table)")  # fmt: skip
     q = quantiles(shares, (50, 95))
     p95 = q["p95"] or 0.0
     description = (
@@ -173,7 +197,7 @@ def _tpot_rule(summary: Summary, serving: ServingSummary | None, arm: str | None
     serve = serving.serve if serving is not None else summary.conditions.serve
     slo_ms = num(serve.get("slo_tpot_ms"))
     if slo_ms is None or slo_ms <= 0:
-        return TPOT, "serve.slo_tpot_ms is not set: no TPOT target to alert on"
+        return LeftOut(TPOT, "serve.slo_tpot_ms is not set: no TPOT target to alert on", "serve.slo_tpot_ms=<ms>")
     seconds = slo_ms / 1e3
     description = (f"TPOT P99 ({WINDOW}) is above serve.slo_tpot_ms = {slo_ms:g} ms ({seconds:g} s), the SLO of "
                    f"run {where}; {_tpot_measured(serving, arm)}.")  # fmt: skip
@@ -191,18 +215,19 @@ def derive_alerts(
     if arm is None:
         why = (f"the primary arm ({named or 'none'}) does not draft" if drafting else
                "no speculative arm in this run (draft=none): nothing drafts, nothing to alert on")  # fmt: skip
-        found: list[Derived] = [(ACCEPTANCE, why), (ROLLBACK, why)]
+        fix = f"{RERUN} (it names the primary speculative arm)" if drafting else "+draft=<drafter>"
+        found: list[Derived] = [LeftOut(ACCEPTANCE, why, fix), LeftOut(ROLLBACK, why, fix)]
     else:
         alpha = _measured_alpha(summary, records, arm)
         even = _break_even(summary, arm, serving)
         threshold = even if isinstance(even, float) else None
         found = [
-            _acceptance_rule(summary, arm, even, alpha, run_dir) if isinstance(even, float) else (ACCEPTANCE, even),
+            _acceptance_rule(summary, arm, even, alpha, run_dir) if isinstance(even, float) else even,
             _rollback_rule(records, arm, alpha, threshold, run_dir),
         ]
     found.append(_tpot_rule(summary, serving, arm, run_dir))
     rules = tuple(item for item in found if isinstance(item, AlertRule))
-    left_out = tuple(item for item in found if not isinstance(item, AlertRule))
+    left_out = tuple(item for item in found if isinstance(item, LeftOut))
     return AlertPlan(arm, rules, left_out, drafts=bool(drafting))
 
 
@@ -216,7 +241,7 @@ def render_alerts(plan: AlertPlan, run_dir: str) -> str:
         f"Prometheus alerting rules written by spectoolkit beside report.md; thresholds measured in run {run_dir}"
         f" (primary speculative arm: {plan.arm or 'none'}).",
         f"Load with rule_files: [{ALERTS_NAME}]. Metric names are vLLM's; spectoolkit's OpenAI server exports them.",
-        *(f"Left out: {alert}: {why}." for alert, why in plan.left_out),
+        *(f"Left out: {item.alert}: {item.why}." for item in plan.left_out),
     ]
     doc = {"groups": [{"name": GROUP, "rules": [rule.as_json() for rule in plan.rules]}]}
     body = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False, width=10_000)
@@ -247,16 +272,20 @@ def _threshold_text(plan: AlertPlan) -> str:
 
 
 def check_alerts(plan: AlertPlan) -> CheckItem:
-    """PASS when alerts.yml has both the acceptance and the rollback rule, FAIL with the reason otherwise; N/A
-    when nothing drafts."""
+    """PASS when alerts.yml has both the acceptance and the rollback rule; N/A when nothing drafts. A rule left
+    out because the run found speculation never pays FAILs; one left out for want of a number is INSUFFICIENT
+    DATA. Either way the item says what would derive (or replace) each missing rule."""
     name = "alerts on acceptance and rollback"
     if not plan.drafts:
         return CheckItem(name, NA, f"no drafter (draft=none): {ALERTS_NAME} has no speculation rules to set")
-    missing = [f"{alert} left out: {plan.why(alert)}" for alert in (ACCEPTANCE, ROLLBACK) if plan.rule(alert) is None]
+    missing = [item for alert in (ACCEPTANCE, ROLLBACK) if (item := plan.missing(alert)) is not None]
     shown = _threshold_text(plan)
-    if missing:
-        return CheckItem(name, FAIL, "; ".join(missing) + (f" (alerts.yml has: {shown})" if shown else ""))
-    return CheckItem(name, PASS, f"{ALERTS_NAME}: {shown}")
+    if not missing:
+        return CheckItem(name, PASS, f"{ALERTS_NAME}: {shown}")
+    evidence = "; ".join(f"{item.alert} left out: {item.why}" for item in missing)
+    fix = "; ".join(f"{item.alert}: {item.fix}" for item in missing)
+    status = FAIL if any(item.finding for item in missing) else INSUFFICIENT
+    return CheckItem(name, status, evidence + (f" (alerts.yml has: {shown})" if shown else ""), fix)
 
 
 def check_canary() -> CheckItem:

@@ -19,7 +19,8 @@ from typing import Any
 
 from spectoolkit.bench.report import plots as plotting
 from spectoolkit.bench.report.alerts import write_alerts
-from spectoolkit.bench.report.checklist import FAIL, evaluate_checklist
+from spectoolkit.bench.report.check_item import caution, checklist_table
+from spectoolkit.bench.report.checklist import evaluate_checklist
 from spectoolkit.bench.report.cost import cost_section
 from spectoolkit.bench.report.draft_lengths import k_section
 from spectoolkit.bench.report.interpret import interpret
@@ -147,13 +148,11 @@ def headline(summary: Summary, records: Records) -> str:
         exact = f"greedy exact match {fmt(summary.exact_match.get(arm), '.1%')} vs `{stats.reference_arm}`"
     else:
         exact = "sampling: exactness is the quality eval's distribution test"
-    failed = [item.name for item in evaluate_checklist(summary, records) if item.status == FAIL]
-    caution = f"\n\n**Caution:** {len(failed)} pre-launch check(s) FAIL: {'; '.join(failed)}." if failed else ""
     return (
         f"**Headline:** `{arm}` decodes at **{speed(summary.speedup)}** the target-alone baseline's net "
         f"throughput ({fmt(stats.net_throughput, '.2f')} vs {fmt(base.net_throughput, '.2f')} tok/s, "
         f"α {fmt(stats.acceptance_rate)}, E {fmt(stats.tokens_per_verify, '.2f')}, {exact}) "
-        f"under: {conditions}.{caution}"
+        f"under: {conditions}.{caution(evaluate_checklist(summary, records))}"
     )
 
 
@@ -327,8 +326,7 @@ def _interpretation_section(summary: Summary, records: Records, plots: dict[str,
 
 
 def _checklist_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:
-    rows = [[item.name, f"**{item.status}**", item.evidence] for item in evaluate_checklist(summary, records)]
-    return ["## Pre-launch checklist", "", *md_table(["item", "status", "evidence"], rows)]
+    return checklist_table(evaluate_checklist(summary, records))
 
 
 def _stability_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:

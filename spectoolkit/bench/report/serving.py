@@ -18,10 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spectoolkit.bench.report.checklist import FAIL, evaluate_serving_checklist
+from spectoolkit.bench.report.check_item import caution, checklist_table
 from spectoolkit.bench.report.draft_lengths import k_section
 from spectoolkit.bench.report.interpret import interpret_serving
 from spectoolkit.bench.report.load import Records, fmt, md_table, num, primary_arm, sampling_mode, speed
+from spectoolkit.bench.report.serving_checklist import evaluate_serving_checklist
 from spectoolkit.bench.report.token_cost import serving_token_cost_section
 from spectoolkit.metrics.load_curves import (
     CONCURRENCY,
@@ -163,9 +164,7 @@ def serving_headline(summary: Summary, serving: ServingSummary, records: Records
     if high is not low:
         text += f" and **{speed(serving.speedup(arm, high.key))}** at {high.label}"
     text += f"; {spec_max_batch_advice(serving, arm)}" if by_kind[0] else " (open loop only: no concurrency crossover)"
-    failed = [item.name for item in evaluate_serving_checklist(summary, serving, records) if item.status == FAIL]
-    caution = f"\n\n**Caution:** {len(failed)} pre-launch check(s) FAIL: {'; '.join(failed)}." if failed else ""
-    return f"**Headline:** {text}, under: {conditions}.{caution}"
+    return f"**Headline:** {text}, under: {conditions}.{caution(evaluate_serving_checklist(summary, serving, records))}"
 
 
 # ---- sections ------------------------------------------------------------------------------------
@@ -343,9 +342,7 @@ def _interpretation_section(summary: Summary, serving: ServingSummary, records: 
 
 
 def _checklist_section(summary: Summary, serving: ServingSummary, records: Records, plots: Plots) -> list[str]:
-    items = evaluate_serving_checklist(summary, serving, records)
-    rows = [[item.name, f"**{item.status}**", item.evidence] for item in items]
-    return ["## Pre-launch checklist", "", *md_table(["item", "status", "evidence"], rows)]
+    return checklist_table(evaluate_serving_checklist(summary, serving, records))
 
 
 def _k_section(summary: Summary, serving: ServingSummary, records: Records, plots: Plots) -> list[str]:

@@ -3,21 +3,25 @@ arm and load level (serving runs), read from summary.json's ``token_cost``
 (:mod:`spectoolkit.metrics.token_cost`), and its checklist item.
 
 The price is ``bench.cost_per_hour``, per hour of this machine, in whatever currency it was given. A run
-without it, or a summary written before it existed, renders "n/a" and FAILs the item with what to set.
+without it, or a summary written before it existed, renders "n/a" and its item is NOT SET with the override
+that sets it: an input the user did not give is no finding about the run. A price without a measured output
+throughput is INSUFFICIENT DATA.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from spectoolkit.bench.report.check_item import FAIL, PASS, CheckItem
+from spectoolkit.bench.report.check_item import INSUFFICIENT, NO_SUCCESS, NOT_SET, PASS, CheckItem
 from spectoolkit.bench.report.load import Records, fmt, md_table, primary_arm
 from spectoolkit.metrics.load_curves import ServingSummary
 from spectoolkit.metrics.summary_schema import BASELINE, Summary
 from spectoolkit.metrics.summary_sections import TokenCostEntry
 
 ITEM = "cost per unit of throughput"
-UNSET = "set bench.cost_per_hour=<price of this machine per hour>"
+SET_PRICE = "bench.cost_per_hour=<price of this machine per hour>"  # the override of a NOT SET item
+UNSET = f"set {SET_PRICE}"
+UNPRICED = "bench.cost_per_hour not given: the run is not priced"
 FORMULA = "cost per 1M output tokens = bench.cost_per_hour / (output tok/s × 3600) × 1e6"
 TITLE = "## Cost per output token"
 MAX_LEVELS_SHOWN = 6  # the checklist's evidence of a serving run
@@ -91,10 +95,11 @@ def _pair_text(reference: TokenCostEntry | None, entry: TokenCostEntry | None) -
 
 
 def check_token_cost(summary: Summary) -> CheckItem:
-    """PASS with the cost per 1M output tokens of the primary arm's reference vs the primary arm (batch-1)."""
+    """PASS with the cost per 1M output tokens of the primary arm's reference vs the primary arm (batch-1);
+    NOT SET without a price, INSUFFICIENT DATA without the throughput it divides."""
     cost_per_hour = price(summary)
     if cost_per_hour is None or summary.token_cost is None:
-        return CheckItem(ITEM, FAIL, UNSET)
+        return CheckItem(ITEM, NOT_SET, UNPRICED, SET_PRICE)
     entries = summary.token_cost.arms
     arm = summary.primary_arm if summary.primary_arm in entries else None
     unit = f"per 1M output tokens at {cost_per_hour:g} per hour of this machine"
@@ -102,22 +107,24 @@ def check_token_cost(summary: Summary) -> CheckItem:
         base = entries.get(BASELINE)
         cost = base.cost_per_million_output_tokens if base else None
         if cost is None:
-            return CheckItem(ITEM, FAIL, f"bench.cost_per_hour={cost_per_hour:g}, but no output throughput measured")
+            return CheckItem(ITEM, INSUFFICIENT, f"bench.cost_per_hour={cost_per_hour:g}, but no output throughput "
+                             "measured", NO_SUCCESS)  # fmt: skip
         return CheckItem(ITEM, PASS, f"{unit}: {BASELINE} {money(cost)} (no speculative arm)")
     entry = entries[arm]
     reference = entry.reference or BASELINE
     theirs = entries.get(reference)
     if entry.cost_per_million_output_tokens is None or theirs is None or theirs.cost_per_million_output_tokens is None:
-        return CheckItem(ITEM, FAIL, f"bench.cost_per_hour={cost_per_hour:g}, but the output throughput of {arm} or "
-                         f"{reference} was not measured")  # fmt: skip
+        return CheckItem(ITEM, INSUFFICIENT, f"bench.cost_per_hour={cost_per_hour:g}, but the output throughput of "
+                         f"{arm} or {reference} was not measured", NO_SUCCESS)  # fmt: skip
     return CheckItem(ITEM, PASS, f"{unit}, {reference} vs {arm}: {_pair_text(theirs, entry)}")
 
 
 def check_serving_token_cost(summary: Summary, serving: ServingSummary) -> CheckItem:
-    """PASS with the cost per 1M output tokens of the baseline vs the primary arm at each load level."""
+    """PASS with the cost per 1M output tokens of the baseline vs the primary arm at each load level; NOT SET
+    without a price, INSUFFICIENT DATA when no level measured the throughput it divides."""
     cost_per_hour = price(summary)
     if cost_per_hour is None:
-        return CheckItem(ITEM, FAIL, UNSET)
+        return CheckItem(ITEM, NOT_SET, UNPRICED, SET_PRICE)
     arm = primary_arm(summary, serving)
     shown = arm or BASELINE
     parts, references = [], []
@@ -130,8 +137,8 @@ def check_serving_token_cost(summary: Summary, serving: ServingSummary) -> Check
         parts.append(f"{level.label}: {text}")
         references.append(entry.reference or BASELINE)
     if not parts:
-        return CheckItem(ITEM, FAIL, f"bench.cost_per_hour={cost_per_hour:g}, but no output throughput of {shown} "
-                         "was measured at any load level")  # fmt: skip
+        return CheckItem(ITEM, INSUFFICIENT, f"bench.cost_per_hour={cost_per_hour:g}, but no output throughput of "
+                         f"{shown} was measured at any load level", NO_SUCCESS)  # fmt: skip
     more = "; …" if len(parts) > MAX_LEVELS_SHOWN else ""
     who = f"{references[0]} vs {arm}" if arm else f"{BASELINE} (no speculative arm)"
     head = f"per 1M output tokens at {cost_per_hour:g} per hour of this machine, {who}"

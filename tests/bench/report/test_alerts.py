@@ -15,6 +15,7 @@ import yaml
 from spectoolkit.bench.report import alerts
 from spectoolkit.bench.report import checklist as cl
 from spectoolkit.bench.report.render import write_report
+from spectoolkit.bench.report.serving_checklist import evaluate_serving_checklist
 from spectoolkit.metrics.records import RequestRecord
 from tests.bench.report.test_report import make_run, typed, write_run
 from tests.bench.report.test_serving_report import PRE_SCHEMA_RUN, serving_summary, write_serving_run
@@ -149,10 +150,12 @@ def test_serving_run_has_no_break_even_but_a_rollback_and_a_tpot_rule(tmp_path: 
     assert rules[alerts.TPOT]["expr"] == f"{TPOT_EXPR} > 0.04"
     assert "measured TPOT P99 of spec: concurrency 1 30.0 ms" in rules[alerts.TPOT]["annotations"]["description"]
     assert any("a serving run has no cost model" in line for line in _comments(path))
-    item = next(i for i in cl.evaluate_serving_checklist(*typed_serving(summary), records)
+    item = next(i for i in evaluate_serving_checklist(*typed_serving(summary), records)
                 if i.name == "alerts on acceptance and rollback")  # fmt: skip
-    assert item.status == cl.FAIL and "a serving run has no cost model" in item.evidence
+    # no finding: the number is missing, and the item says which run derives it
+    assert item.status == cl.INSUFFICIENT and "a serving run has no cost model" in item.evidence
     assert "rejected draft share > 0.1900" in item.evidence
+    assert item.fix.startswith(f"{alerts.ACCEPTANCE}: run this configuration batch-1 (serve.enabled=false)")
 
 
 def test_checklist_points_to_alerts_yml_with_its_thresholds() -> None:
@@ -169,7 +172,23 @@ def test_checklist_points_to_alerts_yml_with_its_thresholds() -> None:
     )
     summary["cost_model"] = {}
     item = next(i for i in cl.evaluate_checklist(typed(summary), known_records()) if i.name == item.name)
-    assert item.status == cl.FAIL and "no cost model for spec" in item.evidence
+    assert item.status == cl.INSUFFICIENT and "no cost model for spec" in item.evidence and item.fix
+
+
+def test_alerts_item_fails_only_on_a_finding_and_says_what_derives_each_missing_rule() -> None:
+    """Speculation that never pays is a finding (FAIL, keep draft=none); a variable-k policy or missing records
+    only leave the number out (INSUFFICIENT DATA, with the run that derives it)."""
+    summary, _ = make_run()
+    summary["cost_model"]["spec"]["break_even_alpha"] = None  # even α = 1 does not pay
+    item = cl.check_alerts(alerts.derive_alerts(typed(summary), known_records()))
+    assert item.status == cl.FAIL and "even α = 1 does not pay" in item.evidence
+    assert item.fix.startswith(f"{alerts.ACCEPTANCE}: keep draft=none on this machine")
+    summary, _ = make_run()
+    summary["conditions"]["arms"][1]["policy"] = "adaptive"
+    item = cl.check_alerts(alerts.derive_alerts(typed(summary), []))
+    assert item.status == cl.INSUFFICIENT
+    assert item.fix == (f"{alerts.ACCEPTANCE}: a fixed-γ run of this drafter (speculate.policy=fixed) measures the "
+                        f"break-even α to alert on; {alerts.ROLLBACK}: {cl.NO_RECORDS}")  # fmt: skip
 
 
 def test_a_summary_older_than_the_alerts_still_gets_a_valid_file(tmp_path: Path) -> None:

@@ -126,9 +126,12 @@ def _records(arms: dict[str, Any], cases: int, repeats: int, temperature: float)
 
 
 def make_run(kind: str = "standard", speedup: float = 1.25, temperature: float = 0.0, repeats: int = 3,
-             cases: int = 4, alpha: float = 0.75, drafted: int = 400,
+             cases: int = 4, alpha: float = 0.75, drafted: int = 1200,
              ttft: float = 0.30) -> tuple[dict, list]:  # fmt: skip
-    """(summary, records) of a complete run of ``kind``: standard | four_groups | gamma_sweep | none."""
+    """(summary, records) of a complete run of ``kind``: standard | four_groups | gamma_sweep | none.
+
+    ``drafted``: tokens per drafting arm, half per task type; under greedy decoding each of a task type's
+    ``cases // 2`` prompts counts once, so the default's 100 per request × 2 prompts just reaches α's 200."""
     arms = _arms(kind, speedup, cases * repeats, alpha, drafted, ttft)
     per_task = {task: _group(_arms(kind, speedup, cases * repeats // 2, alpha, drafted // 2, ttft)) for task in TASKS}
     drafting = [a for a, s in arms.items() if s["gamma"]]
@@ -252,7 +255,7 @@ def test_report_of_a_summary_built_by_the_real_aggregation(tmp_path):
     """Contract: metrics.summary + metrics.cost_model output renders with numbers, not n/a."""
     from spectoolkit.metrics.summary import cost_models, summarize
 
-    template, records = make_run()
+    template, records = make_run(cases=10)  # 5 prompts per task type × 40 drafted: α per task type decides
     arm_info = {"baseline": {"reference": None, "gamma": 0}, "spec": {"reference": "baseline", "gamma": 4}}
     summary = summarize(typed_records(records), greedy=True, arms=arm_info, primary="spec")
     summary["cost_model"] = cost_models(typed_records(records), arm_info, {"spec": {1: 0.02, 5: 0.03}})
@@ -267,11 +270,35 @@ def test_report_of_a_summary_built_by_the_real_aggregation(tmp_path):
     assert gated(summary, records) == {"PASS"}, checklist(summary, records)
 
 
+NOISY = [22.0, 28.0, 25.0, 21.0, 29.0]  # baseline tok/s per repeat: noise 0.141, no repeat alone to blame
+
+
 def test_headline_carries_a_caution_when_a_check_fails(tmp_path):
     summary, records = make_run()
-    summary["baseline_spread"] = 0.3
+    summary["baseline_repeat_throughput"] = NOISY
     text = render_report(typed(summary), typed_records(records), {})
     assert "**Headline:**" in text and "**Caution:** 1 pre-launch check(s) FAIL: baseline reproducible." in text
+    assert "**Not decided:**" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| baseline reproducible | **FAIL** |"))
+    assert row.endswith("more repeats measure the noise better but do not lower it |")
+
+
+def test_headline_counts_only_findings_and_names_the_undecided_apart():
+    """The default command's two undecided items (no price, a workload too small for α per task type) are not
+    counted as FAILs: no caution, a "not decided" line naming them, each row saying what decides it."""
+    summary, records = make_run(drafted=600)  # 50 per request × 2 prompts per task type: 100 of 200
+    summary["token_cost"] = batch_token_cost(None, summary["arms"])
+    text = render_report(typed(summary), typed_records(records), {})
+    assert "**Caution:**" not in text
+    assert ("**Not decided:** 2 pre-launch check(s) lack evidence: α per task type (≥ 200 drafted) (INSUFFICIENT "
+            "DATA); cost per unit of throughput (NOT SET) — the checklist says what decides each.") in text  # fmt: skip
+    assert "| item | status | evidence | what to do |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| α per task type (≥ 200 drafted) |"))
+    assert "| **INSUFFICIENT DATA** | below 200 drafted (each prompt once" in row
+    assert "workload.num_prompts=8 (prompts needed: chat ≈ 4, code ≈ 4) |" in row  # humaneval × 4 prompts now
+    summary["baseline_repeat_throughput"] = NOISY
+    text = render_report(typed(summary), typed_records(records), {})
+    assert "**Caution:** 1 pre-launch check(s) FAIL: baseline reproducible.\n\n**Not decided:** 2 pre-launch" in text
 
 
 def test_four_groups_report_shows_every_arm_and_quantization_quality(tmp_path):
@@ -359,7 +386,8 @@ def test_run_without_successful_records_does_not_crash(tmp_path):
     text = write_report(run_dir).read_text(encoding="utf-8")
     assert "**No headline:** no successful requests (24 errors: prompt longer than the context)" in text
     assert "No successful requests in arm(s): baseline, spec." in text
-    assert statuses(summary, records)["exactness"] == "FAIL"
+    assert statuses(summary, records)["exactness"] == "INSUFFICIENT DATA"  # nothing decoded: no finding
+    assert "FAIL" not in set(statuses(summary, records).values())
     assert "![" not in text and not (run_dir / "plots").exists()  # nothing to plot, nothing embedded
 
 
@@ -407,7 +435,14 @@ def test_checklist_all_pass_on_a_clean_greedy_run():
     summary, records = make_run()
     assert gated(summary, records) == {"PASS"}
     evidence = {item.name: item.evidence for item in checklist(summary, records)}
-    assert "spread 0.030 over 3 repeats" in evidence["baseline reproducible"]
+    assert evidence["baseline reproducible"] == (
+        "noise 0.014 (std / mean of baseline tok/s over 3 repeats, limit 0.05); range 0.028"
+    )
+    assert evidence["α per task type (≥ 200 drafted)"] == (
+        "fewest drafted: 200 (chat, spec) over 2 task types (each prompt once: greedy repeats re-decode the same "
+        "tokens)"
+    )
+    assert all(not item.fix for item in checklist(summary, records))
     assert "break-even α 0.550 vs measured α 0.750 (spec)" in evidence["fallback switch (draft=none)"]
 
 
@@ -418,24 +453,29 @@ def _set(summary: dict, path: tuple[str, ...], value: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("item", "path", "value"),
+    ("item", "path", "value", "status", "fix"),
     [
-        ("baseline reproducible", ("baseline_spread",), 0.3),
-        ("exactness", ("exact_match", "spec"), 0.9),
-        ("vocab/tokenizer checked", ("conditions", "compat", "checked"), False),
-        ("α per task type", ("by_task_type", "code", "arms", "spec", "drafted_tokens"), 150),
-        ("draft and rollback time counted", ("arms", "spec", "time_split", "overhead"), 5.0),
-        ("draft and rollback time counted", ("arms", "spec", "time_split", "draft"), 0.0),
-        ("P95/P99 stated", ("arms", "spec", "latency", "p99"), None),
-        ("memory delta stated", ("conditions", "memory", "memory_delta_bytes"), None),
+        ("baseline reproducible", ("baseline_repeat_throughput",), NOISY, "FAIL", "taskset"),
+        ("exactness", ("exact_match", "spec"), 0.9, "FAIL", "+eval=exactness"),
+        ("draft and rollback time counted", ("arms", "spec", "time_split", "overhead"), 5.0, "FAIL", "timing"),
+        ("draft and rollback time counted", ("arms", "spec", "time_split", "draft"), 0.0, "FAIL", "timing"),
+        ("vocab/tokenizer checked", ("conditions", "compat", "checked"), False, "INSUFFICIENT DATA",
+         "python -m spectoolkit.compat TARGET DRAFT"),
+        ("α per task type", ("by_task_type", "code", "arms", "spec", "drafted_tokens"), 450, "INSUFFICIENT DATA",
+         "workload.num_prompts=6 (prompts needed: code ≈ 3)"),
+        ("P95/P99 stated", ("arms", "spec", "latency", "p99"), None, "INSUFFICIENT DATA", "re-run"),
+        ("memory delta stated", ("conditions", "memory", "memory_delta_bytes"), None, "INSUFFICIENT DATA", "re-run"),
     ],
-)
-def test_checklist_item_fails_when_its_evidence_is_bad(item, path, value):
+)  # fmt: skip
+def test_checklist_item_fails_on_a_finding_and_is_undecided_without_evidence(item, path, value, status, fix):
+    """Bad evidence FAILs, missing evidence is INSUFFICIENT DATA; either way the item says what to do."""
     summary, records = make_run()
     _set(summary, path, value)
     result = statuses(summary, records)
-    assert result[item] == "FAIL"
-    assert sum(status == "FAIL" for status in result.values()) == 1
+    assert result[item] == status
+    assert sum(found != "PASS" for name, found in result.items() if name != "canary share") == 1
+    found = next(i for i in checklist(summary, records) if i.name.split(" (")[0] == item)
+    assert fix in found.fix, found
 
 
 def test_unequal_seeds_across_arms_fail_sampling_check():
@@ -443,14 +483,17 @@ def test_unequal_seeds_across_arms_fail_sampling_check():
     next(r for r in records if r["arm"] == "spec" and r["case_id"] == "case/1")["random_seed"] += 1
     item = cl.check_sampling_equal(typed_records(records))
     assert item.status == "FAIL" and "1 of 12 groups differ" in item.evidence and "case/1" in item.evidence
-    assert cl.check_sampling_equal([]).status == "FAIL"
+    assert "resume=false" in item.fix
+    assert cl.check_sampling_equal([]).status == "INSUFFICIENT DATA"
 
 
-def test_one_repeat_makes_spread_not_applicable_and_no_baseline_fails_fallback():
+def test_one_repeat_leaves_reproducibility_undecided_and_no_baseline_leaves_the_fallback_undecided():
     summary, records = make_run(repeats=1)
-    assert statuses(summary, records)["baseline reproducible"] == "N/A"
+    item = cl.check_baseline_spread(typed(summary))
+    assert (item.status, item.fix) == ("INSUFFICIENT DATA", "bench.repeat=5")
+    assert item.evidence == "1 baseline repeat(s) measured: its noise needs ≥ 3"
     del summary["arms"]["baseline"]
-    assert cl.check_fallback(typed(summary)).status == "FAIL"
+    assert cl.check_fallback(typed(summary)).status == "INSUFFICIENT DATA"
 
 
 def test_fallback_evidence_flags_alpha_below_break_even():
@@ -464,6 +507,7 @@ def test_baseline_vs_stock_fails_below_the_ratio_limit(ratio, status):
     summary["baseline_check"].update(stock_tokens_per_s=20.0, baseline_tokens_per_s=20.0 * ratio, ratio=ratio)
     item = cl.check_baseline_vs_stock(typed(summary))
     assert item.status == status, item
+    assert ("quote no speedup from this run" in item.fix) == (status == "FAIL")
     assert f"ours {20.0 * ratio:.2f} tok/s vs stock transformers 20.00 tok/s (ratio {ratio:.3f}, limit 0.95)" in (
         item.evidence
     )
@@ -477,8 +521,8 @@ def test_baseline_vs_stock_fails_below_the_ratio_limit(ratio, status):
     [
         (None, "N/A", "bench.baseline_check=false"),
         ({"skipped": "rtn-int4 is our own format"}, "N/A", "skipped: rtn-int4 is our own format"),
-        ({"error": "OutOfMemoryError: CUDA out of memory"}, "FAIL", "failed: OutOfMemoryError"),
-        ({"stock_tokens_per_s": 20.0}, "FAIL", "without a ratio"),
+        ({"error": "OutOfMemoryError: CUDA out of memory"}, "INSUFFICIENT DATA", "failed: OutOfMemoryError"),
+        ({"stock_tokens_per_s": 20.0}, "INSUFFICIENT DATA", "without a ratio"),
     ],
 )
 def test_baseline_vs_stock_absent_skipped_or_failed(section, status, words):

@@ -17,6 +17,7 @@ from spectoolkit.bench.report import checklist as cl
 from spectoolkit.bench.report.interpret import interpret_serving
 from spectoolkit.bench.report.render import write_report
 from spectoolkit.bench.report.serving import spec_max_batch_advice
+from spectoolkit.bench.report.serving_checklist import evaluate_serving_checklist
 from spectoolkit.bench.sweep.report import write_sweep_report
 from spectoolkit.metrics.load_curves import ServingSummary
 from spectoolkit.metrics.records import RequestRecord
@@ -89,7 +90,7 @@ def typed(summary: dict[str, Any]) -> tuple[Summary, ServingSummary]:
 
 
 def checklist(summary: dict[str, Any], records: list[RequestRecord] | None = None) -> dict[str, cl.CheckItem]:
-    return {item.name: item for item in cl.evaluate_serving_checklist(*typed(summary), records or [])}
+    return {item.name: item for item in evaluate_serving_checklist(*typed(summary), records or [])}
 
 
 def _row(text: str, *cells: str) -> str:
@@ -139,12 +140,26 @@ def test_slo_items_pass_and_fail_with_the_highest_level_meeting_them() -> None:
         ttft.evidence
     )
     assert "spec meets it up to concurrency 4 (p99 ms by concurrency: 1: 45.0" in ttft.evidence  # 225 ms at 8
+    assert ttft.fix == "keep each replica at or below concurrency 4 (every arm meets it up to there); add replicas"
     tpot = items["TPOT P99 ≤ serve.slo_tpot_ms (50 ms) at every level"]
     assert tpot.status == cl.PASS and "meets it up to concurrency 16" in tpot.evidence
     loose = checklist(serving_summary(serve={"slo_ttft_ms": 1000}))
     assert loose["TTFT P99 ≤ serve.slo_ttft_ms (1000 ms) at every level"].status == cl.PASS
     assert items["P95/P99 stated at every load level"].status == cl.PASS
     assert items["vocab/tokenizer checked"].status == cl.PASS
+
+
+def test_an_slo_only_speculation_misses_fails_with_the_spec_cap_that_keeps_it() -> None:
+    summary = serving_summary(serve={"slo_ttft_ms": 200})
+    summary["serving"]["spec"]["4"]["ttft_p99"] = 0.3  # the baseline meets it up to 4, spec only up to 2
+    item = checklist(summary)[TTFT_ITEM]
+    assert item.status == cl.FAIL and "spec meets it up to concurrency 2" in item.evidence
+    assert item.fix.startswith("serve.spec_max_batch=2: speculation off above it, where the target alone meets it "
+                               "(up to concurrency 4)")  # fmt: skip
+    for level in map(str, CONCURRENCY):
+        summary["serving"]["baseline"][level]["ttft_p99"] = 0.5
+    item = checklist(summary)[TTFT_ITEM]
+    assert item.status == cl.FAIL and item.fix.startswith("even the target alone misses it at the lowest concurrency")
 
 
 def test_slo_items_are_absent_without_an_slo() -> None:
@@ -164,16 +179,20 @@ def test_exact_under_batching_passes_fails_and_is_na_when_sampling(tmp_path: Pat
     divergent = [{"arm": "spec", "level": "8", "case_id": "humaneval/3", "position": 17}]
     item = checklist(serving_summary(divergent=divergent))["exact under batching"]
     assert item.status == cl.FAIL and "spec at concurrency 8: humaneval/3 token 17" in item.evidence
+    assert item.fix.startswith("serve.batch_invariant=true")
     sampled = serving_summary(temperature=0.7)
     sampled["serving_exactness"] = None
     assert checklist(sampled)["exact under batching"].status == cl.NA
     unchecked = serving_summary()
     del unchecked["serving_exactness"]
-    assert checklist(unchecked)["exact under batching"].status == cl.FAIL
+    assert checklist(unchecked)["exact under batching"].status == cl.INSUFFICIENT
     text = write_report(write_serving_run(tmp_path / "div", serving_summary(divergent=divergent))).read_text()
     assert "| spec | concurrency 8 | humaneval/3 | 17 |" in text and "1 divergent." in text
-    # a serving run has no cost model, so no break-even α: its alerts item always FAILs
-    assert "**Caution:** 2 pre-launch check(s) FAIL: exact under batching; alerts on acceptance and rollback." in text
+    # the divergence is a finding; a serving run has no cost model, so its alerts item lacks a number, no finding
+    headline = next(line for line in text.splitlines() if line.startswith("**Caution:**"))
+    assert headline == "**Caution:** 1 pre-launch check(s) FAIL: exact under batching."
+    assert ("**Not decided:** 1 pre-launch check(s) lack evidence: alerts on acceptance and rollback (INSUFFICIENT "
+            "DATA) — the checklist says what decides each.") in text  # fmt: skip
 
 
 def test_a_run_where_speculation_always_pays_gets_no_cap_and_no_falling_rule() -> None:
@@ -199,8 +218,9 @@ def test_nulls_everywhere_render_n_a(tmp_path: Path) -> None:
     assert "| spec | n/a | n/a | n/a | n/a | n/a |" in text
     assert "n/a: no per-task-type acceptance in the serving summary." in text
     items = checklist(summary)
-    assert items[TTFT_ITEM].status == cl.FAIL and "not measured at any concurrency level" in items[TTFT_ITEM].evidence
-    assert items["P95/P99 stated at every load level"].status == cl.FAIL
+    ttft = items[TTFT_ITEM]
+    assert ttft.status == cl.INSUFFICIENT and "not measured at any concurrency level" in ttft.evidence
+    assert items["P95/P99 stated at every load level"].status == cl.INSUFFICIENT
     assert all(not f.applies for f in interpret_serving(typed(summary)[1]))
     assert not (tmp_path / "nulls" / "plots").exists() or not list((tmp_path / "nulls" / "plots").iterdir())
 

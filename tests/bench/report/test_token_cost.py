@@ -1,6 +1,6 @@
 """Cost per unit of throughput in the report (bench.report.token_cost): the table of report.md, the checklist
-item (PASS with the numbers when bench.cost_per_hour is given, FAIL saying what to set when not), batch-1
-and serving runs, and summaries older than the section."""
+item (PASS with the numbers when bench.cost_per_hour is given, NOT SET with the override that sets it when not:
+no finding, so never a FAIL), batch-1 and serving runs, and summaries older than the section."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from pathlib import Path
 
 from spectoolkit.bench.report import checklist as cl
 from spectoolkit.bench.report.render import render_report, write_report
-from spectoolkit.bench.report.token_cost import UNSET, check_serving_token_cost, check_token_cost
+from spectoolkit.bench.report.token_cost import SET_PRICE, UNPRICED, UNSET, check_serving_token_cost, check_token_cost
 from spectoolkit.metrics.token_cost import batch_token_cost
 from tests.bench.report.test_report import make_run, typed, typed_records, write_run
 from tests.bench.report.test_serving_report import serving_summary, write_serving_run
 from tests.bench.report.test_serving_report import typed as typed_serving
 
 ITEM = "cost per unit of throughput"
+ROW = f"| {ITEM} | **NOT SET** | {UNPRICED} | bench.cost_per_hour=<price of this machine per hour> |"
 
 
 def _cost(tokens_per_s: float, cost_per_hour: float = 2.0) -> float:
@@ -47,32 +48,33 @@ def test_four_groups_prices_the_primary_arm_against_its_own_reference() -> None:
     assert f"{_cost(30.0):.2f} vs {_cost(31.25):.2f} ({30.0 / 31.25 - 1:+.1%})" in item.evidence
 
 
-def test_without_a_price_the_item_fails_saying_what_to_set() -> None:
+def test_without_a_price_the_item_is_not_set_with_the_override_and_no_caution() -> None:
     summary, records = make_run()
     summary["token_cost"] = batch_token_cost(None, summary["arms"])
     item = _item(summary, records)
-    assert (item.status, item.evidence) == (cl.FAIL, "set bench.cost_per_hour=<price of this machine per hour>")
-    assert item.evidence == UNSET
+    assert (item.status, item.evidence, item.fix) == (cl.NOT_SET, UNPRICED, SET_PRICE)
+    assert item.fix == "bench.cost_per_hour=<price of this machine per hour>"
     text = render_report(typed(summary), typed_records(records), {})
-    assert f"n/a: {UNSET} to price this run" in text
-    assert f"**Caution:** 1 pre-launch check(s) FAIL: {ITEM}." in text
+    assert f"n/a: {UNSET} to price this run" in text and ROW in text
+    assert "**Caution:**" not in text  # an input not given is no finding about the run
+    assert f"**Not decided:** 1 pre-launch check(s) lack evidence: {ITEM} (NOT SET)" in text
 
 
-def test_a_summary_older_than_the_section_still_renders_and_fails_the_item() -> None:
+def test_a_summary_older_than_the_section_still_renders_and_the_item_is_not_set() -> None:
     summary, records = make_run()
     del summary["token_cost"]
     del summary["conditions"]["bench"]["cost_per_hour"]
     assert typed(summary).token_cost is None
     text = render_report(typed(summary), typed_records(records), {})
-    assert "## Cost per output token" in text and f"| {ITEM} | **FAIL** | {UNSET} |" in text
-    assert check_token_cost(typed({})).status == cl.FAIL
+    assert "## Cost per output token" in text and ROW in text
+    assert check_token_cost(typed({})).status == cl.NOT_SET
 
 
-def test_a_priced_run_without_measured_throughput_fails() -> None:
+def test_a_priced_run_without_measured_throughput_is_insufficient_data() -> None:
     summary, records = make_run()
     summary["token_cost"]["arms"]["spec"]["cost_per_million_output_tokens"] = None
     item = _item(summary, records)
-    assert item.status == cl.FAIL and "not measured" in item.evidence
+    assert item.status == cl.INSUFFICIENT and "not measured" in item.evidence and "error_reasons" in item.fix
 
 
 def test_a_baseline_only_run_passes_with_the_baseline_cost() -> None:
@@ -94,10 +96,11 @@ def test_serving_report_has_the_cost_per_level_and_the_item_passes(tmp_path: Pat
     assert f"concurrency 16: {_cost(52.0):.2f} vs {_cost(52.0 * 0.85):.2f}" in item.evidence
 
 
-def test_serving_without_a_price_fails_and_renders_n_a(tmp_path: Path) -> None:
+def test_serving_without_a_price_is_not_set_and_renders_n_a(tmp_path: Path) -> None:
     summary = serving_summary()
     del summary["token_cost"]
     item = check_serving_token_cost(*typed_serving(summary))
-    assert (item.status, item.evidence) == (cl.FAIL, UNSET)
+    assert (item.status, item.evidence, item.fix) == (cl.NOT_SET, UNPRICED, SET_PRICE)
     text = write_report(write_serving_run(tmp_path / "serve", summary)).read_text(encoding="utf-8")
-    assert f"n/a: {UNSET} to price this run" in text and f"| {ITEM} | **FAIL** | {UNSET} |" in text
+    assert f"n/a: {UNSET} to price this run" in text and ROW in text
+    assert f"{ITEM} (NOT SET)" in text.split("**Not decided:**")[1].splitlines()[0]
