@@ -293,7 +293,7 @@ class BenchConfig:
     ``calibrate`` times target forwards of every verify width for the cost model;
     ``baseline_check`` times stock transformers ``generate`` beside the baseline (is our baseline slow?).
     ``cost_per_hour``: the price of one hour of this machine (any currency); the report turns each arm's
-    measured output throughput into a cost per 1M output tokens (None: not priced, the checklist FAILs).
+    measured output throughput into a cost per 1M output tokens (None: not priced, the checklist says NOT SET).
     """
 
     warmup: int = 3

@@ -181,6 +181,7 @@ class BaselineCheck:
     stock: str | None = None  # how the stock side ran: transformers version, attention, precision
     skipped: str | None = None  # why no stock counterpart was timed (e.g. our own rtn-* format)
     error: str | None = None  # the stock side failed; the run was kept
+    seconds: float | None = None  # wall time of the whole check (bounded: bench.protocol.baseline_check)
 
 
 @dataclass

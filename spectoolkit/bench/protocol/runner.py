@@ -60,7 +60,7 @@ def run(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
             _warm_up(setup.arm_set, cfg, prompts)
             extra["verify_costs"] = _calibrate(setup.arm_set, cfg, prompts, setup.models.max_positions)
             if cfg.bench.baseline_check:  # is our baseline as fast as stock transformers?
-                extra["baseline_check"] = stock_baseline_check(cfg, setup, prompts)
+                extra["baseline_check"] = stock_baseline_check(cfg, setup, prompts, progress)
             _measure(setup.arm_set, setup.models.device, cfg, requests, prompts, writer, progress)
         extra["exactness"] = _exactness(cfg, setup.arm_set, requests, prompts, out_dir)
         extra["quant_quality"] = _quality(cfg, setup.models)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from spectoolkit.bench.protocol.baseline_check import stock_baseline_check
 from spectoolkit.bench.protocol.runner import SUMMARY_FILE, run
@@ -71,14 +72,80 @@ def test_a_slowed_baseline_fails_the_checklist_item(tiny_checkpoint: Path, tmp_p
 def test_rtn_targets_are_timed_against_torchao_at_the_same_bits(
     tiny_checkpoint: Path, tmp_path: Path, precision: str, kind: str
 ) -> None:
+    """torchao at our bits and g; on a tiny model either side may win its warm-up, so both outcomes are checked:
+    timed (rates, an item that is not N/A) or skipped as too slow a comparator (its rate stated)."""
     pytest.importorskip("torchao")
     cfg = _config(tiny_checkpoint, tmp_path, target=TargetConfig(precision=precision, group_size=32))
     setup = build(cfg)
     check = stock_baseline_check(cfg, setup, _prompts(cfg, setup))
-    assert "skipped" not in check and "error" not in check, check
-    assert all(check[key] > 0 for key in RATES), check
+    assert "error" not in check, check
     assert f"{kind} weight-only g32" in check["stock"] and "torchao" in check["stock"], check["stock"]
-    assert check_baseline_vs_stock(Summary.from_dict({"baseline_check": check})).status != NA
+    item = check_baseline_vs_stock(Summary.from_dict({"baseline_check": check}))
+    if "skipped" in check:
+        assert "slower than ours" in check["skipped"] and item.status == NA, check
+    else:
+        assert all(check[key] > 0 for key in RATES) and item.status != NA, check
+
+
+def _slowed_stock(monkeypatch, seconds_per_call: float) -> None:
+    """Every stock ``generate`` call takes ``seconds_per_call`` more (the stock model is loaded fresh per check)."""
+    from spectoolkit.bench.protocol import baseline_check
+
+    load = baseline_check.load_stock
+
+    def slowed_load(*args, **kwargs):
+        model, how = load(*args, **kwargs)
+        generate = model.generate
+
+        def slowed(*gen_args, **gen_kwargs):
+            time.sleep(seconds_per_call)
+            return generate(*gen_args, **gen_kwargs)
+
+        model.generate = slowed
+        return model, how
+
+    monkeypatch.setattr(baseline_check, "load_stock", slowed_load)
+
+
+def test_a_far_slower_rtn_comparator_is_a_skip_with_its_rate(tiny_checkpoint: Path, tmp_path: Path, monkeypatch):
+    pytest.importorskip("torchao")
+    cfg = _config(tiny_checkpoint, tmp_path, target=TargetConfig(precision="rtn-int8", group_size=32))
+    setup = build(cfg)
+    _slowed_stock(monkeypatch, SLOWDOWN_S)
+    check = stock_baseline_check(cfg, setup, _prompts(cfg, setup))
+    assert "slower than ours on its warm-up" in check["skipped"] and "rtn-int8" in check["skipped"], check
+    assert "torchao" in check["stock"] and check["seconds"] < 10 * SLOWDOWN_S, check  # stopped after one warm-up
+    fp32 = _config(tiny_checkpoint, tmp_path / "fp32")  # a float stock path is timed however slow (it is the user's)
+    check = stock_baseline_check(fp32, build(fp32), _prompts(fp32, build(fp32)))
+    assert check["ratio"] > 0, check
+
+
+def test_a_stock_side_past_the_bound_is_stopped_and_skipped(tiny_checkpoint: Path, tmp_path: Path, monkeypatch):
+    """A bound shorter than the stock warm-up: the deadline stops stock ``generate`` itself, and the record says so."""
+    from spectoolkit.bench.protocol import baseline_check
+
+    cfg = _config(tiny_checkpoint, tmp_path)
+    setup = build(cfg)
+    monkeypatch.setattr(baseline_check, "MIN_BOUND_S", 0.05)
+
+    class Slow(baseline_check.StoppingCriteria):  # 20 ms per stock token: the 6 tokens cannot fit in 50 ms
+        def __call__(self, input_ids, scores, **kwargs):
+            time.sleep(0.02)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    real = baseline_check.StoppingCriteriaList
+    monkeypatch.setattr(baseline_check, "StoppingCriteriaList", lambda criteria: real([Slow(), *criteria]))
+    check = stock_baseline_check(cfg, setup, _prompts(cfg, setup))
+    assert "past the check's bound" in check["skipped"] and "tok/s" in check["skipped"], check
+    assert check["seconds"] < 1.0, check
+
+
+def test_the_bound_is_a_share_of_the_runs_estimated_time(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    from spectoolkit.bench.protocol.baseline_check import run_estimate_s
+
+    cfg = _config(tiny_checkpoint, tmp_path, bench=BenchConfig(warmup=0, repeat=3))
+    setup = build(cfg)  # draft=none: one arm
+    assert run_estimate_s(cfg, setup, 4, 0.01) == pytest.approx(4 * 1 * 3 * MAX_NEW_TOKENS * 0.01)
 
 
 def test_a_missing_stock_library_is_skipped_with_the_reason_and_a_stock_failure_is_recorded(
