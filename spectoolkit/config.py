@@ -73,7 +73,7 @@ class DraftConfig:
     draft head over the target's states (``eagle``, :mod:`spectoolkit.drafting.eagle`), per round the better of
     suffix decoding and the head (``hybrid``, :mod:`spectoolkit.drafting.hybrid`), or ``none`` (baseline only)."""
 
-    kind: str = "ngram"
+    kind: str = "suffix"
     precision: str = "bf16"  # weight precision of a draft model (kind=model), float or quantized
     group_size: int = 64  # group size of a group-wise quantized draft
     ngram_max: int = 3  # longest suffix n-gram looked up in the context (kind=ngram)

@@ -125,7 +125,7 @@ def test_defaults_match_the_dataclass_defaults() -> None:
 def test_target_precision(precision: str) -> None:
     cfg = _run_config(f"+target={precision}")
     assert cfg.target == TargetConfig(precision=precision)
-    assert cfg.draft.kind == "ngram"  # the inline default draft is untouched
+    assert cfg.draft.kind == "suffix"  # the inline default draft is untouched
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -296,3 +296,12 @@ def test_the_train_group_composes_to_the_training_defaults() -> None:
     values = OmegaConf.to_container(cfg, resolve=True)
     assert train_config_from_dict(values.pop("train")) == dataclasses.replace(TrainConfig(), steps=5)
     assert config_from_hydra(OmegaConf.create(values)).target.precision == "bf16"
+
+
+@pytest.mark.parametrize("kind", ["eagle", "hybrid"])
+def test_head_drafters_default_to_the_adaptive_policy(kind: str) -> None:
+    """A head's fixed γ 4 measured below the baseline where its own cost model said γ 1 (conf/draft/eagle.yaml)."""
+    cfg = _run_config(f"+draft={kind}")
+    assert (cfg.draft.kind, cfg.speculate.policy) == (kind, "adaptive")
+    assert _run_config(f"+draft={kind}", "speculate.policy=fixed").speculate.policy == "fixed"
+    assert _run_config("+draft=suffix").speculate.policy == _run_config().speculate.policy == "fixed"

@@ -24,16 +24,15 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from spectoolkit.config import RunConfig
-from spectoolkit.eval.lmeval_args import run_config_from_model_args
+from spectoolkit.eval.lmeval_args import CONFIG_KEYS, run_config_from_model_args
 from spectoolkit.path_checks import check_run_paths
 from spectoolkit.wiring.setup import RunSetup, build
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # the shipped task YAMLs (spectoolkit_*)
 MODEL_NAME = "spectoolkit"
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets no max_gen_toks
-# The path-valued config keys as model_args spell them (spectoolkit.eval.lmeval_args), for error messages.
-PATH_ARGS = {"model.target_path": "model_args target_path", "model.draft_path": "model_args draft_path",
-             "draft.eagle_path": "model_args eagle_path"}  # fmt: skip
+# Config keys as model_args spell them (spectoolkit.eval.lmeval_args), for the path checks' messages.
+PATH_ARGS = {key: f"model_args {arg}" for arg, key in CONFIG_KEYS.items()}
 
 
 class _StopReached(Exception):
