@@ -24,6 +24,7 @@ from spectoolkit.config import RunConfig
 from spectoolkit.errors import SpecToolkitError
 
 FLOAT_DTYPES = ("fp32", "bf16", "fp16")
+VLLM_DRAFTERS = {"ngram": "ngram", "model": "model", "none": None}  # our draft.kind -> what vLLM runs
 
 
 def _eagle_dir(cfg: RunConfig) -> str | None:
@@ -47,7 +48,12 @@ def _drafter(cfg: RunConfig) -> str | None:
     if cfg.draft.kind == "eagle":
         raise SpecToolkitError("backend=vllm +draft=eagle needs the head's directory: set draft.eagle_path=DIR "
                                "(python -m spectoolkit.train_draft prints it) or backend.eagle_path=DIR")  # fmt: skip
-    return {"ngram": "ngram", "model": "model", "none": None}[cfg.draft.kind]
+    if cfg.draft.kind == "hybrid":
+        raise SpecToolkitError(
+            "backend=vllm: our +draft=hybrid (suffix decoding with a head) runs on backend=local or our server; "
+            "vLLM drafts with the head alone: +draft=eagle draft.eagle_path=DIR (or backend.eagle_path=DIR)"
+        )
+    return VLLM_DRAFTERS[cfg.draft.kind]
 
 
 def _threads_bind(setting: str | None) -> str | None:
