@@ -40,13 +40,12 @@ def _assert_one_clear_error(result: subprocess.CompletedProcess, *expected: str)
 
 @pytest.fixture(scope="module")
 def incompatible_draft(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Config + tokenizer of the tiny checkpoint with a different EOS token (no weights needed:
-    the compat check runs before the draft is loaded)."""
+    """The tiny checkpoint with a different EOS token (a whole checkpoint: the path check wants its weights before
+    the compat check runs)."""
     out = tmp_path_factory.mktemp("incompatible") / "draft"
     out.mkdir()
     for path in tiny_checkpoint.iterdir():
-        if path.suffix != ".safetensors":
-            shutil.copy(path, out / path.name)
+        shutil.copy(path, out / path.name)
     config_path = out / "tokenizer_config.json"
     tokenizer_config = json.loads(config_path.read_text(encoding="utf-8"))
     assert tokenizer_config["eos_token"] == "<|im_end|>"
