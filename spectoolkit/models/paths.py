@@ -1,7 +1,8 @@
 """Where a model comes from and where it runs: checkpoint locations and devices, checked up front.
 
-``path=None`` means the embedded SmolLM2-135M-Instruct (see :mod:`spectoolkit.embedded`). A hub id
-is looked up in the local HF cache first; without network, a missing model is a clear
+``path=None`` means the embedded SmolLM2-135M-Instruct (see :mod:`spectoolkit.embedded`). A GGUF file, or a
+model ``make pair`` assembles, is converted once to an HF directory in the cache (:func:`spectoolkit.pair.
+gguf_checkpoint`). A hub id is looked up in the local HF cache first; without network, a missing model is a clear
 :class:`SpecToolkitError`, never a traceback. A leaf: the quantization backends import it without
 importing the loader that chooses them (:mod:`spectoolkit.wiring.loading`).
 """
@@ -15,17 +16,24 @@ import torch
 
 from spectoolkit.embedded import embedded_dir
 from spectoolkit.errors import SpecToolkitError, first_line
+from spectoolkit.pair import gguf_checkpoint
 from spectoolkit.path_checks import WEIGHT_SUFFIXES, is_hub_id
 
 
 def resolve_path(path: str | None) -> str:
-    """A loadable location: the embedded directory for ``None``, else the directory or hub id."""
+    """A loadable location: the embedded directory for ``None``, the converted directory of a GGUF file or of a
+    ``make pair`` model, else the directory or hub id."""
     if path is None or path == "embedded":
         return str(embedded_dir())
+    converted = gguf_checkpoint(path)
+    if converted is not None:
+        return str(converted)
     local = Path(path).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
-            raise SpecToolkitError(f"model directory '{path}' has no config.json: point it at an HF checkpoint")
+            raise SpecToolkitError(
+                f"model directory '{path}' has no config.json: point it at an HF checkpoint or a .gguf file"
+            )
         return str(local)
     if not is_hub_id(path):
         raise SpecToolkitError(f"model path '{path}' does not exist: give a local HF directory or a hub id")
