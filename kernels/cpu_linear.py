@@ -83,12 +83,17 @@ def pack_float(weight: torch.Tensor) -> PackedWeight:
 
 def pack_rtn(quantized: QuantizedWeight) -> PackedWeight:
     """A canonical RTN weight (:class:`~spectoolkit.kernels.rtn_format.QuantizedWeight`) -> panels."""
-    rows, columns = quantized.shape
     group = quantized.group_size
     if quantized.bits == 8:
-        scales = _panels(quantized.scales.float())  # [P, G, 16]
-        return PackedWeight(_panels(quantized.qweight), scales, _EMPTY, rows, columns, group)
+        return pack_int8_codes(quantized.qweight, quantized.scales.float(), group)
     return pack_int4_codes(unpack_int4(quantized.qweight), quantized.scales.float(), quantized.zeros.float(), group)
+
+
+def pack_int8_codes(codes: torch.Tensor, scales: torch.Tensor, group: int) -> PackedWeight:
+    """int8 codes q [N, K] and fp32 ``scales`` [N, K / group] -> panels; the weight is ``q * scale`` (the canonical
+    formula; other int8 formats map onto it exactly, e.g. GGUF's Q8_0)."""
+    rows, columns = codes.shape
+    return PackedWeight(_panels(codes.to(torch.int8)), _panels(scales.float()), _EMPTY, rows, columns, group)
 
 
 def pack_int4_codes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int) -> PackedWeight:
