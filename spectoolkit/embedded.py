@@ -5,7 +5,9 @@ directory (config, safetensors, tokenizer) in the cache so later loads take abou
 built once under a file lock, in a temporary sibling renamed into place, so a concurrent job never
 sees half of it. The embedded model's directory has a fixed name; any other GGUF file (``model.target_path=
 FILE.gguf``) is converted by the same function into a directory named by the file's sha256
-(:func:`gguf_dir`), so a copy or a move of the file reuses it, and a changed file is converted anew.
+(:func:`gguf_dir`), so a copy or a move of the file reuses it, and a changed file is converted anew. The file's
+path is recorded beside that directory, so :func:`gguf_source` finds the GGUF behind a converted directory (the
+``gguf`` precision reads its quantized tensors from there).
 
 ``python -m spectoolkit.embedded`` prints the directory (creating it if needed).
 """
@@ -29,6 +31,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "smollm2-135m-instruct"
 GGUF_SUFFIX = ".gguf"
 GGUF_DIR = "gguf"  # under cache_root(): one converted directory per GGUF content hash
+SOURCE_SUFFIX = ".source"  # beside a converted directory <sha256>: the GGUF file it was last converted from
 SHA256_DIR = "sha256"  # under cache_root(): memoized content hashes, one small file per (path, size, mtime)
 READ_CHUNK = 1 << 22  # bytes read at a time while hashing
 
@@ -88,8 +91,30 @@ def embedded_dir() -> Path:
 
 
 def gguf_dir(source: Path) -> Path:
-    """The cached HF directory of GGUF file ``source``, converted on first use; named by the file's sha256."""
-    return converted_gguf(source, cache_root() / GGUF_DIR / sha256_of(source))
+    """The cached HF directory of GGUF file ``source``, converted on first use; named by the file's sha256.
+
+    The file's path is recorded beside the directory (:func:`gguf_source`), so a loader given the directory can
+    read the file's quantized tensors (``+target=gguf``)."""
+    target = converted_gguf(source, cache_root() / GGUF_DIR / sha256_of(source))
+    record, location = target.with_name(target.name + SOURCE_SUFFIX), str(source.resolve())
+    if not record.is_file() or record.read_text(encoding="utf-8") != location:
+        _write_text(record, location)
+    return target
+
+
+def gguf_source(directory: Path) -> Path | None:
+    """The GGUF file HF directory ``directory`` was converted from (the embedded model's, or the one
+    :func:`gguf_dir` recorded, if it still has the content the directory is named by), or None: not GGUF-backed."""
+    directory = directory.resolve()
+    if directory == (cache_root() / EMBEDDED_NAME).resolve():
+        return gguf_path()
+    if directory.parent != (cache_root() / GGUF_DIR).resolve():
+        return None
+    try:
+        source = Path(directory.with_name(directory.name + SOURCE_SUFFIX).read_text(encoding="utf-8"))
+    except OSError:
+        return None
+    return source if source.is_file() and sha256_of(source) == directory.name else None
 
 
 def converted_gguf(source: Path, target: Path) -> Path:
@@ -113,20 +138,20 @@ def sha256_of(path: Path) -> str:
     with path.open("rb") as file:
         while chunk := file.read(READ_CHUNK):
             digest.update(chunk)
-    _write_memo(memo, digest.hexdigest())  # under the stat taken before reading
+    _write_text(memo, digest.hexdigest())  # under the stat taken before reading
     return digest.hexdigest()
 
 
 def remember_sha256(path: Path, digest: str) -> None:
     """Record ``digest`` as the content hash of ``path`` as it is now (size and mtime): :func:`sha256_of`."""
-    _write_memo(_sha256_memo(path), digest)
+    _write_text(_sha256_memo(path), digest)
 
 
-def _write_memo(memo: Path, digest: str) -> None:
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
-    tmp.write_text(digest, encoding="ascii")
-    os.replace(tmp, memo)  # a concurrent reader sees the whole digest or none
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)  # a concurrent reader sees the whole text or none
 
 
 def _sha256_memo(path: Path) -> Path:

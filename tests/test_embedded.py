@@ -1,5 +1,6 @@
-"""GGUF files as checkpoints (spectoolkit.embedded): content hashes memoized per (path, size, mtime), and a GGUF
-whose architecture transformers does not convert is one clear error."""
+"""GGUF files as checkpoints (spectoolkit.embedded): content hashes memoized per (path, size, mtime), a converted
+directory that finds its GGUF file again (the gguf precision reads it), and a GGUF whose architecture transformers
+does not convert is one clear error."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spectoolkit.embedded import GGUF_DIR, SHA256_DIR, gguf_dir, sha256_of
+from spectoolkit.embedded import GGUF_DIR, SHA256_DIR, gguf_dir, gguf_source, sha256_of
 from spectoolkit.errors import SpecToolkitError
 
 
@@ -52,3 +53,15 @@ def test_an_architecture_transformers_does_not_convert_is_one_error(tmp_path: Pa
     message = str(caught.value)
     assert "\n" not in message and str(file) in message and "architecture nonesuch" in message
     assert [path.name for path in (cache / GGUF_DIR).iterdir() if not path.name.endswith(".lock")] == []
+
+
+def test_a_converted_directory_knows_its_gguf_file_while_it_keeps_its_content(tmp_path: Path, cache: Path) -> None:
+    file = tmp_path / "model.gguf"
+    file.write_bytes(b"gguf bytes")
+    converted = cache / GGUF_DIR / sha256_of(file)
+    converted.mkdir(parents=True)
+    (converted / "config.json").write_text("{}")  # converted already: gguf_dir only records the file
+    assert gguf_dir(file) == converted and gguf_source(converted) == file.resolve()
+    file.write_bytes(b"other bytes")  # no longer the content the directory was converted from
+    assert gguf_source(converted) is None
+    assert gguf_source(tmp_path) is None  # not a converted directory

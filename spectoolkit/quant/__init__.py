@@ -7,6 +7,7 @@
 | `int4`     | GPTQ 4-bit via GPTQModel (calibrated)     | ``quant/gptq.py``   |
 | `rtn-int8` | native round-to-nearest, group-wise int8  | ``quant/rtn.py``    |
 | `rtn-int4` | native round-to-nearest, group-wise int4  | ``quant/rtn.py``    |
+| `gguf`     | a GGUF checkpoint's own quantized tensors | ``quant/gguf_native.py`` |
 
 Every backend exposes ``load_quantized(path, precision, device, group_size) -> nn.Module`` (a causal
 LM in eval mode whose forward runs the quantized weights); :func:`spectoolkit.quant.registry.load_quantized`

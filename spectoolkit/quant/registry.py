@@ -11,7 +11,9 @@ from importlib import import_module
 
 import torch
 
-_BACKEND_MODULES = {"int8": "bnb", "nf4": "bnb", "int4": "gptq", "rtn-int8": "rtn", "rtn-int4": "rtn"}
+_BACKEND_MODULES = {
+    "int8": "bnb", "nf4": "bnb", "int4": "gptq", "rtn-int8": "rtn", "rtn-int4": "rtn", "gguf": "gguf_native",
+}  # fmt: skip
 
 
 HEAD_QUANTIZING = ("rtn-int8", "rtn-int4")  # backends that can quantize the output projection too

@@ -76,13 +76,14 @@ def load_model(
 ) -> LoadedModel:
     """Load ``path`` at ``precision`` onto ``device``, in eval mode.
 
-    Float precisions (fp32/bf16/fp16) load directly; quantized ones (int8, nf4, int4, rtn-int8,
-    rtn-int4) go through their backend in :mod:`spectoolkit.quant` (``group_size`` for the
-    group-wise ones). With ``kernels="auto"`` every CPU linear our kernel takes is packed for it
-    (:mod:`spectoolkit.quant.packing`), and the others run the variant :mod:`spectoolkit.models.kernel_choice`
-    picks for their shape, timed at ``widths`` (a decode step and the run's verify width); ``"reference"``
-    runs every linear as loaded, through its reference variant (stock numerics, no packing); ``None`` leaves
-    the model as loaded (the compiled runner packs it itself).
+    Float precisions (fp32/bf16/fp16) load directly; quantized ones (int8, nf4, int4, rtn-int8, rtn-int4, and
+    gguf: a GGUF checkpoint's own quantization, always on our kernel) go through their backend in
+    :mod:`spectoolkit.quant` (``group_size`` for the group-wise ones). With ``kernels="auto"`` every CPU linear
+    our kernel takes is packed for it (:mod:`spectoolkit.quant.packing`), and the others run the variant
+    :mod:`spectoolkit.models.kernel_choice` picks for their shape, timed at ``widths`` (a decode step and the
+    run's verify width); ``"reference"`` runs every linear as loaded, through its reference variant (stock
+    numerics, no packing); ``None`` leaves the model as loaded (the compiled runner packs it itself). A gguf
+    layer kept in float is named so by its source (``"gguf Q5_1 kept float (<why>)"``) in the returned ``kernels``.
     ``quantize_head``: quantize the output projection too (``rtn-int8``/``rtn-int4`` only).
     """
     if quantize_head and precision not in HEAD_QUANTIZING:
