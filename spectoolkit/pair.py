@@ -32,13 +32,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from spectoolkit.embedded import GGUF_SUFFIX, cache_root, cached_directory, gguf_dir, remember_sha256
+from spectoolkit.embedded import GGUF_SUFFIX, READ_CHUNK, cache_root, cached_directory, gguf_dir, remember_sha256
 from spectoolkit.errors import SpecToolkitError
 
 PAIR_DIR = "pair"  # under cache_root(): one directory per assembled model
 MARKER = "verified.json"  # written last, after every check passed: the directory is complete and checked
 PART_NAME = re.compile(r"part(\d+)\.bin")
-READ_CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)

@@ -96,3 +96,17 @@ def greedy_engines(
     baseline = OneRequestEngine(engine(target, kv_target, eos), "baseline")
     spec = OneRequestEngine(engine(target, kv_target, eos, drafter(draft, target, kv_draft, eos), gamma), "spec")
     return baseline.target, baseline, spec
+
+
+def assert_greedy_identical(baseline, spec, prompts: tuple[str, ...], max_new: int, label: str) -> None:
+    """For every prompt, ``spec``'s output ids equal ``baseline``'s (the target alone), and something was drafted
+    over the prompts (else the check shows nothing)."""
+    drafted = 0
+    for prompt in encoded(prompts):
+        reference = baseline.generate(list(prompt), max_new, None).output_ids
+        out = spec.generate(list(prompt), max_new, None)
+        assert out.output_ids == reference, (
+            f"{label}: divergence on prompt {prompt[:8]}…: {out.output_ids} vs {reference}"
+        )
+        drafted += out.drafted_tokens
+    assert drafted > 0, f"{label}: nothing drafted, the test shows nothing"

@@ -86,13 +86,7 @@ def test_llamas_q_and_k_rows_are_permuted_back(reader, converted) -> None:
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_greedy_speculation_equals_the_gguf_target_alone(gamma: int) -> None:
     _, baseline, spec = embedded.greedy_engines("gguf", "gguf", "auto", "auto", gamma)
-    drafted = 0
-    for prompt in embedded.encoded(PROMPTS):
-        reference = baseline.generate(list(prompt), MAX_NEW, None).output_ids
-        out = spec.generate(list(prompt), MAX_NEW, None)
-        assert out.output_ids == reference, f"γ={gamma}: {out.output_ids} vs {reference}"
-        drafted += out.drafted_tokens
-    assert drafted > 0  # speculation was exercised
+    embedded.assert_greedy_identical(baseline, spec, PROMPTS, MAX_NEW, f"γ={gamma}")
 
 
 def test_a_checkpoint_no_gguf_backs_is_one_error(tiny_checkpoint) -> None:
