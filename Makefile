@@ -72,17 +72,32 @@ $(VLLM_STAMP):
 	rm -f $(VLLM_VENV)/.installed-*
 	touch $@
 
-# llama.cpp peer (experiments/peers_llamacpp.py): llama-cpp-python builds llama.cpp from source (~10-15 min
-# on 2 cores) into our venv; nothing in the package imports it. Built for the CPU it runs on:
+# llama.cpp peer: llama-server and llama-speculative-simple (backend=llamacpp, spectoolkit/backends/llamacpp.py),
+# built from the llama.cpp sources vendored in the llama-cpp-python sdist into $(LLAMA_DIR)/bin, and the
+# llama-cpp-python binding itself (experiments/peers_llamacpp.py); each is a build of llama.cpp from source
+# (~10-20 min on 2 cores). Nothing in the package imports the binding. Built for the CPU it runs on:
 # experiments/llama_cpp_flags.py runs a probe per x86 feature (a native build where every feature the CPU
 # lists runs; explicit flags where the guest lists one it cannot run, e.g. AMX on the Intel VMs).
-# LLAMA_CMAKE="..." overrides the probe.
+# LLAMA_CMAKE="..." overrides the probe. A rebuild for another machine: rm -rf $(LLAMA_DIR) first.
 LLAMA_CPP ?= llama-cpp-python==0.3.36
 LLAMA_CMAKE ?= $(shell $(PYTHON) experiments/llama_cpp_flags.py)
+LLAMA_DIR ?= .llama-cpp
+LLAMA_TOOLS := llama-server llama-speculative-simple
+LLAMA_SERVER := $(LLAMA_DIR)/bin/llama-server
 
-llama-cpp: install
+llama-cpp: install $(LLAMA_SERVER)
 	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q --no-cache-dir "$(LLAMA_CPP)"
 	$(PY) -c "import llama_cpp; print('llama-cpp-python', llama_cpp.__version__)"
 
+$(LLAMA_SERVER): | install
+	rm -rf $(LLAMA_DIR)/src $(LLAMA_DIR)/build && mkdir -p $(LLAMA_DIR)/src $(LLAMA_DIR)/bin
+	$(PY) -m pip download -q --no-deps --no-binary :all: "$(LLAMA_CPP)" -d $(LLAMA_DIR)/src
+	tar xzf $(LLAMA_DIR)/src/*.tar.gz -C $(LLAMA_DIR)/src
+	cmake -S $(LLAMA_DIR)/src/*/vendor/llama.cpp -B $(LLAMA_DIR)/build -DCMAKE_BUILD_TYPE=Release \
+		-DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF $(LLAMA_CMAKE)
+	cmake --build $(LLAMA_DIR)/build -j $$(nproc) --target $(LLAMA_TOOLS)
+	cd $(LLAMA_DIR)/build/bin && cp $(LLAMA_TOOLS) $(abspath $(LLAMA_DIR))/bin/
+	$(LLAMA_SERVER) --version
+
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache
+	rm -rf $(VENV) outputs multirun .pytest_cache $(LLAMA_DIR)

@@ -481,7 +481,7 @@ class ServerConfig:
         )
 
 
-BACKEND_KINDS = ("local", "endpoint", "vllm")
+BACKEND_KINDS = ("local", "endpoint", "vllm", "llamacpp")
 
 
 @dataclass(frozen=True)
@@ -495,6 +495,11 @@ class BackendConfig:
     - ``vllm``: vLLM servers started by us from this config (``make vllm`` installs vLLM in
       ``vllm_env``), on ``port`` (baseline) and ``port + 1`` (speculative); ``eagle_path``: an EAGLE head
       checkpoint for ``draft.kind=eagle``-style speculation; ``vllm_args``: extra server flags.
+    - ``llamacpp``: llama-server processes started by us (``make llama-cpp`` builds them into
+      ``llamacpp_dir/bin``) on the GGUF files of the target and draft, on ``port`` and ``port + 1`` like vLLM;
+      ``llamacpp_spec_type``: llama.cpp's speculative type (null: from the drafter: draft-simple for a draft
+      model, ngram-simple for +draft=ngram); ``llamacpp_slots``: parallel slots (null: the largest
+      serve.concurrency); ``llamacpp_ctx_per_slot``: context tokens per slot; ``llamacpp_args``: extra flags.
     Timeouts (seconds): ``connect_timeout_s`` per connection, ``read_timeout_s`` between stream chunks,
     ``request_timeout_s`` per request, ``startup_timeout_s`` for a managed server to become healthy.
     Only loopback addresses are targeted unless ``allow_remote=true``.
@@ -517,6 +522,11 @@ class BackendConfig:
     vllm_args: tuple[str, ...] = ()
     vllm_kv_cache_gib: int = 2
     vllm_threads_bind: str | None = None  # CPU build: null = every core (as our engine); "auto" = vLLM's choice
+    llamacpp_dir: str = ".llama-cpp"
+    llamacpp_spec_type: str | None = None
+    llamacpp_slots: int | None = None
+    llamacpp_ctx_per_slot: int = 4096
+    llamacpp_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _one_of("backend.kind", self.kind, BACKEND_KINDS)
@@ -528,7 +538,10 @@ class BackendConfig:
             self.kind != "endpoint" or bool(self.baseline_url),
             "backend=endpoint needs backend.baseline_url=URL (an OpenAI base URL such as http://127.0.0.1:8000/v1)",
         )
+        _require(self.llamacpp_slots is None or self.llamacpp_slots >= 1, "backend.llamacpp_slots must be >= 1")
+        _require(self.llamacpp_ctx_per_slot >= 16, "backend.llamacpp_ctx_per_slot must be >= 16 (tokens)")
         object.__setattr__(self, "vllm_args", tuple(str(arg) for arg in self.vllm_args))
+        object.__setattr__(self, "llamacpp_args", tuple(str(arg) for arg in self.llamacpp_args))
 
 
 EVAL_KINDS = ("none", "exactness", "lmeval")

@@ -38,8 +38,9 @@ SERVE_ENGINE = ("concurrency", "max_num_tokens", "max_num_seqs", "max_kv_tokens"
                 "max_draft_tokens", "batch_invariant")  # fmt: skip
 SERVING_UNUSED_BENCH = ("warmup", "calibrate", "baseline_check", "arms", "gammas", "reference_precision")
 CLIENT_KEYS = ("model", "api_key", "connect_timeout_s", "read_timeout_s", "request_timeout_s", "allow_remote")
-VLLM_KEYS = ("vllm_env", "host", "port", "eagle_path", "vllm_args", "vllm_kv_cache_gib", "vllm_threads_bind",
-             "startup_timeout_s")  # fmt: skip
+MANAGED_KEYS = ("host", "port", "startup_timeout_s")  # servers this run starts: vLLM or llama.cpp
+VLLM_KEYS = ("vllm_env", "eagle_path", "vllm_args", "vllm_kv_cache_gib", "vllm_threads_bind")
+LLAMACPP_KEYS = ("llamacpp_dir", "llamacpp_spec_type", "llamacpp_slots", "llamacpp_ctx_per_slot", "llamacpp_args")
 EXACTNESS_KEYS = ("stochastic_temperature", "analytic_positions", "samples", "length", "significance")
 LMEVAL_KEYS = ("tasks", "limit", "allow_code_execution")
 TREE_DRAFTER = (
@@ -134,11 +135,16 @@ RULES: tuple[Rule, ...] = (
     Rule("quant_quality", lambda c, e: c.eval.kind != "none" or not c.serve.enabled, _SERVING,
          "set serve.enabled=false"),
     *_rows([f"backend.{key}" for key in CLIENT_KEYS], lambda c, e: c.backend.kind != "local",
-           "with backend=local (our engine, in process)", "set backend=endpoint or backend=vllm"),
+           "with backend=local (our engine, in process)", "set backend=endpoint, vllm or llamacpp"),
     *_rows(("backend.baseline_url", "backend.spec_url"), lambda c, e: c.backend.kind == "endpoint",
-           "without backend=endpoint (backend=vllm gives the URLs of the servers it starts)", "set backend=endpoint"),
+           "without backend=endpoint (backend=vllm|llamacpp give the URLs of the servers they start)",
+           "set backend=endpoint"),
+    *_rows([f"backend.{key}" for key in MANAGED_KEYS], lambda c, e: c.backend.kind in ("vllm", "llamacpp"),
+           "without servers to start (backend=vllm or llamacpp)", "set backend=vllm or backend=llamacpp"),
     *_rows([f"backend.{key}" for key in VLLM_KEYS], lambda c, e: c.backend.kind == "vllm", "without backend=vllm",
            "set backend=vllm"),
+    *_rows([f"backend.{key}" for key in LLAMACPP_KEYS], lambda c, e: c.backend.kind == "llamacpp",
+           "without backend=llamacpp", "set backend=llamacpp"),
     # the batch-1 protocol's arm sets
     Rule("bench.drafters", lambda c, e: c.bench.arms == "drafters", "without bench.arms=drafters",
          "set bench.arms=drafters"),

@@ -22,7 +22,9 @@ from spectoolkit.config import run_config_from_dict
 from spectoolkit.config_checks import (
     CLIENT_KEYS,
     EXACTNESS_KEYS,
+    LLAMACPP_KEYS,
     LMEVAL_KEYS,
+    MANAGED_KEYS,
     RULES,
     SERVE_ENGINE,
     SERVE_LOAD,
@@ -47,6 +49,7 @@ SERVING = {"serve": {"enabled": True}}
 EXACTNESS, LMEVAL = {"eval": {"kind": "exactness"}}, {"eval": {"kind": "lmeval"}}
 ENDPOINT = {"serve": {"enabled": True}, "backend": {"kind": "endpoint", "baseline_url": URL}}
 VLLM = {"serve": {"enabled": True}, "backend": {"kind": "vllm"}}
+LLAMACPP = {"serve": {"enabled": True}, "backend": {"kind": "llamacpp"}}
 
 
 def _tree(kind: str, draft: str = "model", **tree: Any) -> dict[str, Any]:
@@ -78,11 +81,16 @@ CASES: list[Case] = [
        {"bench": {"arms": "gamma_sweep" if key == "gammas" else "four_groups"}}, "run")
       for key in SERVING_UNUSED_BENCH),
     ("quant_quality.enabled", "run", SERVING, "set serve.enabled=false", {}, "run"),
-    *((f"backend.{key}", "run", SERVING, "set backend=endpoint or backend=vllm", ENDPOINT, "run")
+    *((f"backend.{key}", "run", SERVING, "set backend=endpoint, vllm or llamacpp", ENDPOINT, "run")
       for key in CLIENT_KEYS),
-    ("backend.request_timeout_s", "run", SERVING, "set backend=endpoint or backend=vllm", VLLM, "run"),
+    ("backend.request_timeout_s", "run", SERVING, "set backend=endpoint, vllm or llamacpp", VLLM, "run"),
+    ("backend.request_timeout_s", "run", SERVING, "set backend=endpoint, vllm or llamacpp", LLAMACPP, "run"),
     *((f"backend.{key}", "run", VLLM, "set backend=endpoint", ENDPOINT, "run") for key in ("baseline_url", "spec_url")),
+    *((f"backend.{key}", "run", ENDPOINT, "set backend=vllm or backend=llamacpp", VLLM, "run") for key in MANAGED_KEYS),
+    *((f"backend.{key}", "run", ENDPOINT, "set backend=vllm or backend=llamacpp", LLAMACPP, "run")
+      for key in MANAGED_KEYS),
     *((f"backend.{key}", "run", ENDPOINT, "set backend=vllm", VLLM, "run") for key in VLLM_KEYS),
+    *((f"backend.{key}", "run", VLLM, "set backend=llamacpp", LLAMACPP, "run") for key in LLAMACPP_KEYS),
     ("bench.drafters", "run", {}, "without bench.arms=drafters: set bench.arms=drafters",
      {"bench": {"arms": "drafters"}}, "run"),
     ("bench.gammas", "run", {}, "set bench.arms=gamma_sweep (or tree_chain)", {"bench": {"arms": "gamma_sweep"}},

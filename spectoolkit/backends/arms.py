@@ -16,6 +16,7 @@ import httpx
 
 from spectoolkit.backends.endpoint import EndpointEngine, LoopThread, Timeouts
 from spectoolkit.backends.scrape import SpecCounters, scrape
+from spectoolkit.backends.wire import OPENAI, Wire
 from spectoolkit.config import BackendConfig, RunConfig, is_loopback
 from spectoolkit.errors import SpecToolkitError
 
@@ -111,7 +112,11 @@ def max_model_len(reports: list[dict[str, Any]]) -> int | None:
 
 
 def endpoint_arms(
-    cfg: RunConfig, loop: LoopThread, tokenizer: Any, declared: dict[str, Declared] | None = None
+    cfg: RunConfig,
+    loop: LoopThread,
+    tokenizer: Any,
+    declared: dict[str, Declared] | None = None,
+    wire: Wire = OPENAI,
 ) -> list[EndpointArm]:
     """ "baseline" on ``backend.baseline_url`` and "spec" on ``backend.spec_url`` (when given), probed."""
     backend = cfg.backend
@@ -124,7 +129,7 @@ def endpoint_arms(
         report = probe(url, backend)
         timeouts = Timeouts(backend.connect_timeout_s, backend.read_timeout_s, backend.request_timeout_s)
         engine = EndpointEngine(name, url, served_model(report, backend.model), cfg.sampling, timeouts, loop,
-                                tokenizer, backend.api_key)  # fmt: skip
+                                tokenizer, backend.api_key, wire)  # fmt: skip
         arms.append(_arm(name, engine, url, report, cfg, (declared or {}).get(name)))
     return arms
 

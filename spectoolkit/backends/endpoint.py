@@ -1,10 +1,11 @@
 """A :class:`~spectoolkit.serving.api.ServingEngine` over HTTP: any OpenAI-compatible server (issue 17).
 
-Each submitted request is one streamed ``POST {base_url}/completions`` with the prompt as token ids
-(every server sees the same input), the run's sampling, and ``return_token_ids`` (vLLM's extension,
-which our server implements too). Token times are the arrival times of the stream's chunks: a chunk
-that carries k tokens (a speculative step) is one delivery of k tokens, as in the in-process engine.
-A server that gives no ids gets its text re-tokenized (``ids_from_text`` is set on the engine).
+Each submitted request is one streamed completion with the prompt as token ids (every server sees the
+same input) and the run's sampling, in the server's dialect (:mod:`spectoolkit.backends.wire`: OpenAI's
+``/completions`` with ``return_token_ids``, or llama-server's ``/completion`` with ``return_tokens``).
+Token times are the arrival times of the stream's chunks: a chunk that carries k tokens (a speculative
+step) is one delivery of k tokens, as in the in-process engine. A server that gives no ids, or fewer
+than it says it generated, gets its text re-tokenized (``ids_from_text`` is set on the engine).
 
 The requests run on one asyncio loop in a background thread; :meth:`EndpointEngine.step` returns the
 requests that finished since the last call, waiting at most :data:`POLL_S` for one. Faults never
@@ -26,10 +27,14 @@ from typing import Any
 
 import httpx
 
+from spectoolkit.backends.wire import OPENAI, Wire
 from spectoolkit.config import SamplingConfig
 from spectoolkit.serving.api import FinishedRequest, ServeRequest
 
 POLL_S = 0.005  # longest wait of one step() for a finished request (open-loop arrivals stay on time)
+# An idle pooled connection is dropped before the server's own keep-alive timeout (5 s in llama-server's
+# cpp-httplib and in uvicorn): reusing one the server is closing fails the request before it was sent.
+KEEPALIVE_S = 2.0
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request in the run's log
 
 
@@ -59,14 +64,6 @@ class LoopThread:
         self._thread.join(timeout=10)
 
 
-def sampling_payload(sampling: SamplingConfig) -> dict[str, Any]:
-    """The request fields that make a server sample as the run does (greedy: temperature 0)."""
-    payload: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p}
-    if sampling.top_k > 0:
-        payload["top_k"] = sampling.top_k
-    return payload
-
-
 class EndpointEngine:
     """Serves requests by sending them to ``base_url`` (an OpenAI base URL, e.g. http://127.0.0.1:8000/v1)."""
 
@@ -80,11 +77,13 @@ class EndpointEngine:
         loop: LoopThread,
         tokenizer: Any = None,
         api_key: str | None = None,
+        wire: Wire = OPENAI,
     ) -> None:
         self.name, self.base_url, self.model, self.sampling = name, base_url.rstrip("/"), model, sampling
+        self.wire = wire
         self.timeouts, self.loop, self.tokenizer = timeouts, loop, tokenizer
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
         self._client = loop.run(_make_client(headers, timeouts, limits)).result()
         self._done: queue.SimpleQueue[tuple[int, FinishedRequest]] = queue.SimpleQueue()
         self._generation = 0  # bumped by reset(): a result of an earlier generation is dropped
@@ -158,16 +157,11 @@ class EndpointEngine:
         result.finish = time.perf_counter()
         self._done.put((generation, result))
 
-    def _payload(self, request: ServeRequest) -> dict[str, Any]:
-        return {
-            "model": self.model, "prompt": list(request.prompt_ids), "max_tokens": request.max_new_tokens,
-            "seed": request.seed, "stream": True, "stream_options": {"include_usage": True},
-            "return_token_ids": True, **sampling_payload(self.sampling),
-        }  # fmt: skip
-
     async def _stream(self, request: ServeRequest, result: FinishedRequest) -> None:
-        text, finish_reason = "", None
-        async with self._client.stream("POST", f"{self.base_url}/completions", json=self._payload(request)) as reply:
+        text, finish_reason, generated = "", None, None
+        payload = self.wire.payload(request, self.model, self.sampling)
+        reply = await self._send_once_more_if_dropped(payload)
+        try:
             if reply.status_code != 200:
                 body = (await reply.aread()).decode(errors="replace")
                 result.error = f"HTTP {reply.status_code} from {self.base_url}: {_error_message(body)}"
@@ -183,21 +177,37 @@ class EndpointEngine:
                     result.error = f"the server failed the request mid-stream: {_error_message(data)}"
                     return
                 now = time.perf_counter()
-                for choice in chunk.get("choices") or []:
-                    text += choice.get("text") or ""
-                    new_ids = self._new_ids(choice, text, result.output_ids)
-                    del result.token_times[len(result.output_ids) :]
-                    result.output_ids.extend(new_ids)
-                    result.token_times.extend([now] * len(new_ids))
-                    finish_reason = choice.get("finish_reason") or finish_reason
+                for piece in self.wire.pieces(chunk):
+                    text += piece.text
+                    self._extend(result, self._new_ids(piece.ids, text, result.output_ids), now)
+                    finish_reason = piece.finish_reason or finish_reason
+                    generated = piece.generated if piece.generated is not None else generated
+        finally:
+            await reply.aclose()
         if finish_reason is None:
             result.error = (f"the stream from {self.base_url} ended before the request finished "
                             f"(after {len(result.output_ids)} tokens)")  # fmt: skip
+        elif generated is not None and generated > len(result.output_ids):  # ids the stream left out
+            self._extend(result, self._new_ids(None, text, result.output_ids), time.perf_counter())
 
-    def _new_ids(self, choice: dict[str, Any], text: str, seen: list[int]) -> list[int]:
-        ids = choice.get("token_ids")
+    async def _send_once_more_if_dropped(self, payload: dict[str, Any]) -> httpx.Response:
+        """The streamed reply to ``payload``. A connection that closes before any response (a pooled one the
+        server was closing as it was reused) gets the request once more: the server never answered it."""
+        request = self._client.build_request("POST", self.wire.url(self.base_url), json=payload)
+        try:
+            return await self._client.send(request, stream=True)
+        except httpx.RemoteProtocolError:
+            return await self._client.send(request, stream=True)
+
+    @staticmethod
+    def _extend(result: FinishedRequest, new_ids: list[int], now: float) -> None:
+        del result.token_times[len(result.output_ids) :]
+        result.output_ids.extend(new_ids)
+        result.token_times.extend([now] * len(new_ids))
+
+    def _new_ids(self, ids: list[int] | None, text: str, seen: list[int]) -> list[int]:
         if ids is not None:
-            return [int(i) for i in ids]
+            return ids
         if self.tokenizer is None:
             raise ValueError("the server returned no token_ids and no tokenizer was loaded to count tokens")
         self.ids_from_text = True

@@ -1,12 +1,18 @@
-"""``backend=vllm``: start the baseline and speculative vLLM servers from the run's config (issue 17).
+"""``backend=vllm`` and ``backend=llamacpp``: start the baseline and speculative servers from the run's config
+(issues 17 and 46).
 
 The target checkpoint (``model.target_path``; the embedded SmolLM2 directory by default) is served at
 ``target.precision`` (a float precision: vLLM's ``--dtype``) on ``backend.port`` (baseline) and
 ``backend.port + 1`` (speculative: ``draft=ngram``, ``draft=<precision>`` with a draft model, or an
-EAGLE head when ``backend.eagle_path`` is given), both from the venv ``make vllm`` builds. Logs go to
-``<output_dir>/vllm-<arm>.log``. Servers are registered on the caller's ``ExitStack``, so they stop on
-every exit path; a server that dies or is not healthy within ``backend.startup_timeout_s`` is one
-clear error with its log's last lines.
+EAGLE head when ``backend.eagle_path`` is given), both from the venv ``make vllm`` builds.
+
+``backend=llamacpp``: llama-server (``make llama-cpp``) on the target's GGUF file at its own quantization
+(so the run says ``+target=gguf``), on the same two ports; the speculative server drafts with the draft
+model's GGUF (``+draft=gguf``), or with an n-gram mode (``+draft=ngram``, or ``backend.llamacpp_spec_type``).
+
+Logs go to ``<output_dir>/<backend>-<arm>.log``. Servers are registered on the caller's ``ExitStack``, so
+they stop on every exit path; a server that dies or is not healthy within ``backend.startup_timeout_s`` is
+one clear error with its log's last lines.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spectoolkit.backends.arms import Declared
+from spectoolkit.backends.llamacpp import DRAFT_TYPE, find_llama_server, llamacpp_server_args, server_version
 from spectoolkit.backends.process import ManagedServer
 from spectoolkit.backends.vllm import find_vllm_python, vllm_command, vllm_env, vllm_server_args
 from spectoolkit.config import RunConfig
@@ -79,7 +86,7 @@ def start_vllm_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[Run
     drafter = _drafter(cfg)
     env = vllm_env(backend.vllm_kv_cache_gib, _threads_bind(backend.vllm_threads_bind))
     roles = {"baseline": backend.port} | ({"spec": backend.port + 1} if drafter else {})
-    servers, managed = {}, {}
+    commands = {}
     for role, port in roles.items():
         args = vllm_server_args(
             role, model_dir=model_dir, served_model_name=cfg.model.name, host=backend.host, port=port,
@@ -88,17 +95,30 @@ def start_vllm_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[Run
             draft_precision=cfg.draft.precision if drafter == "model" else None, eagle_dir=_eagle_dir(cfg),
             extra_args=backend.vllm_args,
         )  # fmt: skip
-        log = Path(cfg.output_dir) / f"vllm-{role}.log"
-        server = ManagedServer(vllm_command(python, args), host=backend.host, port=port, log_path=log, env=env,
-                               name=f"vllm {role}", allow_remote=backend.allow_remote)  # fmt: skip
+        commands[role] = vllm_command(python, args)
+    cfg, managed = _start(cfg, stack, "vllm", commands, env)
+    return cfg, managed, _declared(cfg, drafter)
+
+
+def _start(cfg: RunConfig, stack: contextlib.ExitStack, kind: str, commands: dict[str, list[str]],
+           env: dict[str, str]) -> tuple[RunConfig, dict[str, Any]]:  # fmt: skip
+    """Start one server per role (baseline on backend.port, spec on port + 1), wait until all are healthy;
+    returns ``cfg`` with their URLs as the endpoint back-end's, and how each was started."""
+    backend = cfg.backend
+    servers, managed = {}, {}
+    for role, command in commands.items():
+        port = backend.port + (role == "spec")
+        log = Path(cfg.output_dir) / f"{kind}-{role}.log"
+        server = ManagedServer(command, host=backend.host, port=port, log_path=log, env=env,
+                               name=f"{kind} {role}", allow_remote=backend.allow_remote)  # fmt: skip
         stack.enter_context(server)
         servers[role] = server
         managed[role] = {"command": server.command, "log": str(log), "url": server.base_url}
     for server in servers.values():
         server.wait_healthy(backend.startup_timeout_s)
-    urls = {"baseline_url": servers["baseline"].base_url, "spec_url": servers["spec"].base_url if drafter else None}
-    cfg = dataclasses.replace(cfg, backend=dataclasses.replace(backend, **urls))
-    return cfg, managed, _declared(cfg, drafter)
+    spec = servers.get("spec")
+    urls = {"baseline_url": servers["baseline"].base_url, "spec_url": spec.base_url if spec else None}
+    return dataclasses.replace(cfg, backend=dataclasses.replace(backend, **urls)), managed
 
 
 def _declared(cfg: RunConfig, drafter: str | None) -> dict[str, Declared]:
@@ -108,3 +128,66 @@ def _declared(cfg: RunConfig, drafter: str | None) -> dict[str, Declared]:
         draft_precision = cfg.draft.precision if drafter == "model" else None
         declared["spec"] = Declared(f"vllm-{drafter}", cfg.speculate.gamma, "fixed", precision, draft_precision)
     return declared
+
+
+LLAMACPP_PRECISION = "gguf"  # llama.cpp runs a GGUF at the file's own quantization: our +target=gguf
+
+
+def _llamacpp_spec_type(cfg: RunConfig) -> str | None:
+    """llama.cpp's speculative type for the run's drafter (None: the target alone)."""
+    if cfg.backend.llamacpp_spec_type is not None:
+        return cfg.backend.llamacpp_spec_type
+    kind = cfg.draft.kind
+    if kind == "model":
+        if cfg.draft.precision != LLAMACPP_PRECISION:
+            raise SpecToolkitError(
+                f"backend=llamacpp drafts with the draft model's GGUF file at its own quantization, not "
+                f"draft={cfg.draft.precision}: use +draft=gguf"
+            )
+        return DRAFT_TYPE
+    if kind == "ngram":
+        return "ngram-simple"
+    if kind == "none":
+        return None
+    raise SpecToolkitError(
+        f"backend=llamacpp has no drafter like our +draft={kind}: use a draft model (+draft=gguf), +draft=ngram, "
+        "or one of llama.cpp's n-gram modes (backend.llamacpp_spec_type=ngram-mod, ngram-map-k, ngram-cache)"
+    )
+
+
+def start_llamacpp_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[RunConfig, dict[str, Any], dict]:
+    """Start llama-server for the target alone and, with a drafter, speculative; returns as
+    :func:`start_vllm_servers` does."""
+    from spectoolkit.models.paths import gguf_file
+
+    backend = cfg.backend
+    if cfg.target.precision != LLAMACPP_PRECISION:
+        raise SpecToolkitError(
+            f"backend=llamacpp runs the target's GGUF file at its own quantization, not target={cfg.target.precision}:"
+            " add +target=gguf (our arms at that precision run the same weights)"
+        )
+    binary = find_llama_server(backend.llamacpp_dir)
+    spec_type = _llamacpp_spec_type(cfg)
+    target = gguf_file(cfg.model.target_path)
+    draft = gguf_file(cfg.model.draft_path, "model.draft_path") if spec_type == DRAFT_TYPE else None
+    slots = backend.llamacpp_slots or max([*cfg.serve.concurrency, 1])
+    threads = os.cpu_count() or 1
+    commands = {}
+    for role in ("baseline", "spec") if spec_type else ("baseline",):
+        args = llamacpp_server_args(
+            model=target, served_model_name=cfg.model.name, host=backend.host, port=backend.port + (role == "spec"),
+            threads=threads, slots=slots, ctx_per_slot=backend.llamacpp_ctx_per_slot,
+            spec_type=spec_type if role == "spec" else None, gamma=cfg.speculate.gamma, draft_model=draft,
+            ngram_max=cfg.draft.ngram_max, extra_args=backend.llamacpp_args,
+        )  # fmt: skip
+        commands[role] = [str(binary), *args]
+    cfg, managed = _start(cfg, stack, "llamacpp", commands, {})
+    version = server_version(binary)
+    for started in managed.values():
+        started["version"] = version
+    precision = f"{LLAMACPP_PRECISION} (llama.cpp)"
+    declared = {"baseline": Declared("none", 0, "none", precision)}
+    if spec_type:
+        draft_precision = f"{LLAMACPP_PRECISION} (llama.cpp)" if draft else None
+        declared["spec"] = Declared(f"llamacpp-{spec_type}", cfg.speculate.gamma, "fixed", precision, draft_precision)
+    return cfg, managed, declared

@@ -2,7 +2,8 @@
 
 vLLM's names (our server exports the same): ``vllm:spec_decode_num_drafts_total``,
 ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` and
-``..._num_accepted_tokens_per_pos_total{position="j"}``, summed over every other label (model, engine).
+``..._num_accepted_tokens_per_pos_total{position="j"}``, summed over every other label (model, engine);
+llama-server (``--metrics``) exports the same names under ``llamacpp:``.
 A run's acceptance is the delta of two scrapes around it: acceptance_rate = accepted / draft tokens,
 mean acceptance length = 1 + accepted / drafts. A server without these metrics (a baseline, or a
 server that exports none) gives no counters — never zeros that would read as "nothing accepted".
@@ -15,10 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spectoolkit.metrics.spec_counters import SpecCounters
 
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+DRAFTS = "spec_decode_num_drafts_total"
+DRAFT_TOKENS = "spec_decode_num_draft_tokens_total"
+ACCEPTED = "spec_decode_num_accepted_tokens_total"
+PER_POSITION = "spec_decode_num_accepted_tokens_per_pos_total"
+PREFIXES = ("vllm:", "llamacpp:")
 
 
 def parse_spec_counters(text: str) -> SpecCounters | None:
@@ -27,16 +29,22 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
     per_position: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == PER_POSITION:
+            name = _unprefixed(sample.name)
+            if name == PER_POSITION:
                 position = int(sample.labels.get("position", -1))
                 per_position[position] = per_position.get(position, 0.0) + sample.value
-            elif sample.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
-                found[sample.name] = found.get(sample.name, 0.0) + sample.value
+            elif name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
+                found[name] = found.get(name, 0.0) + sample.value
     if DRAFTS not in found:
         return None
     width = max(per_position, default=-1) + 1
     positions = [per_position.get(j, 0.0) for j in range(width)]
     return SpecCounters(found[DRAFTS], found.get(DRAFT_TOKENS, 0.0), found.get(ACCEPTED, 0.0), positions)
+
+
+def _unprefixed(name: str) -> str | None:
+    prefix = next((p for p in PREFIXES if name.startswith(p)), None)
+    return None if prefix is None else name[len(prefix) :]
 
 
 def metrics_url(base_url: str) -> str:

@@ -1,9 +1,9 @@
-"""What a serving run measures when its arms are servers: ``backend=endpoint`` and ``backend=vllm`` (issue 17).
+"""What a serving run measures when its arms are servers: ``backend=endpoint``, ``vllm`` or ``llamacpp`` (issue 17).
 
 :func:`server_source` yields a :class:`ServerSource` — the tokenizer and context that prompts are
 encoded and checked with, the probed :class:`~spectoolkit.backends.arms.EndpointArm` s (each with what
 its server reports about itself), and how managed servers were started — and on exit closes the HTTP
-clients and stops every server it started (``backend=vllm``), Ctrl-C included.
+clients and stops every server it started (``backend=vllm|llamacpp``), Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from spectoolkit.backends.arms import Declared, EndpointArm, endpoint_arms, max_model_len
 from spectoolkit.backends.endpoint import LoopThread
+from spectoolkit.backends.wire import LLAMACPP, OPENAI
 from spectoolkit.config import RunConfig
 from spectoolkit.wiring.loading import load_tokenizer
 
@@ -31,7 +32,7 @@ class Encoding:
 class ServerSource:
     encoding: Encoding
     arms: list[EndpointArm]
-    managed: dict[str, Any]  # backend=vllm: how each server was started (command, log); empty otherwise
+    managed: dict[str, Any]  # backend=vllm|llamacpp: how each server was started (command, log); empty otherwise
 
 
 @contextlib.contextmanager
@@ -43,11 +44,13 @@ def server_source(cfg: RunConfig) -> Iterator[ServerSource]:
         stack.callback(loop.close)
         managed: dict[str, Any] = {}
         declared: dict[str, Declared] | None = None
-        if cfg.backend.kind == "vllm":
-            from spectoolkit.backends.managed import start_vllm_servers
+        if cfg.backend.kind in ("vllm", "llamacpp"):
+            from spectoolkit.backends.managed import start_llamacpp_servers, start_vllm_servers
 
-            cfg, managed, declared = start_vllm_servers(cfg, stack)
-        arms = endpoint_arms(cfg, loop, tokenizer, declared)
+            start = start_vllm_servers if cfg.backend.kind == "vllm" else start_llamacpp_servers
+            cfg, managed, declared = start(cfg, stack)
+        wire = LLAMACPP if cfg.backend.kind == "llamacpp" else OPENAI
+        arms = endpoint_arms(cfg, loop, tokenizer, declared, wire)
         for arm in arms:
             stack.callback(arm.engine.close)
         context = max_model_len([arm.server for arm in arms]) or _tokenizer_context(tokenizer)

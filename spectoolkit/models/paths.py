@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from spectoolkit.embedded import embedded_dir
+from spectoolkit.embedded import GGUF_SUFFIX, embedded_dir, gguf_path, gguf_source
 from spectoolkit.errors import SpecToolkitError, first_line
-from spectoolkit.pair import gguf_checkpoint
+from spectoolkit.pair import PAIR_MODELS, gguf_checkpoint, pair_gguf
 from spectoolkit.path_checks import WEIGHT_SUFFIXES, is_hub_id
 
 
@@ -39,6 +39,25 @@ def resolve_path(path: str | None) -> str:
         raise SpecToolkitError(f"model path '{path}' does not exist: give a local HF directory or a hub id")
     check_hub_model(path)
     return path  # a hub id such as "org/name"
+
+
+def gguf_file(path: str | None, setting: str = "model.target_path") -> Path:
+    """The GGUF file of checkpoint ``path`` (None: the embedded model's; a ``make pair`` name; a ``.gguf`` file; a
+    directory converted from one), for a peer that runs the file itself (llama.cpp); one error when it has none."""
+    if path is None or path == "embedded":
+        return gguf_path()
+    if path in PAIR_MODELS:
+        return pair_gguf(path)
+    local = Path(path).expanduser()
+    if local.name.endswith(GGUF_SUFFIX) and local.is_file():
+        return local.resolve()
+    source = gguf_source(local) if local.is_dir() else None
+    if source is None:
+        raise SpecToolkitError(
+            f"{setting}={path} is not a GGUF checkpoint, and llama.cpp runs GGUF files: give a .gguf file, a "
+            "`make pair` model name, or leave it unset (the embedded model)"
+        )
+    return source
 
 
 def check_hub_model(repo_id: str) -> None:

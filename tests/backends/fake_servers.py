@@ -15,7 +15,13 @@ answers ``POST .../completions`` is chosen by the first path segment of the base
 - ``trickle``: a token every ``TRICKLE_GAP_S`` for ever (each gap under the read timeout; the whole
   request outlasts the request timeout);
 - ``error_chunk``: one chunk, then ``data: {"error": ...}``;
-- ``text`` / ``text_split``: ``TEXT_CHUNKS`` / ``TEXT_SPLIT_CHUNKS`` as text only, no ``token_ids``.
+- ``text`` / ``text_split``: ``TEXT_CHUNKS`` / ``TEXT_SPLIT_CHUNKS`` as text only, no ``token_ids``;
+- ``llama`` (llama-server's own ``POST /completion``): one chunk per token with ``content`` and ``tokens``,
+  then a last chunk with ``stop: true``, ``stop_type: "limit"``, no tokens and ``tokens_predicted``;
+- ``llama_gap``: as llama-server sends a token that ends inside a UTF-8 character: the text of
+  ``TEXT_CHUNKS`` in 3 chunks, the middle one without its token id, ``tokens_predicted`` counting it;
+- ``drop``: the connection closes without a response; ``drop_once``: so the first time a prompt comes, as
+  ``ok`` after that.
 
 ``GET /<mode>/v1/models`` lists ``MODEL`` (mode ``nomodels``: 404); ``GET /prom/metrics`` answers
 ``.metrics_text``, any other ``/metrics`` 404; mode ``html`` answers every GET with an HTML page (200).
@@ -32,7 +38,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 MODEL = "fake-model"
-MODES = ("ok", "http500", "http400", "cut", "cut_chunked", "stall", "trickle", "error_chunk", "text", "text_split")
+MODES = ("ok", "http500", "http400", "cut", "cut_chunked", "stall", "trickle", "error_chunk", "text", "text_split",
+         "llama", "llama_gap", "drop", "drop_once")  # fmt: skip
 CHUNK_GAP_S = 0.02  # between two chunks of a normal stream: each chunk arrives at its own time
 STALL_S = 6.0  # silence of "stall" (the tests' read timeout is well under it)
 TRICKLE_GAP_S = 0.05
@@ -57,6 +64,10 @@ def _chunk(ids: list[int] | None, text: str, finish_reason: str | None = None) -
     if ids is not None:
         choice["token_ids"] = ids
     return {"id": "cmpl-fake", "object": "text_completion", "model": MODEL, "choices": [choice]}
+
+
+def _llama_end(generated: int) -> dict[str, Any]:
+    return {"content": "", "tokens": [], "stop": True, "stop_type": "limit", "tokens_predicted": generated}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -85,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
         mode = self.path.strip("/").split("/")[0]
         if mode == "byprompt":
             mode = MODES[body["prompt"][0]]
-        prompt, max_tokens = list(body.get("prompt") or [0]), int(body.get("max_tokens") or 16)
+        prompt, max_tokens = list(body.get("prompt") or [0]), int(body.get("max_tokens") or body.get("n_predict") or 16)
         try:
             self._answer(mode, prompt, max_tokens)
         except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout, reset())
@@ -93,6 +104,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, mode: str, prompt: list[int], max_tokens: int) -> None:
         ids = expected_ids(prompt, max_tokens)
+        if mode == "drop" or (mode == "drop_once" and self.server.first_time(tuple(prompt))):
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
+        mode = "ok" if mode == "drop_once" else mode
         if mode in ("http500", "http400"):
             status = int(mode[4:])
             error = {"message": ERROR_MESSAGES[status], "type": "BadRequestError", "param": None, "code": status}
@@ -114,6 +130,12 @@ class _Handler(BaseHTTPRequestHandler):
         elif mode in ("text", "text_split"):
             parts = TEXT_CHUNKS if mode == "text" else TEXT_SPLIT_CHUNKS
             self._stream([_chunk(None, t, "length" if i == len(parts) - 1 else None) for i, t in enumerate(parts)])
+        elif mode == "llama":
+            self._stream([*({"content": "x", "tokens": [i], "stop": False} for i in ids), _llama_end(len(ids))], False)
+        elif mode == "llama_gap":
+            pieces = [{"content": text, "tokens": [] if i == 1 else [7 + i], "stop": False}
+                      for i, text in enumerate(TEXT_CHUNKS)]  # fmt: skip
+            self._stream([*pieces, _llama_end(len(TEXT_CHUNKS))], done=False)
         else:
             self._json(404, {"error": {"message": f"unknown fake mode {mode!r}", "type": "not_found", "code": 404}})
 
@@ -192,10 +214,17 @@ class FakeOpenAIServer(ThreadingHTTPServer):
         self.metrics_text = ""  # what GET /prom/metrics answers (Prometheus exposition text)
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self._seen: set[tuple[int, ...]] = set()
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     def url(self, mode: str) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/{mode}/v1"
+
+    def first_time(self, prompt: tuple[int, ...]) -> bool:
+        with self._lock:
+            seen = prompt in self._seen
+            self._seen.add(prompt)
+        return not seen
 
     def record(self, body: dict[str, Any]) -> None:
         with self._lock:

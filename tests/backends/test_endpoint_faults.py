@@ -189,6 +189,18 @@ def test_server_down_error_says_refused(make_engine) -> None:
     assert "refused" in done.error.lower()
 
 
+def test_a_connection_dropped_before_any_response_gets_the_request_once_more(fake, make_engine) -> None:
+    prompt = [7, 3, 5]
+    done = serve_one(make_engine(fake.url("drop_once")), ServeRequest("a", prompt, MAX_NEW))
+    assert_succeeded(done, prompt)
+    assert [body["prompt"] for body in fake.received].count(prompt) == 2
+
+
+def test_a_server_that_keeps_dropping_fails_the_request(fake, make_engine) -> None:
+    done = serve_one(make_engine(fake.url("drop")), ServeRequest("a", [1, 2], MAX_NEW))
+    assert done.error is not None and done.error.startswith("RemoteProtocolError"), done.error
+
+
 # ---- a server that streams text only ----------------------------------------------------------
 
 
