@@ -182,6 +182,13 @@ class BaselineCheck:
     skipped: str | None = None  # why no stock counterpart was timed (e.g. our own rtn-* format)
     error: str | None = None  # the stock side failed; the run was kept
     seconds: float | None = None  # wall time of the whole check (bounded: bench.protocol.baseline_check)
+    # A run with a draft model: stock assisted generation (``generate(assistant_model=<stock draft>)``) beside our
+    # primary speculative arm, on the same prompts, interleaved with the two above.
+    spec_arm: str | None = None
+    spec_tokens_per_s: float | None = None  # ours: the primary speculative arm
+    assisted_tokens_per_s: float | None = None  # stock transformers assisted generation
+    assisted: str | None = None  # how the stock draft ran
+    assisted_skipped: str | None = None  # why assisted generation was not timed
 
 
 @dataclass

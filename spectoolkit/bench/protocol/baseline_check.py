@@ -11,10 +11,16 @@ prompt at the baseline's measured time per token; at least 30 s): a stock ``gene
 (a stopping criterion), the record says how fast it was going, and fewer prompts are timed where only some
 fit. A progress bar shows the check with its bound.
 
-Throughput on both sides is output tokens / wall time of the call, prefill included, summed over
+A run with a draft model adds two sides to the same interleaving: stock *assisted generation*
+(``generate(assistant_model=...)`` with a stock copy of the draft at its precision, transformers' own
+speculative decoding) and our primary speculative arm, so "our pair against the stock pair" is measured
+like "our baseline against stock". An assisted side that does not fit the bound is dropped with the reason;
+the plain check stands.
+
+Throughput on every side is output tokens / wall time of the call, prefill included, summed over
 the timed passes. Per prompt: one untimed warm-up of each, then ``PASSES`` timed passes of each,
-alternating which side goes first. Stock decodes greedily with ``min_new_tokens = max_new_tokens =``
-the number of tokens our warm-up produced, so both sides decode the same count (ours stops at EOS).
+alternating the order. Stock decodes greedily with ``min_new_tokens = max_new_tokens =`` the number of
+tokens our warm-up produced, so every side decodes the same count (ours stops at EOS).
 """
 
 from __future__ import annotations
@@ -70,7 +76,8 @@ def run_estimate_s(cfg: RunConfig, setup: RunSetup, num_prompts: int, seconds_pe
 def stock_baseline_check(
     cfg: RunConfig, setup: RunSetup, prompts: list[list[int] | str], progress: bool = False
 ) -> dict[str, Any] | None:
-    """``summary.json["baseline_check"]``: stock vs our baseline tokens/s and their ratio (ours / stock).
+    """``summary.json["baseline_check"]``: stock vs our baseline tokens/s and their ratio (ours / stock); with a
+    draft model also stock assisted generation and our primary speculative arm.
 
     ``prompts``: the run's prompt ids per request (a string: the reason it cannot run). Returns
     ``{"skipped": reason}`` where no honest stock counterpart exists or the stock side would run past the bound
@@ -83,14 +90,19 @@ def stock_baseline_check(
     if not runnable:
         return None
     max_new_tokens = min(cfg.workload.max_new_tokens, MAX_NEW_TOKENS)
-    stock, device, description = None, setup.models.device, None
+    stock, assistant, device, description = None, None, setup.models.device, None
+    spec = _assisted_arm(cfg, setup)
     began = time.perf_counter()
     try:
         stock, description = load_stock(arm.target.path, arm.target_precision, cfg.target.group_size, device)
-        with torch.inference_mode(), tqdm(total=len(runnable) * (1 + PASSES) * 2, disable=not progress,
+        assisted: dict[str, Any] = {}
+        if spec is not None:
+            assistant, assisted = _load_assistant(spec, cfg, device)
+        sides = 2 + 2 * (assistant is not None)
+        with torch.inference_mode(), tqdm(total=len(runnable) * (1 + PASSES) * sides, disable=not progress,
                                           desc="stock check", unit="gen", leave=False) as bar:  # fmt: skip
-            timer = _Interleaved(stock, arm, device, bar)
-            stock_rate, ours_rate, timed = timer.run(runnable, max_new_tokens, began, cfg, setup, len(all_runnable))
+            timer = _Interleaved(stock, arm, device, bar, assistant, spec)
+            rates, timed = timer.run(runnable, max_new_tokens, began, cfg, setup, len(all_runnable))
     except StockUnavailable as exc:
         return {"skipped": str(exc)}
     except _Skip as exc:
@@ -98,30 +110,62 @@ def stock_baseline_check(
     except Exception as exc:  # noqa: BLE001  a failing stock path (OOM, missing backend) must not lose the run
         return {"error": first_line(exc, with_type=True)}
     finally:
-        del stock
+        del stock, assistant
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if timer.assisted_skipped:
+        assisted["assisted_skipped"] = timer.assisted_skipped
+    if "assisted" in rates:
+        assisted |= {"spec_tokens_per_s": rates["spec"], "assisted_tokens_per_s": rates["assisted"]}
     return {
-        "stock_tokens_per_s": stock_rate, "baseline_tokens_per_s": ours_rate, "ratio": ours_rate / stock_rate,
-        "prompts": timed, "max_new_tokens": max_new_tokens, "stock": description,
-        "seconds": round(time.perf_counter() - began, 1),
+        "stock_tokens_per_s": rates["stock"], "baseline_tokens_per_s": rates["ours"],
+        "ratio": rates["ours"] / rates["stock"], "prompts": timed, "max_new_tokens": max_new_tokens,
+        "stock": description, "seconds": round(time.perf_counter() - began, 1), **assisted,
     }  # fmt: skip
 
 
-class _Interleaved:
-    """Both sides on the same prompts, alternating, within the check's bound (module docstring)."""
+def _assisted_arm(cfg: RunConfig, setup: RunSetup) -> Arm | None:
+    """The primary speculative arm when it drafts with a draft model (assisted generation's counterpart)."""
+    spec = setup.arm_set.spec
+    if spec is None or spec.draft is None or cfg.draft.kind != "model" or spec.draft.shared:
+        return None
+    return spec
 
-    def __init__(self, stock: torch.nn.Module, arm: Arm, device: torch.device, bar: tqdm) -> None:
+
+def _load_assistant(spec: Arm, cfg: RunConfig, device: torch.device) -> tuple[torch.nn.Module | None, dict]:
+    """A stock copy of ``spec``'s draft at its precision (None and the reason when there is none)."""
+    assert spec.draft is not None and spec.draft_precision is not None
+    info: dict[str, Any] = {"spec_arm": spec.name}
+    try:
+        assistant, info["assisted"] = load_stock(spec.draft.path, spec.draft_precision, cfg.draft.group_size, device)
+    except StockUnavailable as exc:
+        return None, info | {"assisted_skipped": f"no stock draft: {exc}"}
+    except ValueError as exc:  # a draft precision with no stock counterpart
+        return None, info | {"assisted_skipped": str(exc)}
+    return assistant, info
+
+
+class _Interleaved:
+    """Every side on the same prompts, alternating, within the check's bound (module docstring)."""
+
+    def __init__(
+        self, stock: torch.nn.Module, arm: Arm, device: torch.device, bar: tqdm,
+        assistant: torch.nn.Module | None = None, spec: Arm | None = None,
+    ) -> None:  # fmt: skip
         self.stock, self.arm, self.device, self.bar = stock, arm, device, bar
-        self.tokens, self.seconds = {"stock": 0, "ours": 0}, {"stock": 0.0, "ours": 0.0}
+        self.assistant, self.spec = assistant, spec
+        self.sides = ["stock", "ours"] + (["assisted", "spec"] if assistant is not None else [])
+        self.tokens = dict.fromkeys(self.sides, 0)
+        self.seconds = dict.fromkeys(self.sides, 0.0)
         self.deadline = math.inf
+        self.assisted_skipped: str | None = None
 
     def run(
         self, prompts: list[list[int]], max_new_tokens: int, began: float, cfg: RunConfig, setup: RunSetup,
         run_prompts: int,
-    ) -> tuple[float, float, int]:  # fmt: skip
-        """(stock, ours) tokens/s over ``PASSES`` timed passes per prompt, and how many prompts were timed."""
+    ) -> tuple[dict[str, float], int]:  # fmt: skip
+        """Tokens/s of every side over ``PASSES`` timed passes per prompt, and how many prompts were timed."""
         timed = 0
         for index, ids in enumerate(prompts):
             start = time.perf_counter()
@@ -144,15 +188,42 @@ class _Interleaved:
                     f"{count / ours_s:.2f} tok/s; a comparator for {self.arm.target_precision} must be within "
                     f"{FAR_SLOWER:g}x): too slow to show whether our baseline is slow"
                 )
-            if time.perf_counter() + PASSES * (stock_s + ours_s) > self.deadline:  # this prompt's passes do not fit
+            pass_s = stock_s + ours_s + self._warm_assisted(ids, count, bound)
+            if time.perf_counter() + PASSES * pass_s > self.deadline:  # this prompt's passes do not fit
                 if timed:
                     break
+                if len(self.sides) > 2:  # drop the assisted sides before the plain check
+                    self._drop_assisted(f"its passes do not fit the check's bound of {bound:.0f} s")
+                    if time.perf_counter() + PASSES * (stock_s + ours_s) <= self.deadline:
+                        self._passes(ids, count)
+                        timed += 1
+                        continue
                 raise _Skip(self._reason(stock_count, stock_s, count / ours_s, bound, estimate))
-            for pass_idx in range(PASSES):
-                for side in ("stock", "ours") if pass_idx % 2 == 0 else ("ours", "stock"):
-                    self._timed(side, ids, count)
+            self._passes(ids, count)
             timed += 1
-        return self.tokens["stock"] / self.seconds["stock"], self.tokens["ours"] / self.seconds["ours"], timed
+        return {side: self.tokens[side] / self.seconds[side] for side in self.sides}, timed
+
+    def _passes(self, ids: list[int], count: int) -> None:
+        for pass_idx in range(PASSES):
+            for side in self.sides if pass_idx % 2 == 0 else reversed(self.sides):
+                self._timed(side, ids, count)
+
+    def _warm_assisted(self, ids: list[int], count: int, bound: float) -> float:
+        """Warm up the assisted sides (untimed); their seconds, 0 when there are none or they were dropped."""
+        if len(self.sides) == 2:
+            return 0.0
+        start = time.perf_counter()
+        assisted = len(self._stock(ids, count, assisted=True))
+        if assisted < count:
+            self._drop_assisted(f"its warm-up ran past the check's bound of {bound:.0f} s ({assisted} of {count} "
+                                "tokens)")  # fmt: skip
+            return 0.0
+        self._spec(ids, count)
+        return time.perf_counter() - start
+
+    def _drop_assisted(self, why: str) -> None:
+        self.assisted_skipped = f"assisted generation not timed: {why}"
+        self.sides = ["stock", "ours"]
 
     def _reason(self, stock_tokens: int, stock_s: float, ours_rate: float, bound: float, estimate: float) -> str:
         stock_rate = stock_tokens / stock_s if stock_s > 0 else 0.0
@@ -166,7 +237,10 @@ class _Interleaved:
     def _timed(self, side: str, ids: list[int], count: int) -> None:
         synchronize(self.device)
         start = time.perf_counter()
-        out_ids = self._stock(ids, count) if side == "stock" else self._ours(ids, count)
+        if side in ("stock", "assisted"):
+            out_ids = self._stock(ids, count, assisted=side == "assisted")
+        else:
+            out_ids = self._ours(ids, count) if side == "ours" else self._spec(ids, count)
         synchronize(self.device)
         self.tokens[side] += len(out_ids)
         self.seconds[side] += time.perf_counter() - start
@@ -177,14 +251,24 @@ class _Interleaved:
         self.bar.update()
         return out
 
-    def _stock(self, ids: list[int], count: int) -> list[int]:
-        """``count`` new ids from stock greedy ``generate`` (EOS suppressed until then; fewer past the deadline)."""
+    def _spec(self, ids: list[int], max_new_tokens: int) -> list[int]:
+        """Our primary speculative arm's output ids."""
+        assert self.spec is not None
+        out = self.spec.engine.generate(ids, max_new_tokens, torch.Generator().manual_seed(0)).output_ids
+        self.bar.update()
+        return out
+
+    def _stock(self, ids: list[int], count: int, assisted: bool = False) -> list[int]:
+        """``count`` new ids from stock greedy ``generate``, assisted by the stock draft when ``assisted`` (EOS
+        suppressed until then; fewer past the deadline)."""
         model = self.stock
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # [1, L]
         pad = model.generation_config.pad_token_id
         pad = pad if pad is not None else model.generation_config.eos_token_id
         pad = pad[0] if isinstance(pad, list) else pad
         greedy = {"do_sample": False, "max_new_tokens": count, "min_new_tokens": count, "pad_token_id": pad}
+        if assisted:
+            greedy["assistant_model"] = self.assistant
         stop = StoppingCriteriaList([_Deadline(self.deadline)])
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), stopping_criteria=stop, **greedy)
         self.bar.update()

@@ -8,6 +8,9 @@ our loader's kernel swaps:
 - GPTQ (int4): the GPTQ checkpoint our run quantized (cached), loaded through transformers' own GPTQ
   integration (``from_pretrained`` reads its ``quantization_config``; optimum + GPTQModel underneath,
   with GPTQModel's default kernel choice).
+- gguf: the float checkpoint the GGUF file converts to, fp32 — what transformers' GGUF loading gives
+  (``from_pretrained(..., gguf_file=...)`` dequantizes every tensor; it has no GGUF kernels). The weights
+  are the very values our gguf precision holds in its packed codes.
 - rtn-int8 / rtn-int4: the float checkpoint at our rtn base precision (fp32), its linears quantized by
   torchao weight-only at the same bits and group size (``lm_head`` kept float, as ours): int4 through
   torchao's CPU int4 layout (``PrototypeInt4WeightOnlyConfig``: the tinygemm kernel), int8 through
@@ -22,6 +25,7 @@ import torch
 
 BNB = ("int8", "nf4")  # stock transformers loads these through BitsAndBytesConfig
 RTN = ("rtn-int8", "rtn-int4")
+GGUF = "gguf"
 
 
 class StockUnavailable(Exception):
@@ -42,6 +46,8 @@ def load_stock(path: str, precision: str, group_size: int, device: torch.device)
         model, how = _gptq(path, group_size, device)
     elif precision in RTN:
         model, how = _torchao(path, precision, group_size, device)
+    elif precision == GGUF:
+        model, how = _float(path, torch.float32, device), "GGUF dequantized to fp32 (transformers' GGUF loading)"
     else:
         raise ValueError(f"no stock counterpart for precision '{precision}'")
     model.eval()

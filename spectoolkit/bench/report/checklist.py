@@ -360,7 +360,7 @@ def check_baseline_vs_stock(summary: Summary) -> CheckItem:
     evidence = (
         f"ours {fmt(check.baseline_tokens_per_s, '.2f')} tok/s vs stock transformers "
         f"{fmt(check.stock_tokens_per_s, '.2f')} tok/s (ratio {check.ratio:.3f}, limit {STOCK_RATIO_LIMIT:.2f})"
-    ) + (f"; {check.stock}" if check.stock else "")
+    ) + (f"; {check.stock}" if check.stock else "") + _assisted_evidence(check)
     if check.ratio >= STOCK_RATIO_LIMIT:
         return CheckItem(name, PASS, evidence)
     kernels = summary.conditions.software.get("kernels")
@@ -370,6 +370,19 @@ def check_baseline_vs_stock(summary: Summary) -> CheckItem:
            + "else it is a slow path of our engine at this precision: file it with summary.json's "
            "baseline_check")  # fmt: skip
     return CheckItem(name, FAIL, evidence, fix)
+
+
+def _assisted_evidence(check) -> str:
+    """Stock assisted generation beside our speculative arm, when the run has a draft model (else "")."""
+    if check.assisted_tokens_per_s and check.spec_tokens_per_s:
+        return (
+            f"; with the draft model: ours ({check.spec_arm}) {check.spec_tokens_per_s:.2f} tok/s vs stock assisted "
+            f"generation {check.assisted_tokens_per_s:.2f} tok/s (ratio "
+            f"{check.spec_tokens_per_s / check.assisted_tokens_per_s:.3f}; stock assisted / stock plain "
+            f"{fmt(check.assisted_tokens_per_s / check.stock_tokens_per_s if check.stock_tokens_per_s else None)}); "
+            f"stock draft: {check.assisted}"
+        )
+    return f"; {check.assisted_skipped}" if check.assisted_skipped else ""
 
 
 def evaluate_checklist(summary: Summary, records: Records) -> list[CheckItem]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spectoolkit.bench.protocol.baseline_check import stock_baseline_check
+from spectoolkit.bench.protocol.baseline_check import _Deadline, stock_baseline_check
 from spectoolkit.bench.protocol.runner import SUMMARY_FILE, run
 from spectoolkit.bench.report.checklist import FAIL, NA, STOCK_RATIO_LIMIT, check_baseline_vs_stock
 from spectoolkit.config import BenchConfig, DraftConfig, ModelConfig, RunConfig, TargetConfig, WorkloadConfig
@@ -178,3 +178,65 @@ def test_a_run_writes_the_check_unless_switched_off(tiny_checkpoint: Path, tmp_p
     written = json.loads((tmp_path / "off" / SUMMARY_FILE).read_text(encoding="utf-8"))
     assert written.get("baseline_check") is None
     assert check_baseline_vs_stock(Summary.from_dict(written)).status == NA
+
+
+def _record_generate_calls(monkeypatch, calls: list[dict], starve_assisted: bool = False) -> None:
+    """Every stock ``generate`` call's keyword arguments go to ``calls``; ``starve_assisted``: an assisted call
+    returns no new token (as one stopped by the deadline)."""
+    from spectoolkit.bench.protocol import baseline_check
+
+    load = baseline_check.load_stock
+
+    def recording_load(*args, **kwargs):
+        model, how = load(*args, **kwargs)
+        generate = model.generate
+
+        def recorded(input_ids, **gen_kwargs):
+            calls.append(gen_kwargs)
+            if starve_assisted and "assistant_model" in gen_kwargs:
+                return input_ids
+            return generate(input_ids, **gen_kwargs)
+
+        model.generate = recorded
+        return model, how
+
+    monkeypatch.setattr(baseline_check, "load_stock", recording_load)
+
+
+def test_a_draft_model_adds_stock_assisted_generation_beside_our_spec_arm(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch
+) -> None:
+    cfg = _config(tiny_checkpoint, tmp_path, draft=DraftConfig(kind="model", precision="fp32"))
+    setup = build(cfg)
+    calls: list[dict] = []
+    _record_generate_calls(monkeypatch, calls)
+    check = stock_baseline_check(cfg, setup, _prompts(cfg, setup))
+    assert check["spec_arm"] == setup.arm_set.primary and check["assisted"].endswith("fp32"), check
+    assert check["spec_tokens_per_s"] > 0 and check["assisted_tokens_per_s"] > 0 and check["ratio"] > 0, check
+    ours = [call for call in calls if any(isinstance(c, _Deadline) for c in call.get("stopping_criteria", []))]
+    assisted = [call for call in ours if "assistant_model" in call]  # (the draft's own calls inside are not ours)
+    assert len(assisted) == 2 * (1 + 2) and len(ours) == 2 * len(assisted)  # 2 prompts: warm-up + 2 passes each
+    assert all(call["max_new_tokens"] == call["min_new_tokens"] and not call["do_sample"] for call in assisted)
+    item = check_baseline_vs_stock(Summary.from_dict({"baseline_check": check}))
+    assert "stock assisted generation" in item.evidence, item
+
+
+def test_assisted_generation_past_the_bound_is_dropped_and_the_plain_check_stands(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch
+) -> None:
+    cfg = _config(tiny_checkpoint, tmp_path, draft=DraftConfig(kind="model", precision="fp32"))
+    setup = build(cfg)
+    _record_generate_calls(monkeypatch, [], starve_assisted=True)
+    check = stock_baseline_check(cfg, setup, _prompts(cfg, setup))
+    assert check["ratio"] > 0 and "assisted_tokens_per_s" not in check, check
+    assert check["assisted_skipped"].startswith("assisted generation not timed: its warm-up ran past"), check
+    item = check_baseline_vs_stock(Summary.from_dict({"baseline_check": check}))
+    assert "assisted generation not timed" in item.evidence, item
+
+
+def test_a_gguf_target_is_timed_against_its_dequantized_float_checkpoint() -> None:
+    from spectoolkit.bench.protocol.stock_models import load_stock
+    from spectoolkit.embedded import embedded_dir
+
+    model, how = load_stock(str(embedded_dir()), "gguf", 64, torch.device("cpu"))
+    assert "GGUF dequantized to fp32" in how and next(model.parameters()).dtype == torch.float32
