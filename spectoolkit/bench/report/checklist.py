@@ -358,9 +358,13 @@ def check_baseline_vs_stock(summary: Summary) -> CheckItem:
     if check.ratio is None:
         return CheckItem(name, INSUFFICIENT, "baseline_check recorded without a ratio", RERUN)
     evidence = (
-        f"ours {fmt(check.baseline_tokens_per_s, '.2f')} tok/s vs stock transformers "
-        f"{fmt(check.stock_tokens_per_s, '.2f')} tok/s (ratio {check.ratio:.3f}, limit {STOCK_RATIO_LIMIT:.2f})"
-    ) + (f"; {check.stock}" if check.stock else "") + _assisted_evidence(check)
+        (
+            f"ours {fmt(check.baseline_tokens_per_s, '.2f')} tok/s vs stock transformers "
+            f"{fmt(check.stock_tokens_per_s, '.2f')} tok/s (ratio {check.ratio:.3f}, limit {STOCK_RATIO_LIMIT:.2f})"
+        )
+        + (f"; {check.stock}" if check.stock else "")
+        + _assisted_evidence(check)
+    )
     if check.ratio >= STOCK_RATIO_LIMIT:
         return CheckItem(name, PASS, evidence)
     kernels = summary.conditions.software.get("kernels")
