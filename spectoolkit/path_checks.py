@@ -19,6 +19,7 @@ What each kind holds is what its loader reads:
 - a JSONL file (``workload.path``, ``train.jsonl_path``): readable, with at least one non-blank line (each
   line's content is the workload loader's to judge: a bad line is one failed request, not a failed run);
 - the vLLM environment (``backend.vllm_env``): a directory with an executable bin/python;
+- the llama.cpp build (``backend.llamacpp_dir``): a directory with an executable bin/llama-server;
 - a directory the run writes (``output_dir``, ``train.out``): a directory, or a path whose nearest existing
   parent is a writable directory (it is created);
 - a report directory (``python -m spectoolkit.report DIR``): an existing, non-empty directory (whether it holds
@@ -50,6 +51,7 @@ Expects = Literal["file", "dir", "new_dir"]  # an existing file, an existing dir
 WEIGHT_SUFFIXES = (".safetensors", ".bin")  # checkpoint weight files (sharded ones too)
 MODEL_FILE_SUFFIXES: tuple[str, ...] = (GGUF_SUFFIX,)  # model locations that are one file (pair.gguf_checkpoint)
 GGUF_MAGIC = b"GGUF"  # the first bytes of every GGUF file
+LLAMA_SERVER = "bin/llama-server"  # what `make llama-cpp` builds into backend.llamacpp_dir
 HEAD_FILES = ("config.json", "model.safetensors")  # what Eagle3Head.save writes (CONFIG_FILE, WEIGHTS_FILE)
 READ_CHUNK = 1 << 16  # bytes read at a time while looking for a non-blank line
 
@@ -112,6 +114,10 @@ def _executable(venv: Path) -> str | None:
     return None if os.access(venv / "bin" / "python", os.X_OK) else "has a bin/python that is not executable"
 
 
+def _server(build: Path) -> str | None:
+    return None if os.access(build / LLAMA_SERVER, os.X_OK) else f"has a {LLAMA_SERVER} that is not executable"
+
+
 _HEAD_FOR_VLLM = "an EAGLE head checkpoint vLLM loads (config.json and *.safetensors or *.bin weights), e.g. the"
 _TRAIN_DRAFT = "directory python -m spectoolkit.train_draft prints"
 
@@ -140,6 +146,8 @@ TRAIN_JSONL = PathKind(
 )
 VLLM_ENV = PathKind("dir", "run `make vllm`, or point it at a virtual environment with vLLM installed (bin/python)",
                     needs=("bin/python",), content=_executable)  # fmt: skip
+LLAMACPP_DIR = PathKind("dir", f"run `make llama-cpp`, or point it at a directory with {LLAMA_SERVER}",
+                        needs=(LLAMA_SERVER,), content=_server)  # fmt: skip
 OUTPUT_DIR = PathKind("new_dir", "give a directory for the run's results (created if missing)")
 HEAD_COPY = PathKind("new_dir", "give a directory to copy the trained head to (created if missing)")
 REPORT_DIR = PathKind("dir", "point it at a run directory with summary.json or a sweep directory")
@@ -152,6 +160,7 @@ PATH_KEYS: dict[str, PathKind] = {
     "workload.path": WORKLOAD_JSONL,
     "backend.eagle_path": VLLM_HEAD,
     "backend.vllm_env": VLLM_ENV,
+    "backend.llamacpp_dir": LLAMACPP_DIR,
     "output_dir": OUTPUT_DIR,
     "train.jsonl_path": TRAIN_JSONL,
     "train.out": HEAD_COPY,
@@ -240,6 +249,7 @@ def run_paths(cfg: RunConfig, entry: Entry = "run") -> dict[str, str | None]:
         "workload.path": cfg.workload.path,
         "backend.eagle_path": cfg.backend.eagle_path,
         "backend.vllm_env": cfg.backend.vllm_env,
+        "backend.llamacpp_dir": cfg.backend.llamacpp_dir,
         "output_dir": cfg.output_dir,
     }
     return {key: value for key, value in values.items() if not dead_keys(cfg, [key], entry)}

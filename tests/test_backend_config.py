@@ -78,8 +78,10 @@ def test_endpoint_without_a_baseline_url_says_what_to_set() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [(["backend=endpoint", f"backend.baseline_url={URL}", "backend.port=8200"],
-      "backend.port has no effect without backend=vllm: set backend=vllm, or drop the override"),
-     (["backend.port=8200"], "backend.port has no effect without backend=vllm: set backend=vllm"),
+      r"backend.port has no effect without servers to start \(backend=vllm or llamacpp\): set backend=vllm or "
+      "backend=llamacpp, or drop the override"),
+     (["backend.port=8200"], "backend.port has no effect without servers to start"),
+     (["backend=vllm", "backend.llamacpp_slots=4"], "backend.llamacpp_slots has no effect without backend=llamacpp"),
      (["backend=vllm", f"backend.baseline_url={URL}"], "backend.baseline_url has no effect without backend=endpoint"),
      (["backend.read_timeout_s=5"], "backend.read_timeout_s has no effect with backend=local")],
 )  # fmt: skip

@@ -87,6 +87,14 @@ def _venv(root: Path) -> Path:
     return root
 
 
+def _llama(root: Path) -> Path:
+    server = root / "bin" / "llama-server"
+    server.parent.mkdir(parents=True)
+    server.write_text("#!/bin/sh\n", encoding="utf-8")
+    server.chmod(0o755)
+    return root
+
+
 def _run(values: dict[str, Any]) -> Callable[[str], None]:
     """Check the paths of the run config ``values`` with the key's value filled in at ``"VALUE"``."""
 
@@ -115,6 +123,7 @@ SETUPS: dict[str, Callable[[Path], Callable[[str], None]]] = {
         {"backend": {"kind": "vllm", "eagle_path": "VALUE", "vllm_env": str(_venv(tmp / "venv"))}}
     ),
     "backend.vllm_env": lambda tmp: _run({"backend": {"kind": "vllm", "vllm_env": "VALUE"}}),
+    "backend.llamacpp_dir": lambda tmp: _run({"backend": {"kind": "llamacpp", "llamacpp_dir": "VALUE"}}),
     "output_dir": lambda tmp: _run({"output_dir": "VALUE"}),
     "train.jsonl_path": lambda tmp: _train(sources=("jsonl",), jsonl_path="VALUE"),
     "train.out": lambda tmp: _train(out="VALUE"),
@@ -185,6 +194,7 @@ def _good_values(key: str, tmp: Path) -> list[str]:
         "workload.path": [str(jsonl)],
         "backend.eagle_path": [str(_hf_dir(tmp / "vllm-head")), "org/EAGLE3-head"],
         "backend.vllm_env": [str(_venv(tmp / "venv2"))],
+        "backend.llamacpp_dir": [str(_llama(tmp / "llama"))],
         "output_dir": created,
         "train.jsonl_path": [str(jsonl)],
         "train.out": created,
