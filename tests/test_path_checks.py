@@ -79,19 +79,12 @@ def test_the_rule_finds_a_new_path_key() -> None:
 # ---- each key, in a config where it takes effect -------------------------------------------------------------
 
 
-def _venv(root: Path) -> Path:
-    python = root / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.write_text("#!/bin/sh\n", encoding="utf-8")
-    python.chmod(0o755)
-    return root
-
-
-def _llama(root: Path) -> Path:
-    server = root / "bin" / "llama-server"
-    server.parent.mkdir(parents=True)
-    server.write_text("#!/bin/sh\n", encoding="utf-8")
-    server.chmod(0o755)
+def _venv(root: Path, program: str = "python") -> Path:
+    """A directory with an executable ``bin/<program>`` (a virtual environment's python, llama.cpp's server)."""
+    executable = root / "bin" / program
+    executable.parent.mkdir(parents=True)
+    executable.write_text("#!/bin/sh\n", encoding="utf-8")
+    executable.chmod(0o755)
     return root
 
 
@@ -194,7 +187,7 @@ def _good_values(key: str, tmp: Path) -> list[str]:
         "workload.path": [str(jsonl)],
         "backend.eagle_path": [str(_hf_dir(tmp / "vllm-head")), "org/EAGLE3-head"],
         "backend.vllm_env": [str(_venv(tmp / "venv2"))],
-        "backend.llamacpp_dir": [str(_llama(tmp / "llama"))],
+        "backend.llamacpp_dir": [str(_venv(tmp / "llama", "llama-server"))],
         "output_dir": created,
         "train.jsonl_path": [str(jsonl)],
         "train.out": created,
