@@ -16,7 +16,7 @@ import httpx
 
 from spectoolkit.backends.endpoint import EndpointEngine, LoopThread, Timeouts
 from spectoolkit.backends.scrape import SpecCounters, scrape
-from spectoolkit.backends.wire import OPENAI, Wire
+from spectoolkit.backends.wire import OPENAI, Wire, server_root
 from spectoolkit.config import BackendConfig, RunConfig, is_loopback
 from spectoolkit.errors import SpecToolkitError
 
@@ -69,7 +69,7 @@ def check_address(url: str, allow_remote: bool, setting: str) -> None:
 def probe(url: str, backend: BackendConfig) -> dict[str, Any]:
     """``/v1/models`` (required), ``/version`` and ``/info`` (when present) of the server at ``url``."""
     headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
-    root = url.rstrip("/").removesuffix("/v1")
+    root = server_root(url)
     try:
         models = httpx.get(f"{url.rstrip('/')}/models", headers=headers, timeout=backend.connect_timeout_s)
     except httpx.HTTPError as exc:

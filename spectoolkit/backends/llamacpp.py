@@ -31,8 +31,9 @@ NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngr
 SPEC_TYPES = (DRAFT_TYPE, *NGRAM_TYPES)
 
 
-def find_llama_server(directory: str | Path) -> Path:
-    """``<directory>/bin/llama-server`` (relative: to the working directory), checked to run."""
+def find_llama_server(directory: str | Path) -> tuple[Path, str]:
+    """``<directory>/bin/llama-server`` (relative: to the working directory), checked to run, and what its
+    ``--version`` prints (its build number and commit)."""
     root = Path(directory).expanduser().absolute()
     binary = root / "bin" / SERVER_BINARY
     if not (binary.is_file() and os.access(binary, os.X_OK)):
@@ -47,7 +48,8 @@ def find_llama_server(directory: str | Path) -> Path:
     if probe.returncode != 0:
         why = (probe.stderr or probe.stdout).decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise SpecToolkitError(f"{binary} --version failed ({why[0]}): run `make llama-cpp` again on this machine")
-    return binary
+    lines = (probe.stdout + probe.stderr).decode(errors="replace").splitlines()
+    return binary, next((line.strip() for line in lines if line.startswith("version")), " ".join(lines[-2:]).strip())
 
 
 def llamacpp_available(directory: str | Path) -> str | None:
@@ -57,13 +59,6 @@ def llamacpp_available(directory: str | Path) -> str | None:
     except SpecToolkitError as exc:
         return str(exc)
     return None
-
-
-def server_version(binary: Path) -> str:
-    """What ``llama-server --version`` prints (its build number and commit)."""
-    probe = subprocess.run([str(binary), "--version"], capture_output=True, timeout=60)
-    lines = (probe.stdout + probe.stderr).decode(errors="replace").splitlines()
-    return next((line.strip() for line in lines if line.startswith("version")), " ".join(lines[-2:]).strip())
 
 
 def llamacpp_server_args(

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from spectoolkit.backends.arms import Declared
-from spectoolkit.backends.llamacpp import DRAFT_TYPE, find_llama_server, llamacpp_server_args, server_version
+from spectoolkit.backends.llamacpp import DRAFT_TYPE, find_llama_server, llamacpp_server_args
 from spectoolkit.backends.process import ManagedServer
 from spectoolkit.backends.vllm import find_vllm_python, vllm_command, vllm_env, vllm_server_args
-from spectoolkit.config import RunConfig
+from spectoolkit.config import BackendConfig, RunConfig
 from spectoolkit.errors import SpecToolkitError
 
 FLOAT_DTYPES = ("fp32", "bf16", "fp16")
@@ -85,11 +85,10 @@ def start_vllm_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[Run
     model_dir = cfg.model.target_path or str(embedded_dir())
     drafter = _drafter(cfg)
     env = vllm_env(backend.vllm_kv_cache_gib, _threads_bind(backend.vllm_threads_bind))
-    roles = {"baseline": backend.port} | ({"spec": backend.port + 1} if drafter else {})
     commands = {}
-    for role, port in roles.items():
+    for role in _roles(drafter is not None):
         args = vllm_server_args(
-            role, model_dir=model_dir, served_model_name=cfg.model.name, host=backend.host, port=port,
+            role, model_dir=model_dir, served_model_name=cfg.model.name, host=backend.host, port=_port(backend, role),
             dtype=cfg.target.precision, gamma=cfg.speculate.gamma, drafter=drafter or "ngram",
             ngram_max=cfg.draft.ngram_max, ngram_min=cfg.draft.ngram_min, draft_model_dir=cfg.model.draft_path,
             draft_precision=cfg.draft.precision if drafter == "model" else None, eagle_dir=_eagle_dir(cfg),
@@ -100,6 +99,15 @@ def start_vllm_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[Run
     return cfg, managed, _declared(cfg, drafter)
 
 
+def _roles(speculative: bool) -> tuple[str, ...]:
+    return ("baseline", "spec") if speculative else ("baseline",)
+
+
+def _port(backend: BackendConfig, role: str) -> int:
+    """The baseline server listens on backend.port, the speculative one on the next port."""
+    return backend.port + (role == "spec")
+
+
 def _start(cfg: RunConfig, stack: contextlib.ExitStack, kind: str, commands: dict[str, list[str]],
            env: dict[str, str]) -> tuple[RunConfig, dict[str, Any]]:  # fmt: skip
     """Start one server per role (baseline on backend.port, spec on port + 1), wait until all are healthy;
@@ -107,9 +115,8 @@ def _start(cfg: RunConfig, stack: contextlib.ExitStack, kind: str, commands: dic
     backend = cfg.backend
     servers, managed = {}, {}
     for role, command in commands.items():
-        port = backend.port + (role == "spec")
         log = Path(cfg.output_dir) / f"{kind}-{role}.log"
-        server = ManagedServer(command, host=backend.host, port=port, log_path=log, env=env,
+        server = ManagedServer(command, host=backend.host, port=_port(backend, role), log_path=log, env=env,
                                name=f"{kind} {role}", allow_remote=backend.allow_remote)  # fmt: skip
         stack.enter_context(server)
         servers[role] = server
@@ -166,23 +173,22 @@ def start_llamacpp_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple
             f"backend=llamacpp runs the target's GGUF file at its own quantization, not target={cfg.target.precision}:"
             " add +target=gguf (our arms at that precision run the same weights)"
         )
-    binary = find_llama_server(backend.llamacpp_dir)
+    binary, version = find_llama_server(backend.llamacpp_dir)
     spec_type = _llamacpp_spec_type(cfg)
     target = gguf_file(cfg.model.target_path)
     draft = gguf_file(cfg.model.draft_path, "model.draft_path") if spec_type == DRAFT_TYPE else None
     slots = backend.llamacpp_slots or max([*cfg.serve.concurrency, 1])
     threads = os.cpu_count() or 1
     commands = {}
-    for role in ("baseline", "spec") if spec_type else ("baseline",):
+    for role in _roles(spec_type is not None):
         args = llamacpp_server_args(
-            model=target, served_model_name=cfg.model.name, host=backend.host, port=backend.port + (role == "spec"),
+            model=target, served_model_name=cfg.model.name, host=backend.host, port=_port(backend, role),
             threads=threads, slots=slots, ctx_per_slot=backend.llamacpp_ctx_per_slot,
             spec_type=spec_type if role == "spec" else None, gamma=cfg.speculate.gamma, draft_model=draft,
             ngram_max=cfg.draft.ngram_max, extra_args=backend.llamacpp_args,
         )  # fmt: skip
         commands[role] = [str(binary), *args]
     cfg, managed = _start(cfg, stack, "llamacpp", commands, {})
-    version = server_version(binary)
     for started in managed.values():
         started["version"] = version
     precision = f"{LLAMACPP_PRECISION} (llama.cpp)"

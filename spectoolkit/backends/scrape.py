@@ -14,6 +14,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from spectoolkit.backends.wire import server_root
 from spectoolkit.metrics.spec_counters import SpecCounters
 
 DRAFTS = "spec_decode_num_drafts_total"
@@ -49,8 +50,7 @@ def _unprefixed(name: str) -> str | None:
 
 def metrics_url(base_url: str) -> str:
     """``http://host:port/v1`` -> ``http://host:port/metrics``."""
-    root = base_url.rstrip("/")
-    return (root[: -len("/v1")] if root.endswith("/v1") else root) + "/metrics"
+    return f"{server_root(base_url)}/metrics"
 
 
 def scrape(base_url: str, timeout_s: float) -> SpecCounters | None:

@@ -34,8 +34,6 @@ class Piece:
 
 
 class Wire(Protocol):
-    name: str
-
     def url(self, base_url: str) -> str:
         """Where a completion is posted, for the OpenAI base URL ``base_url`` (``http://host:port/v1``)."""
         ...
@@ -47,6 +45,11 @@ class Wire(Protocol):
         ...
 
 
+def server_root(base_url: str) -> str:
+    """``http://host:port/v1`` -> ``http://host:port``: where a server's routes outside OpenAI's API live."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
 def sampling_payload(sampling: SamplingConfig) -> dict[str, Any]:
     """The OpenAI request fields that make a server sample as the run does (greedy: temperature 0)."""
     payload: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p}
@@ -56,8 +59,6 @@ def sampling_payload(sampling: SamplingConfig) -> dict[str, Any]:
 
 
 class OpenAIWire:
-    name = "openai"
-
     def url(self, base_url: str) -> str:
         return f"{base_url.rstrip('/')}/completions"
 
@@ -83,10 +84,8 @@ LLAMACPP_NEUTRAL = {
 
 
 class LlamaCppWire:
-    name = "llama.cpp"
-
     def url(self, base_url: str) -> str:
-        return f"{base_url.rstrip('/').removesuffix('/v1')}/completion"
+        return f"{server_root(base_url)}/completion"
 
     def payload(self, request: ServeRequest, model: str, sampling: SamplingConfig) -> dict[str, Any]:
         return {
