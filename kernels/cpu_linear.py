@@ -11,6 +11,12 @@ panel, so one SIMD lane holds one output column and a panel streams as one run o
 - nf4 (bitsandbytes' 4-bit NormalFloat): ``data`` as int4, code u standing for :data:`NF4` [u]; ``scales`` fp32
   [P, G, 16] the blocks' absmax; ``zeros`` empty (that is how the kernel tells nf4 from int4).
 
+With int8 activations (issue 47, DESIGN §7) int8 and int4 weights take a second layout, for the integer dot
+products: ``data`` int8 [P, K/4, 16, 4] (each column's 4 consecutive codes together) or uint8 [P, K/8, 16, 4]
+(byte (i, c, j): code of k = 8i + j in the low nibble, of 8i + 4 + j in the high one); scales and zeros as
+above. Each row is then quantized per 32-element block (:func:`quantize_activations`) and each sub-block's
+integer sum is exact (csrc/int_body.inc says how); :func:`to_int8_activations` re-lays a packed weight.
+
 Output element (m, n) is then, for float weights, ``acc = fma(x[m, k], W[n, k], acc)`` for k ascending;
 for quantized weights, per group g, ``block = fma(x[m, k], q[n, k], block)`` over the group from 0, then
 ``acc = fma(block, scale, acc)`` (int4: then ``acc = fma(sum of x over the group, zero, acc)``). The
@@ -44,7 +50,7 @@ NF4 = torch.tensor(
 class PackedWeight:
     """One linear's weight in the kernel's panels (module docstring); ``group`` = K for float weights."""
 
-    data: torch.Tensor  # [P, K, 16] fp32/bf16/int8, or [P, K/2, 16] uint8 (int4, nf4)
+    data: torch.Tensor  # [P, K, 16] fp32/bf16/int8, [P, K/2, 16] uint8 (int4, nf4); int8 activations: [P, K/4|8, 16, 4]
     scales: torch.Tensor  # [P, G, 16] fp32, or empty
     zeros: torch.Tensor  # [P, G, 16] fp32 (int4), or empty
     out_features: int  # N
@@ -56,6 +62,11 @@ class PackedWeight:
         if self.data.dtype == torch.uint8:
             return "int4" if self.zeros.numel() else "nf4"
         return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8"}[self.data.dtype]
+
+    @property
+    def activations(self) -> str:
+        """ "int8": the integer-activation layout; "float": the panels (x stays fp32)."""
+        return "int8" if self.data.dim() == 4 else "float"
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.zeros))
@@ -128,7 +139,7 @@ def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = No
 
 def dequantized(packed: PackedWeight) -> torch.Tensor:
     """The weight [N, K] as fp64, from the panels (what the kernel multiplies by)."""
-    data = packed.data
+    data = _float_layout(packed).data
     if packed.kind in ("int4", "nf4"):
         codes = torch.stack([data & 15, data >> 4], dim=2).flatten(1, 2)  # [P, K, 16] u
         codes = codes.double() - 8 if packed.kind == "int4" else NF4.double()[codes.long()]
@@ -143,8 +154,68 @@ def dequantized(packed: PackedWeight) -> torch.Tensor:
     return weight[: packed.out_features]
 
 
+QBLOCK = 32  # activation elements per int8 scale (csrc QBLOCK)
+
+
+def int8_activations_why(packed: PackedWeight) -> str | None:
+    """Why ``packed`` cannot run with int8 activations (None: it can)."""
+    if packed.kind not in ("int8", "int4"):
+        return f"{packed.kind} weights are not integer codes"
+    if packed.in_features % QBLOCK:
+        return f"K={packed.in_features} is not a multiple of {QBLOCK}"
+    if packed.group % QBLOCK and packed.group != 16:
+        return f"group {packed.group} is neither 16 nor a multiple of {QBLOCK}"
+    return None
+
+
+def to_int8_activations(packed: PackedWeight) -> PackedWeight:
+    """``packed`` (int8 or int4 panels) in the integer-activation layout (module docstring); the same weights."""
+    why = int8_activations_why(packed)
+    if why is not None:
+        raise ValueError(f"cannot run with int8 activations: {why}")
+    if packed.activations == "int8":
+        return packed
+    data = packed.data
+    count = data.shape[0]
+    if packed.kind == "int8":  # [P, K, 16] -> [P, K/4, 16, 4]
+        quads = data.view(count, -1, 4, PANEL).transpose(2, 3).contiguous()
+    else:  # nibbles [P, K/2, 16] -> codes [P, K/8, 2, 4, 16] (k = 8i + 4h + j) -> [P, K/8, 16, 4]
+        codes = torch.stack([data & 15, data >> 4], dim=2).view(count, -1, 2, 4, PANEL)
+        quads = (codes[:, :, 0] | (codes[:, :, 1] << 4)).transpose(2, 3).contiguous()
+    return PackedWeight(quads, packed.scales, packed.zeros, packed.out_features, packed.in_features, packed.group)
+
+
+def _float_layout(packed: PackedWeight) -> PackedWeight:
+    """``packed`` in the panels of float activations (the inverse of :func:`to_int8_activations`)."""
+    if packed.activations == "float":
+        return packed
+    data = packed.data
+    count = data.shape[0]
+    if data.dtype == torch.int8:
+        panels = data.transpose(2, 3).reshape(count, -1, PANEL)
+    else:
+        codes = torch.stack([data & 15, data >> 4], dim=2).transpose(3, 4)  # [P, K/8, 2, 4, 16]
+        codes = codes.reshape(count, -1, PANEL)  # [P, K, 16]
+        panels = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return PackedWeight(panels.contiguous(), packed.scales, packed.zeros, packed.out_features, packed.in_features,
+                        packed.group)  # fmt: skip
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> int8 codes [M, K] and fp32 scales [M, K/32], in torch (the kernel's rule, written again): per
+    block d = max |x| / 127, q = x / d rounded half to even (a zero block: codes 0)."""
+    blocks = x.float().reshape(x.shape[0], -1, QBLOCK)  # [M, K/32, 32]
+    scales = blocks.abs().amax(dim=-1) / 127  # [M, K/32]
+    safe = torch.where(scales == 0, torch.ones_like(scales), scales)
+    codes = torch.round(blocks / safe[..., None]).clamp(-127, 127).to(torch.int8)
+    return codes.reshape(x.shape), scales
+
+
 def reference_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same product in fp64 (what the kernel approximates in fp32): x [M, K] -> [M, N] fp64."""
+    if packed.activations == "int8":  # the product of the quantized rows
+        codes, scales = quantize_activations(x.reshape(-1, packed.in_features))
+        x = (codes.double().view(codes.shape[0], -1, QBLOCK) * scales.double()[..., None]).reshape(codes.shape)
     out = x.double() @ dequantized(packed).t()
     return out + bias.double() if bias is not None else out
 
@@ -171,6 +242,17 @@ class PackedLinear(nn.Module):
     def packed(self) -> PackedWeight:
         return PackedWeight(self.data, self.scales, self.zeros, self.out_features, self.in_features, self.group)
 
+    @property
+    def activations(self) -> str:
+        """ "int8" when the layer runs integer dot products (its data in that layout), else "float"."""
+        return "int8" if self.data.dim() == 4 else "float"
+
+    def set_packed(self, packed: PackedWeight) -> None:
+        """Hold ``packed`` (the same weight in another layout, e.g. :func:`to_int8_activations`) from now on."""
+        if (packed.out_features, packed.in_features, packed.group) != (self.out_features, self.in_features, self.group):
+            raise ValueError("set_packed takes the same weight in another layout")
+        self.data, self.scales, self.zeros = packed.data, packed.scales, packed.zeros
+
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs [..., K] -> [..., N] in the input dtype."""
         rows = inputs.reshape(-1, self.in_features).float()  # [M, K]
@@ -180,7 +262,8 @@ class PackedLinear(nn.Module):
         return out.to(inputs.dtype).view(*inputs.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}, from={self.source}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, kind={self.kind}, "
+                f"activations={self.activations}, from={self.source}")  # fmt: skip
 
 
 def fully_packed(model: nn.Module) -> bool:

@@ -1,12 +1,12 @@
 """Build and load our CPU kernels (``kernels/csrc``): ``torch.ops.spectoolkit.linear`` / ``paged_attention``.
 
-One build runs on every x86-64 CPU (DESIGN §7): the kernels are compiled for AVX-512, AVX2+FMA and
-plain scalar code in one library (no ``-march=native``), and each call takes the best path this CPU
-has (:func:`best_isa`) unless told otherwise — the tests run every path the CPU can and compare bits.
-``SPECTOOLKIT_ISA=scalar|avx2|avx512`` pins a run to one path (to reproduce another machine's path;
-every path gives the same bits). The library is built once per source version with torch's C++
-extension loader (gcc, ~1 min) and cached under torch's extensions directory; ``-ffp-contract=off``
-keeps the compiler from fusing or reordering any multiply-add the kernels do not spell out.
+One build runs on every x86-64 CPU (DESIGN §7): the kernels are compiled for AVX-512 (with and without VNNI),
+AVX2+FMA (with and without AVX-VNNI) and plain scalar code in one library (no ``-march=native``), and each
+call takes the best path this CPU has (:func:`best_isa`) unless told otherwise — the tests run every path the
+CPU can and compare bits. ``SPECTOOLKIT_ISA=scalar|avx2|avx512|avx512-vnni|avx-vnni`` pins a run to one path
+(to reproduce another machine's path; every path gives the same bits). The library is built once per source
+version with torch's C++ extension loader (gcc, ~30 s) and cached under torch's extensions directory;
+``-ffp-contract=off`` keeps the compiler from fusing or reordering any multiply-add the kernels do not spell out.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import torch
 from spectoolkit.errors import SpecToolkitError, first_line
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "isa_body.inc", "layer.inc")
-ISAS = ("scalar", "avx2", "avx512")  # index = the ops' ``isa`` argument
+SOURCES = ("ops.cpp", "isa_body.inc", "int_body.inc", "layer.inc")
+# The paths, by index (the ops' ``isa`` argument). Not an order: an AVX-512 CPU may lack AVX-VNNI and the other
+# way round. The VNNI paths differ from their base paths only in the integer-activation linear's dot product.
+ISAS = ("scalar", "avx2", "avx512", "avx512-vnni", "avx-vnni")
 HEAD_DIMS = tuple(range(16, 257, 16))  # head dims the attention, rotary and norm kernels take (csrc MAX_HEAD_DIM)
 
 
@@ -51,18 +53,19 @@ def load() -> None:
         torch.library.register_fake(f"spectoolkit::{name}")(_fake_like_first)
     torch.library.register_fake("spectoolkit::attn_in")(_fake_attn_in)
     torch.library.register_fake("spectoolkit::kv_encode")(_fake_kv_encode)
+    torch.library.register_fake("spectoolkit::quantize_activations")(_fake_quantize_activations)
 
 
 def best_isa() -> int:
     """The path calls take: the best this CPU runs (index into :data:`ISAS`), or ``SPECTOOLKIT_ISA``'s."""
     load()
-    best = torch.ops.spectoolkit.cpu_isa()
     pinned = os.environ.get("SPECTOOLKIT_ISA")
     if not pinned:
-        return best
-    if pinned not in ISAS or ISAS.index(pinned) > best:
+        return torch.ops.spectoolkit.cpu_isa()
+    runs = available_isas()
+    if pinned not in runs:
         raise SpecToolkitError(
-            f"SPECTOOLKIT_ISA={pinned}: this CPU runs {', '.join(ISAS[: best + 1])}; unset it or pick one of those"
+            f"SPECTOOLKIT_ISA={pinned}: this CPU runs {', '.join(runs)}; unset it or pick one of those"
         )
     return ISAS.index(pinned)
 
@@ -70,7 +73,12 @@ def best_isa() -> int:
 def available_isas() -> tuple[str, ...]:
     """Every path this CPU can run (the scalar one always)."""
     load()
-    return ISAS[: torch.ops.spectoolkit.cpu_isa() + 1]
+    return tuple(name for index, name in enumerate(ISAS) if torch.ops.spectoolkit.isa_available(index))
+
+
+def isa_name() -> str:
+    """The name of the path calls take (:func:`best_isa`)."""
+    return ISAS[best_isa()]
 
 
 def _fake_linear(x, w, scales, zeros, bias, n, group, isa=-1) -> torch.Tensor:
@@ -89,6 +97,11 @@ def _fake_kv_encode(rows, store, scaled):
     """rows [W, H, D] -> (codes in the store's dtype, scales [W, H, 1] or empty), for tracing."""
     scale_shape = (rows.shape[0], rows.shape[1], 1) if scaled else (0,)
     return rows.new_empty(rows.shape, dtype=store.dtype), rows.new_empty(scale_shape, dtype=torch.float32)
+
+
+def _fake_quantize_activations(x):
+    """x [M, K] -> codes int8 [M, K], scales fp32 [M, K / 32], for tracing."""
+    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty((x.shape[0], x.shape[1] // 32), dtype=torch.float32)
 
 
 def _fake_like_first(x, *args) -> torch.Tensor:

@@ -31,6 +31,17 @@ struct KvRows {
   int64_t D;
 };
 
+constexpr int64_t QBLOCK = 32;  // activations quantize to int8 per row and block of this many elements
+
+// A step's activation rows quantized to int8 (quantize_rows), what the integer-activation linear reads.
+struct Q8Rows {
+  const int8_t* q;   // [M, K] codes in [-127, 127]
+  const float* d;    // [M, K / QBLOCK] scales: max |x| / 127 over the block
+  const int32_t* s;  // [M, K / S] sum of the codes over each weight sub-block of S elements
+  const float* sd;   // [M, K / S] d of the sub-block's activation block times float(s)
+  int64_t K, S;
+};
+
 }  // namespace
 
 // bitsandbytes' 4-bit NormalFloat values (QLoRA's NF4, bitsandbytes.functional's table, as fp32): an nf4
@@ -84,8 +95,48 @@ inline void vload_nf4(const uint8_t* p, V& lo, V& hi) {  // NF4[u], the same tab
   lo = _mm512_permutexvar_ps(b, table);
   hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
 }
+// Integer lanes (int_body.inc): 16 columns, 4 bytes each.
+struct IntShapes { static constexpr int N = 1, PB[1] = {1}, RB[1] = {8}; };
+using VI = __m512i;
+inline VI vi_zero() { return _mm512_setzero_si512(); }
+inline VI vi_load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline void vi_store(int32_t* p, VI v) { _mm512_storeu_si512(p, v); }
+inline VI vi_bcast4(const int8_t* p) {
+  int32_t four;
+  std::memcpy(&four, p, 4);
+  return _mm512_set1_epi32(four);
+}
+inline VI vi_nib_lo(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+inline VI vi_nib_hi(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+inline VI vi_abs8(VI v) { return _mm512_abs_epi8(v); }
+inline VI vi_sign8(VI x, VI code) {  // x negated in the bytes where code < 0 (where code is 0, |code| zeroes it)
+  return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(code), _mm512_setzero_si512(), x);
+}
+inline VI vi_dot(VI acc, VI u, VI s) {  // pairs within int16 (|u| <= 128, |s| <= 127), then exact int32
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+inline VI vi_sub_set1(VI v, int32_t c) { return _mm512_sub_epi32(v, _mm512_set1_epi32(c)); }
+inline V vi_float(VI v) { return _mm512_cvtepi32_ps(v); }
+using VP = __m512i;  // int16 pairs
+inline VP vi_part_zero() { return _mm512_setzero_si512(); }
+inline VP vi_part_dot(VP part, VI u, VI s) { return _mm512_add_epi16(part, _mm512_maddubs_epi16(u, s)); }
+inline VI vi_part_sum(VP part) { return _mm512_madd_epi16(part, _mm512_set1_epi16(1)); }
 #include "isa_body.inc"
+#include "int_body.inc"
 }  // namespace isa_avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")
+namespace isa_avx512_vnni {  // AVX-512's kernels, with the 4-byte dot one vpdpbusd (no int16 step at all)
+using namespace isa_avx512;
+inline VI vi_dot(VI acc, VI u, VI s) { return _mm512_dpbusd_epi32(acc, u, s); }
+using VP = __m512i;  // int32 sums
+inline VP vi_part_zero() { return _mm512_setzero_si512(); }
+inline VP vi_part_dot(VP part, VI u, VI s) { return _mm512_dpbusd_epi32(part, u, s); }
+inline VI vi_part_sum(VP part) { return part; }
+#include "int_body.inc"
+}  // namespace isa_avx512_vnni
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -134,8 +185,45 @@ inline void vload_nf4(const uint8_t* p, V& lo, V& hi) {
   lo = lut16(b, NF4);
   hi = lut16(_mm256_srli_epi32(b, 4), NF4);
 }
+struct IntShapes { static constexpr int N = 1, PB[1] = {1}, RB[1] = {4}; };
+using VI = __m256i;
+inline VI vi_zero() { return _mm256_setzero_si256(); }
+inline VI vi_load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void vi_store(int32_t* p, VI v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+inline VI vi_bcast4(const int8_t* p) {
+  int32_t four;
+  std::memcpy(&four, p, 4);
+  return _mm256_set1_epi32(four);
+}
+inline VI vi_nib_lo(VI v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline VI vi_nib_hi(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+inline VI vi_abs8(VI v) { return _mm256_abs_epi8(v); }
+inline VI vi_sign8(VI x, VI code) { return _mm256_sign_epi8(x, code); }
+inline VI vi_dot(VI acc, VI u, VI s) {  // pairs within int16 (|u| <= 128, |s| <= 127), then exact int32
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+inline VI vi_sub_set1(VI v, int32_t c) { return _mm256_sub_epi32(v, _mm256_set1_epi32(c)); }
+inline V vi_float(VI v) { return _mm256_cvtepi32_ps(v); }
+using VP = __m256i;  // int16 pairs
+inline VP vi_part_zero() { return _mm256_setzero_si256(); }
+inline VP vi_part_dot(VP part, VI u, VI s) { return _mm256_add_epi16(part, _mm256_maddubs_epi16(u, s)); }
+inline VI vi_part_sum(VP part) { return _mm256_madd_epi16(part, _mm256_set1_epi16(1)); }
 #include "isa_body.inc"
+#include "int_body.inc"
 }  // namespace isa_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avxvnni")
+namespace isa_avx_vnni {  // AVX2's kernels, with the 4-byte dot one VEX vpdpbusd (Alder Lake, Zen 5)
+using namespace isa_avx2;
+inline VI vi_dot(VI acc, VI u, VI s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+using VP = __m256i;  // int32 sums
+inline VP vi_part_zero() { return _mm256_setzero_si256(); }
+inline VP vi_part_dot(VP part, VI u, VI s) { return _mm256_dpbusd_avx_epi32(part, u, s); }
+inline VI vi_part_sum(VP part) { return part; }
+#include "int_body.inc"
+}  // namespace isa_avx_vnni
 #pragma GCC pop_options
 
 namespace isa_scalar {  // the reference path: baseline x86-64 code, std::fma (runs on every CPU)
@@ -177,46 +265,112 @@ inline void vload_nf4(const uint8_t* p, V& lo, V& hi) {
   lo = NF4[*p & 15];
   hi = NF4[*p >> 4];
 }
+// Integer lanes: one column, its 4 bytes in an int32 (little-endian: byte j is element j), sums in int32.
+struct IntShapes { static constexpr int N = 1, PB[1] = {1}, RB[1] = {1}; };
+using VI = int32_t;
+inline VI vi_zero() { return 0; }
+inline VI vi_load(const uint8_t* p) {
+  VI four;
+  std::memcpy(&four, p, 4);
+  return four;
+}
+inline void vi_store(int32_t* p, VI v) { *p = v; }
+inline VI vi_bcast4(const int8_t* p) { return vi_load(reinterpret_cast<const uint8_t*>(p)); }
+inline VI vi_nib_lo(VI v) { return static_cast<VI>(static_cast<uint32_t>(v) & 0x0F0F0F0Fu); }
+inline VI vi_nib_hi(VI v) { return static_cast<VI>((static_cast<uint32_t>(v) >> 4) & 0x0F0F0F0Fu); }
+inline uint8_t byte_of(VI v, int j) { return static_cast<uint8_t>(static_cast<uint32_t>(v) >> (8 * j)); }
+inline VI from_bytes(const uint8_t (&b)[4]) { return vi_load(b); }
+inline VI vi_abs8(VI v) {
+  uint8_t b[4];
+  for (int j = 0; j < 4; ++j) b[j] = static_cast<uint8_t>(std::abs(static_cast<int>(static_cast<int8_t>(byte_of(v, j)))));
+  return from_bytes(b);
+}
+inline VI vi_sign8(VI x, VI code) {
+  uint8_t b[4];
+  for (int j = 0; j < 4; ++j) {
+    const int c = static_cast<int8_t>(byte_of(code, j)), e = static_cast<int8_t>(byte_of(x, j));
+    b[j] = static_cast<uint8_t>(static_cast<int8_t>(c < 0 ? -e : (c == 0 ? 0 : e)));
+  }
+  return from_bytes(b);
+}
+inline VI vi_dot(VI acc, VI u, VI s) {
+  for (int j = 0; j < 4; ++j) acc += static_cast<int32_t>(byte_of(u, j)) * static_cast<int8_t>(byte_of(s, j));
+  return acc;
+}
+inline VI vi_sub_set1(VI v, int32_t c) { return v - c; }
+inline V vi_float(VI v) { return static_cast<float>(v); }
+using VP = int32_t;
+inline VP vi_part_zero() { return 0; }
+inline VP vi_part_dot(VP part, VI u, VI s) { return vi_dot(part, u, s); }
+inline VI vi_part_sum(VP part) { return part; }
 #include "isa_body.inc"
+#include "int_body.inc"
 }  // namespace isa_scalar
 
 namespace {
 
-enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
+// Paths, by index (kernels/cpu_ops.py ISAS). They are not ordered: an AVX-512 CPU may lack AVX-VNNI (Zen 4) and an
+// AVX-VNNI one AVX-512 (Alder Lake). The VNNI paths run their base path's float kernels.
+enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2, AVX512_VNNI = 3, AVX_VNNI = 4, ISA_COUNT = 5 };
 
-int64_t detect_isa() {
+bool detect(int64_t isa) {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    return AVX512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  switch (isa) {
+    case SCALAR: return true;
+    case AVX2: return avx2;
+    case AVX512: return avx512;
+    case AVX512_VNNI: return avx512 && __builtin_cpu_supports("avx512vnni");
+    case AVX_VNNI: return avx2 && __builtin_cpu_supports("avxvnni");
+    default: return false;
+  }
+}
+
+bool isa_runs(int64_t isa) {  // detected once per process
+  static const std::vector<bool> runs = [] {
+    std::vector<bool> out;
+    for (int64_t i = 0; i < ISA_COUNT; ++i) out.push_back(detect(i));
+    return out;
+  }();
+  return isa >= 0 && isa < ISA_COUNT && runs[isa];
+}
+
+int64_t best_isa() {  // the first this CPU runs, in order of preference
+  for (const int64_t isa : {AVX512_VNNI, AVX512, AVX_VNNI, AVX2})
+    if (isa_runs(isa)) return isa;
   return SCALAR;
 }
 
-int64_t best_isa() {  // detected once per process
-  static const int64_t best = detect_isa();
-  return best;
-}
-
 int64_t resolve_isa(int64_t isa) {  // -1: the best this CPU has; a path it lacks is an error, never a crash
-  const int64_t best = best_isa();
-  if (isa < 0) return best;
-  TORCH_CHECK(isa <= best, "spectoolkit kernels: this CPU cannot run path ", isa, " (best: ", best, ")");
+  if (isa < 0) return best_isa();
+  TORCH_CHECK(isa_runs(isa), "spectoolkit kernels: this CPU cannot run path ", isa, " (best: ", best_isa(), ")");
   return isa;
 }
 
 using LinearFn = void (*)(int, const float*, const void*, const float*, const float*, const float*, int64_t, int64_t,
                           int64_t, int64_t, float*, int64_t, int64_t, int64_t);
+using IntLinearFn = void (*)(int, const Q8Rows&, const uint8_t*, const float*, const float*, int64_t, int64_t, int64_t,
+                             float*, int64_t, int32_t*, int64_t, int64_t, int64_t);
 using AttendFn = void (*)(const float*, int64_t, int64_t, int64_t, const int64_t*, const int64_t*, float, float*,
                           int64_t, int64_t, const KvRows&);
-constexpr LinearFn LINEAR[] = {isa_scalar::linear_panels, isa_avx2::linear_panels, isa_avx512::linear_panels};
-constexpr AttendFn ATTEND[] = {isa_scalar::attend<>, isa_avx2::attend<>, isa_avx512::attend<>};
+constexpr LinearFn LINEAR[] = {isa_scalar::linear_panels, isa_avx2::linear_panels, isa_avx512::linear_panels,
+                               isa_avx512::linear_panels, isa_avx2::linear_panels};
+constexpr IntLinearFn INT_LINEAR[] = {isa_scalar::int_linear_panels, isa_avx2::int_linear_panels,
+                                      isa_avx512::int_linear_panels, isa_avx512_vnni::int_linear_panels,
+                                      isa_avx_vnni::int_linear_panels};
+constexpr AttendFn ATTEND[] = {isa_scalar::attend<>, isa_avx2::attend<>, isa_avx512::attend<>, isa_avx512::attend<>,
+                               isa_avx2::attend<>};
 using NormFn = void (*)(const float*, const float*, float, int64_t, float*, int64_t, int64_t);
 using SiluFn = void (*)(const float*, const float*, float*, int64_t, int64_t);
 using RotaryFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, float*, int64_t, int64_t);
-constexpr NormFn NORM[] = {isa_scalar::rms_norm_rows, isa_avx2::rms_norm_rows, isa_avx512::rms_norm_rows};
-constexpr SiluFn SILU[] = {isa_scalar::silu_mul_range, isa_avx2::silu_mul_range, isa_avx512::silu_mul_range};
-constexpr RotaryFn ROTARY[] = {isa_scalar::rotary_rows, isa_avx2::rotary_rows, isa_avx512::rotary_rows};
+constexpr NormFn NORM[] = {isa_scalar::rms_norm_rows, isa_avx2::rms_norm_rows, isa_avx512::rms_norm_rows,
+                           isa_avx512::rms_norm_rows, isa_avx2::rms_norm_rows};
+constexpr SiluFn SILU[] = {isa_scalar::silu_mul_range, isa_avx2::silu_mul_range, isa_avx512::silu_mul_range,
+                           isa_avx512::silu_mul_range, isa_avx2::silu_mul_range};
+constexpr RotaryFn ROTARY[] = {isa_scalar::rotary_rows, isa_avx2::rotary_rows, isa_avx512::rotary_rows,
+                               isa_avx512::rotary_rows, isa_avx2::rotary_rows};
 
 void check_fp32(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "spectoolkit: ", what, " is a contiguous fp32 tensor");
@@ -291,14 +445,134 @@ std::tuple<at::Tensor, at::Tensor> rope_table(const at::Tensor& inv_freq, int64_
   return {cos, sin};
 }
 
+// ---- integer activations ---------------------------------------------------------------------------
+
+// Rows of x quantized for the integer-activation linear, in common code (the same bits on every path): per row
+// and block of QBLOCK elements, d = max |x| / 127 (fp32), q = x / d rounded half to even (a zero block: codes 0),
+// then per sub-block of S elements the codes' sum and d * float(sum).
+struct Q8Buffers {
+  std::vector<int8_t> q;
+  std::vector<float> d, sd;
+  std::vector<int32_t> s;
+  Q8Rows rows;
+};
+
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t S, Q8Buffers& out) {
+  const int64_t A = K / QBLOCK, NB = K / S;
+  out.q.resize(M * K);
+  out.d.resize(M * A);
+  out.s.resize(M * NB);
+  out.sd.resize(M * NB);
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t a = 0; a < A; ++a) {
+        const float* xa = x + m * K + a * QBLOCK;
+        float amax = 0.f;
+        for (int64_t i = 0; i < QBLOCK; ++i) amax = std::max(amax, std::fabs(xa[i]));
+        const float d = amax / 127.f, safe = d == 0.f ? 1.f : d;
+        out.d[m * A + a] = d;
+        int8_t* qa = out.q.data() + m * K + a * QBLOCK;
+        for (int64_t i = 0; i < QBLOCK; ++i) qa[i] = static_cast<int8_t>(std::clamp(std::nearbyint(xa[i] / safe), -127.f, 127.f));
+      }
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t b = 0; b < NB; ++b) {
+        int32_t sum = 0;
+        for (int64_t i = b * S; i < (b + 1) * S; ++i) sum += out.q[m * K + i];
+        out.s[m * NB + b] = sum;
+        out.sd[m * NB + b] = out.d[m * A + b * S / QBLOCK] * static_cast<float>(sum);
+      }
+  });
+  out.rows = Q8Rows{out.q.data(), out.d.data(), out.s.data(), out.sd.data(), K, S};
+}
+
+// x [M, K] fp32 -> (codes int8 [M, K], scales fp32 [M, K / 32]): quantize_rows' codes, for tests and the Python
+// reference.
+std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
+  check_fp32(x, "quantize_activations x");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % QBLOCK == 0, "spectoolkit::quantize_activations: x [M, K], K a multiple of 32");
+  Q8Buffers buf;
+  quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), QBLOCK, buf);
+  auto q = at::empty({x.size(0), x.size(1)}, x.options().dtype(at::kChar));
+  auto d = at::empty({x.size(0), x.size(1) / QBLOCK}, x.options());
+  std::memcpy(q.data_ptr(), buf.q.data(), buf.q.size());
+  std::memcpy(d.data_ptr(), buf.d.data(), buf.d.size() * sizeof(float));
+  return {q, d};
+}
+
+// The integer-activation layout's checks; returns (kind 0 int8 / 1 int4, sub-block S, groups G).
+std::tuple<int, int64_t, int64_t> int_layout(const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
+                                             int64_t K, int64_t n, int64_t group) {
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == PANEL && w.size(3) == 4 && w.is_contiguous(),
+              "spectoolkit::linear: integer-activation weights are [P, K/4 or K/8, 16, 4]");
+  const int kind = w.scalar_type() == at::kChar ? 0 : 1;
+  TORCH_CHECK(kind == 0 || w.scalar_type() == at::kByte, "spectoolkit::linear: int8 or 4-bit (uint8) codes");
+  const int64_t P = w.size(0);
+  TORCH_CHECK(K % QBLOCK == 0 && w.size(1) == K / (kind ? 8 : 4) && n <= P * PANEL && n > (P - 1) * PANEL,
+              "spectoolkit::linear: packed weight does not match x [M, K] (K a multiple of 32) or n");
+  TORCH_CHECK(group > 0 && K % group == 0 && (group % QBLOCK == 0 || group == 16),
+              "spectoolkit::linear: integer activations need a group of 16 or a multiple of 32, not ", group);
+  const int64_t G = K / group;
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat && scales.numel() == P * G * PANEL,
+              "spectoolkit::linear: scales fp32 [P, G, 16]");
+  TORCH_CHECK(kind == 0 || (zeros.is_contiguous() && zeros.scalar_type() == at::kFloat && zeros.numel() == P * G * PANEL),
+              "spectoolkit::linear: zeros fp32 [P, G, 16]");
+  return {kind, std::min(group, QBLOCK), G};
+}
+
+// x [M, K] fp32 @ integer-activation weights -> [M, P*16] fp32 (int_body.inc), or with ``sums`` the exact
+// sub-block sums [M, K/S, P*16] int32.
+at::Tensor int_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
+                      int64_t n, int64_t group, int64_t isa, bool sums) {
+  const int64_t M = x.size(0), K = x.size(1), P = w.size(0);
+  const auto [kind, S, G] = int_layout(w, scales, zeros, K, n, group);
+  Q8Buffers buf;
+  quantize_rows(x.data_ptr<float>(), M, K, S, buf);
+  auto out = sums ? at::empty({M, K / S, P * PANEL}, x.options().dtype(at::kInt)) : at::empty({M, P * PANEL}, x.options());
+  float* op = sums ? nullptr : out.data_ptr<float>();
+  int32_t* sp = sums ? out.data_ptr<int32_t>() : nullptr;
+  const IntLinearFn fn = INT_LINEAR[resolve_isa(isa)];
+  const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
+  const float* zp = kind == 1 ? zeros.data_ptr<float>() : nullptr;
+  const float* scp = scales.data_ptr<float>();
+  at::parallel_for(0, P, 1, [&, kind = kind, G = G](int64_t p0, int64_t p1) {
+    fn(kind, buf.rows, wp, scp, zp, M, G, group, op, P * PANEL, sp, P * PANEL, p0, p1);
+  });
+  return out;
+}
+
+// x [M, K] fp32 -> the exact int32 sub-block sums of the integer-activation linear [M, K/S, P*16] (tests).
+at::Tensor int_sums(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
+                    int64_t n, int64_t group, int64_t isa) {
+  check_fp32(x, "int_sums x");
+  return int_linear(x, w, scales, zeros, n, group, isa, true);
+}
+
+// ---- the linear ------------------------------------------------------------------------------------
+
+// out [M, P*16] -> [M, n] (+ bias), in place of the padded columns.
+at::Tensor with_bias(at::Tensor out, const c10::optional<at::Tensor>& bias, int64_t n, int64_t P) {
+  const int64_t M = out.size(0);
+  if (n < P * PANEL) out = out.narrow(1, 0, n).contiguous();
+  if (bias.has_value()) {
+    const auto b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == n, "spectoolkit::linear: bias [n]");
+    const float* bp = b.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < n; ++j) o[m * n + j] = o[m * n + j] + bp[j];
+  }
+  return out;
+}
+
 // x [M, K] fp32 @ packed weight -> [M, n] fp32 (+ bias). Packed (kernels/cpu.py): fp32/bf16 [P, K, 16];
 // int8 [P, K, 16] codes; int4 (uint8) [P, K/2, 16] bytes; scales/zeros fp32 [P, G, 16] (quantized only).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
                   const c10::optional<at::Tensor>& bias, int64_t n, int64_t group, int64_t isa) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "spectoolkit::linear: x is fp32 [M, K]");
-  TORCH_CHECK(w.dim() == 3 && w.size(2) == PANEL && w.is_contiguous(), "spectoolkit::linear: packed w [P, K, 16]");
   const auto xc = x.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1), P = w.size(0);
+  if (w.dim() == 4) return with_bias(int_linear(xc, w, scales, zeros, n, group, isa, false), bias, n, P);
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == PANEL && w.is_contiguous(), "spectoolkit::linear: packed w [P, K, 16]");
   int kind = 0;
   switch (w.scalar_type()) {
     case at::kFloat: kind = 0; break;
@@ -339,16 +613,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sc
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
     fn(kind, xp, wp, sp, zp, xsum.data(), M, K, G, kind >= 2 ? group : K, op, P * PANEL, p0, p1);
   });
-  if (n < P * PANEL) out = out.narrow(1, 0, n).contiguous();
-  if (bias.has_value()) {
-    const auto b = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(b.numel() == n, "spectoolkit::linear: bias [n]");
-    const float* bp = b.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t j = 0; j < n; ++j) o[m * n + j] = o[m * n + j] + bp[j];
-  }
-  return out;
+  return with_bias(out, bias, n, P);
 }
 
 // ---- paged attention --------------------------------------------------------------------------------
@@ -488,6 +753,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_new, const a
 
 int64_t cpu_isa() { return best_isa(); }
 
+bool isa_available(int64_t isa) { return isa_runs(isa); }
+
 }  // namespace
 
 TORCH_LIBRARY(spectoolkit, m) {
@@ -504,7 +771,10 @@ TORCH_LIBRARY(spectoolkit, m) {
   m.def("layer_tail(Tensor hidden, Tensor q, Tensor k_rows, Tensor v_rows, Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
         "Tensor starts, float scale, Tensor norm_w, float eps, Tensor[] linears, int[] meta, int isa=-1) -> Tensor");
   m.def("kv_encode(Tensor rows, Tensor store, bool scaled) -> (Tensor, Tensor)");
+  m.def("quantize_activations(Tensor x) -> (Tensor, Tensor)");
+  m.def("int_sums(Tensor x, Tensor w, Tensor scales, Tensor zeros, int n, int group, int isa=-1) -> Tensor");
   m.def("cpu_isa() -> int", &cpu_isa);
+  m.def("isa_available(int isa) -> bool", &isa_available);
 }
 TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
   m.impl("linear", &linear);
@@ -516,4 +786,6 @@ TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
   m.impl("attn_in", &attn_in);
   m.impl("layer_tail", &layer_tail);
   m.impl("kv_encode", &kv_encode);
+  m.impl("quantize_activations", &quantize_activations);
+  m.impl("int_sums", &int_sums);
 }
