@@ -8,7 +8,7 @@ run with the arms alternating per prompt. transformers runs the checkpoint as a 
 (``AutoModelForCausalLM.from_pretrained``); ours are the one engine's batch-1 arms
 (:class:`~spectoolkit.serving.one.OneRequestEngine` on the eager runner over a paged pool), on the model
 as ``load_model`` loads it (the linear kernel variants measured on this machine:
-spectoolkit/models/kernel_choice.py). ``ours_plain`` is the same engine on transformers' model (stock
+kernels/kernel_choice.py). ``ours_plain`` is the same engine on transformers' model (stock
 linears), which isolates the decode loop and paged attention from the kernel choice. Outputs are
 compared too (a mismatch between different kernels is a near-tie question, not a loop bug).
 """

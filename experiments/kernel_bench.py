@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from spectoolkit.models.kernel_choice import cpu_model
-from spectoolkit.quant.packing import packed_bytes
+from spectoolkit.kernels.kernel_choice import cpu_model
+from spectoolkit.kernels.packing import packed_bytes
 from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.wiring.loading import load_model
 

@@ -27,7 +27,7 @@ from serving_bench import closed_loop, sequential  # experiments/ (this script's
 
 from spectoolkit.config import TreeConfig, WorkloadConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
-from spectoolkit.models.batched_kernels import choose_batched_kernels
+from spectoolkit.kernels.batched_kernels import choose_batched_kernels
 from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.compiled import bucket

@@ -31,7 +31,7 @@ import torch
 
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
-from spectoolkit.models.batched_kernels import choose_batched_kernels
+from spectoolkit.kernels.batched_kernels import choose_batched_kernels
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from spectoolkit.models.kernel_choice import TIE_MARGIN, ChunkedForward, _gemm, fingerprint, linear_layers
+from spectoolkit.kernels.kernel_choice import TIE_MARGIN, ChunkedForward, _gemm, fingerprint, linear_layers
 
 ROWS = (2, 4, 8, 16, 32, 64)
 REPEATS = 5

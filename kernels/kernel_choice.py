@@ -78,7 +78,7 @@ class ChunkedForward:
         self.layer_forward = type(layer).forward.__get__(layer)  # the class's own forward, not this one
         self.layer = layer
         self.variant = variant
-        self.gemm_from: int | None = None  # plain mode: W @ Xᵀ from this many rows (models.batched_kernels)
+        self.gemm_from: int | None = None  # plain mode: W @ Xᵀ from this many rows (kernels.batched_kernels)
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs [..., K] -> [..., N] in ``"chosen"`` mode (the layer called as a module)."""
@@ -282,6 +282,25 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+# The /proc/cpuinfo flags that choose a kernel path (csrc/ops.cpp detect) or tell a reader what the CPU could do.
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx_vnni", "avx512_bf16",
+                "amx_int8", "amx_bf16")  # fmt: skip
+
+
+def cpu_flags() -> list[str]:
+    """Which of :data:`KERNEL_FLAGS` this CPU lists (Linux /proc/cpuinfo; empty elsewhere). A guest may list AMX
+    flags it cannot run; the path taken (``kernel_path``) is what the CPU was found to run."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    listed = set(line.split(":", 1)[1].split())
+                    return [flag for flag in KERNEL_FLAGS if flag in listed]
+    except OSError:
+        pass
+    return []
 
 
 class ChoiceCache:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.precisions import FLOAT_PRECISIONS, KV_PRECISIONS, MODEL_PRECISIONS
+from spectoolkit.precisions import ACTIVATIONS, FLOAT_PRECISIONS, INT_CODE_PRECISIONS, KV_PRECISIONS, MODEL_PRECISIONS
 
 DRAFT_KINDS = ("model", "skip", "ngram", "suffix", "eagle", "hybrid", "none")
 WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
@@ -43,6 +43,16 @@ def _number(value: Any, types) -> bool:
     return isinstance(value, types) and not isinstance(value, bool)
 
 
+def _check_activations(name: str, activations: str | None, precision: str) -> None:
+    """``activations``: None (the precision's default), float, or int8 where the weights are integer codes."""
+    if activations is None:
+        return
+    _one_of(name, activations, ACTIVATIONS)
+    _require(activations == "float" or precision in INT_CODE_PRECISIONS,
+             f"{name}=int8 runs integer dot products with integer weight codes ({', '.join(INT_CODE_PRECISIONS)}), "
+             f"not {precision} weights: drop it or pick one of those precisions")  # fmt: skip
+
+
 def _check_group_size(name: str, group_size: int) -> None:
     _require(group_size >= 16 and group_size & (group_size - 1) == 0, f"{name}={group_size} must be a power of 2 >= 16")
 
@@ -56,10 +66,12 @@ class TargetConfig:
 
     precision: str = "fp32"
     group_size: int = 64
+    activations: str | None = None  # float | int8 (integer dot products); None: the precision's default
 
     def __post_init__(self) -> None:
         _one_of("target.precision", self.precision, MODEL_PRECISIONS)
         _check_group_size("target.group_size", self.group_size)
+        _check_activations("target.activations", self.activations, self.precision)
 
 
 SKIP_PRECISIONS = ("rtn-int8", "rtn-int4")  # a layer-skip draft's own quantized weights (draft.skip_precision)
@@ -76,6 +88,7 @@ class DraftConfig:
     kind: str = "suffix"
     precision: str = "bf16"  # weight precision of a draft model (kind=model), float or quantized
     group_size: int = 64  # group size of a group-wise quantized draft
+    activations: str | None = None  # kind=model: float | int8 (integer dot products); None: the precision's default
     ngram_max: int = 3  # longest suffix n-gram looked up in the context (kind=ngram)
     ngram_min: int = 2  # shortest suffix n-gram tried (1-gram matches are accepted ~10-20%: a net loss)
     layers: tuple[int, ...] = ()  # kind=skip: the target layers the draft runs (empty: from skip_every)
@@ -95,6 +108,7 @@ class DraftConfig:
             _one_of("draft.skip_precision", self.skip_precision, SKIP_PRECISIONS)
         if self.kind == "model":
             _one_of("draft.precision", self.precision, MODEL_PRECISIONS)
+            _check_activations("draft.activations", self.activations, self.precision)
         _check_group_size("draft.group_size", self.group_size)
         _require(1 <= self.ngram_min <= self.ngram_max, "draft.ngram_min must be >= 1 and <= draft.ngram_max")
         _require(self.skip_every >= 2, f"draft.skip_every={self.skip_every} must be >= 2 (2: every other layer)")
@@ -343,7 +357,7 @@ class RuntimeConfig:
     it at load (:mod:`spectoolkit.quant.packing`), and attention over fp32/bf16/fp16/int8/fp8 KV is our
     kernel: every row is computed by itself, so outputs cannot depend on the batch. Other layers
     (LLM.int8, act-order GPTQ, fp16 weights, CUDA) get the fastest row-invariant variant measured on this
-    machine (:mod:`spectoolkit.models.kernel_choice`, cached per machine fingerprint), and the load
+    machine (:mod:`spectoolkit.kernels.kernel_choice`, cached per machine fingerprint), and the load
     reports them. ``reference``: every linear as loaded, through its reference variant (stock numerics).
     ``compile``: true runs the steps compiled over the paged pool (:mod:`spectoolkit.runtime.compiled`,
     Llama-family models, KV other than int4), their own row-invariant kernels replacing ``kernels``; false

@@ -133,6 +133,18 @@ def test_draft_model_precision(precision: str) -> None:
     assert _run_config(f"+draft={precision}").draft == DraftConfig(kind="model", precision=precision)
 
 
+def test_activations_are_int8_only_for_integer_weights() -> None:
+    cfg = _run_config("+target=rtn-int4", "target.activations=int8", "+draft=gguf", "draft.activations=float")
+    assert (cfg.target.activations, cfg.draft.activations) == ("int8", "float")
+    assert _run_config("+target=gguf").target.activations is None  # the precision's default (int8 for gguf)
+    with pytest.raises(SpecToolkitError, match=r"target\.activations=int8 runs integer dot products .* not fp32"):
+        _run_config("+target=fp32", "target.activations=int8")
+    with pytest.raises(SpecToolkitError, match=r"draft\.activations=int8 .* not bf16"):
+        _run_config("+draft=bf16", "draft.activations=int8")
+    with pytest.raises(SpecToolkitError, match=r"target\.activations"):
+        _run_config("+target=gguf", "target.activations=int4")
+
+
 def test_draft_ngram_and_none() -> None:
     assert _run_config("+draft=ngram").draft == DraftConfig(kind="ngram", ngram_max=3, ngram_min=2)
     assert _run_config("+draft=none").draft.kind == "none"

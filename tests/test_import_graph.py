@@ -20,10 +20,10 @@ NESTED = ("spectoolkit.bench",)  # bench's sub-packages (protocol, load, report,
 # - verify (the chain and tree rules) sits below kernels: the fused kernel's torch reference is
 #   those rules; the verifier that runs the kernel, and the chooser, live in kernels.verifier.
 # - kvcache is the KV formats only (the paged pool that stores them is runtime's).
-# - models sits above kernels: it holds the row-invariant C++ kernels (row_linear), the kernel choice and
-#   the static decoder body the compiled runner compiles — kernels of ours that issue 29 moves to kernels/.
-#   quant sits above models (its backends load checkpoints through models) and so above kernels; the RTN
-#   weight format the Triton matmul reads lives beside that kernel (kernels.rtn_format).
+# - models sits above kernels: loading, the stock reference forward, heads. Our kernels, their choice, the
+#   packing and the static decoder body all live in kernels/ (issue 47). quant sits above models (its backends
+#   load checkpoints through models) and so above kernels; the RTN weight format the Triton matmul reads lives
+#   beside that kernel (kernels.rtn_format).
 # - serving/ (the one engine's scheduler, drafters and loop, until it folds into runtime/) sits above
 #   drafting, policy and runtime, which it uses.
 # - wiring (loading models with quantization, building a run's arms) sits below eval, bench and server.

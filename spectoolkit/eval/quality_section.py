@@ -1,4 +1,5 @@
-"""The ``quant_quality`` section of a run: the quantized target against its float reference."""
+"""The ``quant_quality`` section of a run: the quantized target against its float reference, and with int8
+activations (issue 47) what they cost: the target against itself at float activations."""
 
 from __future__ import annotations
 
@@ -22,4 +23,11 @@ def quant_quality(cfg: RunConfig, models: LoadedModels) -> dict[str, Any] | None
     reference = load_model(cfg.model.target_path, qq.reference, models.device).model
     result = measure(models.target.model, reference, texts)
     del reference
-    return {"reference": qq.reference, "quantized": cfg.target.precision, **result}
+    target = models.target
+    section = {"reference": qq.reference, "quantized": target.label, "activations": target.activations, **result}
+    if target.activations == "int8":  # what the integer dot products cost, apart from the weights' quantization
+        group = cfg.target.group_size
+        float_rows = load_model(cfg.model.target_path, target.precision, models.device, group, activations="float")
+        section["int8_activations_vs_float"] = measure(target.model, float_rows.model, texts)
+        del float_rows
+    return section

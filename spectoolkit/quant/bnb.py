@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from spectoolkit.errors import SpecToolkitError, first_line
-from spectoolkit.models.kernel_choice import MAX_CHUNKED_ROWS
+from spectoolkit.kernels.kernel_choice import MAX_CHUNKED_ROWS
 from spectoolkit.models.paths import resolve_path
 
 BNB_KINDS = ("int8", "nf4")

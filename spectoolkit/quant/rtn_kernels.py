@@ -23,7 +23,7 @@ float copy of the weight. It costs about twice the int4 kernel (two FMAs per wei
 as fast as ``_weight_int8pack_mm`` in a whole-model decode step; dequantizing to a temporary bf16
 weight per call was 5-10x slower than either.
 
-No one-row padding needed for speed: unlike fp32 ``F.linear`` (see :mod:`spectoolkit.models.kernel_choice`), both
+No one-row padding needed for speed: unlike fp32 ``F.linear`` (see :mod:`spectoolkit.kernels.kernel_choice`), both
 kernels run one row through the same blocked code as two, and one row measured cheaper than two.
 Measurements: ``experiments/rtn_speed.py``.
 """

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from spectoolkit.kernels import cpu_ops
-from spectoolkit.models.kernel_choice import MAX_CHUNKED_ROWS as MAX_ROWWISE_ROWS
+from spectoolkit.kernels.kernel_choice import MAX_CHUNKED_ROWS as MAX_ROWWISE_ROWS
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 

@@ -1,7 +1,7 @@
 """The compiled runner (``runtime.compile=true``): the static decoder over the paged pool, one graph per width.
 
 A decode step of the embedded model in eager PyTorch is mostly per-operator overhead on top of reading
-the weights. Here a step is :class:`~spectoolkit.models.static_decoder.StaticDecoder`'s plain tensor
+the weights. Here a step is :class:`~spectoolkit.kernels.static_decoder.StaticDecoder`'s plain tensor
 code compiled by inductor (C++ through gcc on CPU) into one graph per row width:
 
 - **Our kernels, so every row is computed by itself.** Linears are our packed kernel
@@ -31,7 +31,7 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels import cpu_ops
-from spectoolkit.models.static_decoder import StaticDecoder
+from spectoolkit.kernels.static_decoder import StaticDecoder
 from spectoolkit.quant.packing import pack_model
 from spectoolkit.runtime.attention import KERNEL_KV, pool_stores, row_key_lists
 from spectoolkit.runtime.decoder_rows import decoder_rows

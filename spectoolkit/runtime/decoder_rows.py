@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from spectoolkit.models.static_decoder import StaticDecoder
+from spectoolkit.kernels.static_decoder import StaticDecoder
 
 
 def decoder_rows(

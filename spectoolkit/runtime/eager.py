@@ -12,7 +12,7 @@ argument (:class:`~spectoolkit.runtime.step.StepBatch`).
   the transformers Llama forward — same shapes ([1, T, ·] hidden states), same order of adds — with
   attention over the pool (our kernel where it reads the KV, else torch's), and linears that keep their
   own path run their measured row-invariant variant in the step's row mode
-  (:mod:`spectoolkit.models.kernel_choice`).
+  (:mod:`spectoolkit.kernels.kernel_choice`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from spectoolkit.kernels import cpu_ops
-from spectoolkit.models.kernel_choice import ChunkedForward
-from spectoolkit.models.static_decoder import StaticDecoder, check_decoder, exact_decoder_reason, rotate_half
+from spectoolkit.kernels.kernel_choice import ChunkedForward
+from spectoolkit.kernels.static_decoder import StaticDecoder, check_decoder, exact_decoder_reason, rotate_half
 from spectoolkit.runtime.attention import (
     flat_key_slots,
     kernel_attends,

@@ -83,7 +83,7 @@ def lone_sequence(model: torch.nn.Module, kv_precision: str = "auto", positions:
 def model_step(model: torch.nn.Module, context_len: int = 64):
     """``step(w)``: one forward of ``w`` tokens on top of a ``context_len``-token context of ``model`` (synthetic
     ids) on the eager runner, rolled back after, as a decode step (w = 1) or a verify window does; for timing
-    kernel choices (:func:`~spectoolkit.models.kernel_choice.choose_kernels`). The context is prefilled at the
+    kernel choices (:func:`~spectoolkit.kernels.kernel_choice.choose_kernels`). The context is prefilled at the
     first call, so a model whose choices are all cached pays nothing."""
     sequences: list[LoneSequence] = []
     vocab = model.get_input_embeddings().num_embeddings

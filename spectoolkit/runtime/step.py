@@ -8,7 +8,7 @@ next-token logits are wanted. :func:`build_step` flattens B segments over a page
 to, per-sequence query starts and context lengths, the key slots each sequence attends, and, for tree
 rows, which of those slots each row sees. A runner's ``forward(batch)`` reads nothing else.
 
-Row modes (how linears and attention run the rows; :mod:`spectoolkit.models.kernel_choice`):
+Row modes (how linears and attention run the rows; :mod:`spectoolkit.kernels.kernel_choice`):
 
 - ``"chosen"``: a lone sequence; linears run their measured row-invariant variant for up to
   ``MAX_CHUNKED_ROWS`` rows, so a verify row equals the decode step at its position (batch-1 exactness).

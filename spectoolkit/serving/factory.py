@@ -14,8 +14,8 @@ from spectoolkit.drafting import ModelDrafter, NgramDrafter, SuffixDrafter, Suff
 from spectoolkit.drafting.eagle import EagleDrafter, EagleHead
 from spectoolkit.drafting.hybrid import HybridDrafter
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kernels.batched_kernels import choose_batched_kernels
 from spectoolkit.kernels.verifier import make_verifier
-from spectoolkit.models.batched_kernels import choose_batched_kernels
 from spectoolkit.models.eagle3_head import Eagle3Head
 from spectoolkit.models.layer_skip import draft_model_name
 from spectoolkit.policy import FixedPolicy, make_policy
@@ -109,10 +109,10 @@ def _arm(cfg: RunConfig, setup, name: str, drafter, slots: int, policy, share: C
         models.eos_ids, models.max_positions, drafter, not cfg.sampling.greedy, serve.batch_invariant, policy,
     )  # fmt: skip
     # The loaded draft's precision (a layer-skip draft: the target's, or draft.skip_precision); None for n-gram.
-    draft_precision = models.draft.precision if drafter is not None and models.draft is not None else None
+    draft_precision = models.draft.label if drafter is not None and models.draft is not None else None
     drafter_name = drafter.name if drafter is not None else "none"
     reference = "baseline" if drafter is not None else None
-    return ServingArm(name, engine, gamma, drafter_name, cfg.target.precision, draft_precision, reference,
+    return ServingArm(name, engine, gamma, drafter_name, models.target.label, draft_precision, reference,
                       policy.name if drafter is not None else "none")  # fmt: skip
 
 

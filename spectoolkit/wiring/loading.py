@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 import torch
 
 from spectoolkit.errors import SpecToolkitError, first_line
+from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.float_model import DTYPES, load_float_model
-from spectoolkit.models.kernel_choice import choose_kernels
 from spectoolkit.models.paths import resolve_path
+from spectoolkit.precisions import precision_label, resolve_activations
 from spectoolkit.quant import QUANT_PRECISIONS
 from spectoolkit.quant.bnb_scales import scale_bytes
 from spectoolkit.quant.packing import pack_model
@@ -33,6 +34,12 @@ class LoadedModel:
     vocab_size: int  # rows of the output embedding (may exceed len(tokenizer): tail padding)
     kernels: dict[str, str] = field(default_factory=dict)  # linear kind/shape -> "packed" or its kernel variant
     shared: bool = False  # its weights are another loaded model's (a layer-skip draft): no extra bytes
+    activations: str = "float"  # "int8": its integer layers run integer dot products (precisions.ACTIVATIONS)
+
+    @property
+    def label(self) -> str:
+        """The precision with its activations, as runs name it (``gguf+a8``)."""
+        return precision_label(self.precision, self.activations)
 
     @property
     def device(self) -> torch.device:
@@ -73,6 +80,7 @@ def load_model(
     kernels: str | None = "auto",
     widths: tuple[int, ...] = (1, 5),
     quantize_head: bool = False,
+    activations: str | None = None,
 ) -> LoadedModel:
     """Load ``path`` at ``precision`` onto ``device``, in eval mode.
 
@@ -80,11 +88,13 @@ def load_model(
     gguf: a GGUF checkpoint's own quantization, always on our kernel) go through their backend in
     :mod:`spectoolkit.quant` (``group_size`` for the group-wise ones). With ``kernels="auto"`` every CPU linear
     our kernel takes is packed for it (:mod:`spectoolkit.quant.packing`), and the others run the variant
-    :mod:`spectoolkit.models.kernel_choice` picks for their shape, timed at ``widths`` (a decode step and the
+    :mod:`spectoolkit.kernels.kernel_choice` picks for their shape, timed at ``widths`` (a decode step and the
     run's verify width); ``"reference"`` runs every linear as loaded, through its reference variant (stock
     numerics, no packing); ``None`` leaves the model as loaded (the compiled runner packs it itself). A gguf
     layer kept in float is named so by its source (``"gguf Q5_1 kept float (<why>)"``) in the returned ``kernels``.
-    ``quantize_head``: quantize the output projection too (``rtn-int8``/``rtn-int4`` only).
+    ``quantize_head``: quantize the output projection too (``rtn-int8``/``rtn-int4`` only). ``activations``:
+    ``int8`` runs every integer layer with integer dot products (packed whatever ``kernels`` says: only our kernel
+    computes them), ``float`` or None the precision's default (:func:`~spectoolkit.precisions.resolve_activations`).
     """
     if quantize_head and precision not in HEAD_QUANTIZING:
         raise SpecToolkitError(
@@ -98,9 +108,14 @@ def load_model(
         model = load_quantized(location, precision, device, group_size, quantize_head)
     else:
         model = load_float_model(location, precision, device)
+    activations = resolve_activations(precision, activations)
+    if activations == "int8" and torch.device(device).type != "cpu":
+        raise SpecToolkitError(f"int8 activations run on our CPU kernels, not on {torch.device(device).type}: use "
+                               "device=cpu or target/draft.activations=float")  # fmt: skip
     chosen: dict[str, str] = {}
-    if kernels == "auto" and torch.device(device).type == "cpu":
-        chosen = pack_model(model)
+    if activations == "int8" or (kernels == "auto" and torch.device(device).type == "cpu"):
+        chosen = pack_model(model, activations)
     if kernels is not None:
         chosen |= choose_kernels(model, kernels, widths, step=model_step(model))
-    return LoadedModel(model, location, precision, model.get_output_embeddings().out_features, chosen)
+    vocab = model.get_output_embeddings().out_features
+    return LoadedModel(model, location, precision, vocab, chosen, activations=activations)

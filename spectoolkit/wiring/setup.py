@@ -150,7 +150,7 @@ class _Parts:
         engine, drafter = self.one.drafting(name, target.model, policy, tree, drafter)
         gamma = engine.policy.max_gamma  # records' draft_len: the most a round drafts (a tree: its node budget)
         draft = self.draft if drafter.runners() else None  # a lookup arm of a run with a draft model has none
-        draft_precision = draft.precision if draft else None
+        draft_precision = draft.label if draft else None
         return Arm(name, engine, target, precision, drafter.name, draft, draft_precision, gamma, ref,
                    policy.name)  # fmt: skip
 
@@ -161,7 +161,8 @@ def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
     device = resolve_device(cfg.device)
     _check_arm_set(cfg)
     tokenizer = load_tokenizer(cfg.model.target_path)
-    target = load_model(cfg.model.target_path, cfg.target.precision, device, cfg.target.group_size, *_kernels(cfg))
+    target = load_model(cfg.model.target_path, cfg.target.precision, device, cfg.target.group_size, *_kernels(cfg),
+                        activations=cfg.target.activations)  # fmt: skip
     eos_ids = eos_ids_of(tokenizer, target.model)
     draft, warnings = _load_draft(cfg, target, device) if cfg.draft.kind == "model" else (None, [])
     if cfg.draft.kind == "skip":
@@ -205,7 +206,7 @@ def _check_arm_set(cfg: RunConfig) -> None:
 
 
 def _standard(parts: _Parts) -> tuple[list[Arm], str | None]:
-    precision = parts.cfg.target.precision
+    precision = parts.target.label
     arms = [parts.target_alone("baseline", parts.target, precision)]
     if not parts.drafts:
         return arms, None
@@ -215,7 +216,7 @@ def _standard(parts: _Parts) -> tuple[list[Arm], str | None]:
 
 def _gamma_sweep(parts: _Parts) -> tuple[list[Arm], str | None]:
     """One fixed-γ arm "spec-gN" per N in ``bench.gammas`` and "spec-adaptive" (at most max(gammas))."""
-    cfg, precision = parts.cfg, parts.cfg.target.precision
+    cfg, precision = parts.cfg, parts.target.label
     arms = [parts.target_alone("baseline", parts.target, precision)]
     for gamma in cfg.bench.gammas:
         policy = make_policy(cfg.speculate, "fixed", gamma)
@@ -229,7 +230,7 @@ def _gamma_sweep(parts: _Parts) -> tuple[list[Arm], str | None]:
 def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
     """Baseline (reference precision), quantization only, speculation only, both (DESIGN §3)."""
     cfg = parts.cfg
-    ref_precision, quant = cfg.bench.reference_precision, cfg.target.precision
+    ref_precision, quant = cfg.bench.reference_precision, parts.target.label
     reference = load_model(cfg.model.target_path, ref_precision, parts.device, 64, *_kernels(cfg))
     arms = [
         parts.target_alone("baseline", reference, ref_precision),
@@ -243,7 +244,7 @@ def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
 def _tree_chain(parts: _Parts) -> tuple[list[Arm], str | None]:
     """Baseline, then per N in ``bench.gammas`` "chain-gN" (γ = N) and "tree-nN" (``speculate.tree`` with
     max_nodes = N): pairs at the same verify width, N + 1 rows."""
-    cfg, precision = parts.cfg, parts.cfg.target.precision
+    cfg, precision = parts.cfg, parts.target.label
     arms = [parts.target_alone("baseline", parts.target, precision)]
     for nodes in cfg.bench.gammas:
         chain = make_policy(cfg.speculate, "fixed", nodes)
@@ -258,7 +259,7 @@ def _tree_chain(parts: _Parts) -> tuple[list[Arm], str | None]:
 def _drafters(parts: _Parts) -> tuple[list[Arm], str | None]:
     """Baseline, one arm "spec-<kind>" per drafter in ``bench.drafters``, and a draft model's "spec": the
     drafters against each other, interleaved per request over one baseline."""
-    cfg, precision = parts.cfg, parts.cfg.target.precision
+    cfg, precision = parts.cfg, parts.target.label
     arms = [parts.target_alone("baseline", parts.target, precision)]
     for kind in cfg.bench.drafters:
         drafter = parts.one.drafter_of(kind)
@@ -285,7 +286,7 @@ def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
             raise SpecToolkitError(report.message())
         warnings = report.warnings
     draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, _kernel_mode(cfg), (1, 2),
-                       cfg.draft.quantize_head)  # fmt: skip
+                       cfg.draft.quantize_head, cfg.draft.activations)  # fmt: skip
     return draft, warnings
 
 
@@ -297,9 +298,11 @@ def skip_draft(cfg: RunConfig, target: LoadedModel) -> LoadedModel:
     precision = cfg.draft.skip_precision
     if precision is None:
         model = layer_skip_model(target.model, keep)
-        return LoadedModel(model, target.path, target.precision, target.vocab_size, target.kernels, shared=True)
+        return LoadedModel(model, target.path, target.precision, target.vocab_size, target.kernels, shared=True,
+                           activations=target.activations)  # fmt: skip
     copy = load_model(target.path, precision, target.device, cfg.draft.group_size, _kernel_mode(cfg), (1, 2))
-    return LoadedModel(layer_skip_model(copy.model, keep), target.path, precision, copy.vocab_size, copy.kernels)
+    return LoadedModel(layer_skip_model(copy.model, keep), target.path, precision, copy.vocab_size, copy.kernels,
+                       activations=copy.activations)  # fmt: skip
 
 
 def _kernels(cfg: RunConfig) -> tuple[str | None, tuple[int, int]]:

@@ -17,7 +17,7 @@ from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import Budget, Lone, ModelDrafter, NgramDrafter, lone_drafter
 from spectoolkit.drafting.ngram import continuation_trie
 from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.models.kernel_choice import choose_kernels
+from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.sampling import GreedyChooser, RandomChooser, processed_probs

@@ -2,7 +2,8 @@
 skipped where the pair is not assembled).
 
 - greedy identity with the target alone at concurrency 1 and 4 (the serving protocol's exactness: every output of
-  every arm at every level against the target alone at concurrency 1), the 0.5B draft at gguf and at rtn-int4;
+  every arm at every level against the target alone at concurrency 1), the target at int8 activations (integer dot
+  products, issue 47), the 0.5B draft at gguf (int8 activations) and at rtn-int4 (float activations);
 - sampled: the exactness job's per-position chi-square of the speculative sampler against the target alone, and its
   negative control (a draft that reports another distribution than it samples from) rejected at the same size.
 """
@@ -36,7 +37,8 @@ def assembled() -> None:
 def _cfg(out: Path, draft: str, **extra) -> dict:
     return {
         "model": {"name": "qwen2.5-coder-1.5b", "target_path": TARGET, "draft_path": DRAFT},
-        "target": {"precision": "gguf"}, "draft": {"kind": "model", "precision": draft, "group_size": 32},
+        "target": {"precision": "gguf", "activations": "int8"},
+        "draft": {"kind": "model", "precision": draft, "group_size": 32},
         "speculate": {"gamma": 4}, "workload": {"kind": "humaneval", "num_prompts": 4, "max_new_tokens": 24},
         "output_dir": str(out), **extra,
     }  # fmt: skip

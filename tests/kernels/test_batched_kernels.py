@@ -6,9 +6,9 @@ import json
 
 import torch
 
-from spectoolkit.models import batched_kernels
-from spectoolkit.models.batched_kernels import ROWS, batched_key, choose_batched_kernels, measure_gemm_from
-from spectoolkit.models.kernel_choice import choose_kernels
+from spectoolkit.kernels import batched_kernels
+from spectoolkit.kernels.batched_kernels import ROWS, batched_key, choose_batched_kernels, measure_gemm_from
+from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 
 

@@ -1,4 +1,4 @@
-"""Kernel choice by measurement (models/kernel_choice.py) and verify numerics equal to decode numerics.
+"""Kernel choice by measurement (kernels/kernel_choice.py) and verify numerics equal to decode numerics.
 
 The chooser is tested with stubbed timers (which variant is "fast" is the test's to say); the
 row-invariance tests run the real kernels of every backend: a k-token verify forward of the target
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from spectoolkit.models import kernel_choice as kc
+from spectoolkit.kernels import kernel_choice as kc
 from spectoolkit.models.tiny import save_tiny_llama, tiny_llama
 from spectoolkit.runtime.lone import lone_sequence, model_step
 from spectoolkit.wiring.loading import load_model

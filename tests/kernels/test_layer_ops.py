@@ -7,7 +7,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCau
 
 from spectoolkit.kernels import cpu_ops
 from spectoolkit.kernels.rtn_format import RtnConfig
-from spectoolkit.models.static_decoder import StaticDecoder
+from spectoolkit.kernels.static_decoder import StaticDecoder
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.quant.packing import pack_model
 from spectoolkit.quant.rtn import quantize_model_rtn
@@ -76,7 +76,7 @@ def _model(case):
     model = tiny_llama(vocab_size=96, seed=4)
     if case == "bf16":
         model = model.to(torch.bfloat16)
-    if case == "rtn-int4":
+    if case.startswith("rtn-int4"):
         quantize_model_rtn(model, RtnConfig(4, 32))
     return model
 
@@ -84,10 +84,12 @@ def _model(case):
 @torch.inference_mode()
 @pytest.mark.parametrize("kv", ["auto", "int8", "fp8", "bf16"])
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("case", ["fp32", "bf16", "rtn-int4", "qwen2", "qwen3"])
+@pytest.mark.parametrize("case", ["fp32", "bf16", "rtn-int4", "rtn-int4+a8", "qwen2", "qwen3"])
 def test_the_layer_ops_give_the_bits_of_their_ops_one_by_one(case, fused, kv):
     model = _model(case)
-    pack_model(model)
+    report = pack_model(model, "int8" if case.endswith("+a8") else "float")
+    if case.endswith("+a8"):  # integer dot products in every decoder linear
+        assert all(v == "packed, int8 activations" for k, v in report.items() if "rtn" in k), report
     if not fused:
         for layer in model.model.layers:
             object.__delattr__(layer.self_attn, "qkv_fused")

@@ -19,7 +19,7 @@ import torch
 
 from spectoolkit.config import TreeConfig
 from spectoolkit.drafting import Budget, Lone, ModelDrafter, lone_drafter
-from spectoolkit.models.kernel_choice import choose_kernels
+from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.models.tree_mask import verify_rows
 from spectoolkit.precisions import KV_PRECISIONS

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spectoolkit.models.kernel_choice import (
+from spectoolkit.kernels.kernel_choice import (
     BY_NAME,
     ChoiceCache,
     ChunkedForward,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spectoolkit.models.kernel_choice import choose_kernels
+from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.models.tree_mask import tree_rows, verify_rows
 from spectoolkit.runtime.lone import lone_sequence

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.kernel_choice import choose_kernels
+from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.quant.bnb import BnbConfig, load_bnb, load_quantized, rowwise_linear8bit_class
 from spectoolkit.quant.bnb_scales import scale_bytes
 from spectoolkit.runtime.lone import lone_sequence

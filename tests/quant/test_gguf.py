@@ -67,7 +67,8 @@ def test_every_linear_runs_its_gguf_tensor_exactly(reader, converted) -> None:
         assert torch.equal(weight, floats[name].weight), name  # transformers' conversion: an independent oracle
     assert tensors["lm_head"][0].name == "token_embd.weight"  # tied: the head from the embedding's Q8_0 codes
     assert layers["lm_head"].source == "gguf Q8_0"
-    assert set(loaded.kernels.values()) == {"packed"}  # nothing kept in float here
+    assert set(loaded.kernels.values()) == {"packed, int8 activations"}  # nothing kept in float; gguf's default
+    assert loaded.label == "gguf+a8" and all(layer.activations == "int8" for layer in layers.values())
 
 
 def test_llamas_q_and_k_rows_are_permuted_back(reader, converted) -> None:

@@ -348,7 +348,7 @@ def test_embedded_model_int4_agrees_with_fp32() -> None:
 def test_gptq_verify_forward_equals_decode_steps_bit_for_bit(tiny_quantized: Path, kv: str) -> None:
     """GPTQModel's int4 kernel under the chosen row-invariant variant: k-row verify = k decode steps."""
     from spectoolkit.wiring.loading import load_model
-    from tests.models.test_kernel_choice import verify_and_steps
+    from tests.kernels.test_kernel_choice import verify_and_steps
 
     loaded = load_model(str(tiny_quantized), "int4", torch.device("cpu"), kernels="auto")
     window, steps = verify_and_steps(loaded.model, kv)

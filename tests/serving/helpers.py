@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.drafting import ModelDrafter, TokenTree
-from spectoolkit.models.kernel_choice import choose_kernels
+from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.eager import EagerRunner

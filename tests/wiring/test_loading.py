@@ -7,8 +7,8 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.cpu_linear import PackedLinear, fully_packed
+from spectoolkit.kernels.kernel_choice import BY_NAME, ChunkedForward, linear_layers
 from spectoolkit.models import resolve_device, resolve_path
-from spectoolkit.models.kernel_choice import BY_NAME, ChunkedForward, linear_layers
 from spectoolkit.models.tiny import save_tiny_llama
 from spectoolkit.wiring.loading import load_model
 
@@ -45,6 +45,24 @@ def test_load_tiny_checkpoint_at_each_precision(tmp_path):
     assert not plain.kernels and not any(isinstance(m.forward, ChunkedForward) for m in plain.model.modules())
 
 
+def test_int8_activations_are_part_of_the_precision(tmp_path):
+    directory = save_tiny_llama(tmp_path / "tiny", vocab_size=96)
+    cpu = torch.device("cpu")
+    plain = load_model(str(directory), "rtn-int4", cpu, group_size=32)
+    a8 = load_model(str(directory), "rtn-int4", cpu, group_size=32, activations="int8")
+    assert (plain.activations, plain.label) == ("float", "rtn-int4") and set(plain.kernels.values()) == {"packed"}
+    assert (a8.activations, a8.label) == ("int8", "rtn-int4+a8")
+    runs = {kind.split()[0]: why for kind, why in a8.kernels.items()}
+    assert runs["rtn-int4"] == "packed, int8 activations"  # the head stays fp32: float activations, and why
+    assert runs["float32"] == "packed, float activations: fp32 weights are not integer codes"
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.inference_mode():
+        near, far = plain.model(ids).logits, a8.model(ids).logits
+    assert not torch.equal(near, far) and torch.allclose(near, far, atol=0.05 * near.abs().max().item())
+    reference = load_model(str(directory), "rtn-int4", cpu, group_size=32, kernels="reference", activations="int8")
+    assert reference.label == "rtn-int4+a8"  # only our kernel computes integer dot products: packed regardless
+
+
 def test_bad_precision_and_device():
     with pytest.raises(SpecToolkitError, match="precision"):
         load_model(None, "int3", torch.device("cpu"))
@@ -52,3 +70,22 @@ def test_bad_precision_and_device():
         with pytest.raises(SpecToolkitError, match="no CUDA device"):
             resolve_device("cuda")
     assert resolve_device("cpu").type == "cpu"
+
+
+def test_int8_activation_logits_are_the_same_bits_on_every_path(tmp_path, monkeypatch):
+    """A whole model, loaded once per kernel path this CPU runs (SPECTOOLKIT_ISA pins it), one row or five."""
+    from spectoolkit.kernels import cpu_ops
+
+    directory = save_tiny_llama(tmp_path / "tiny", vocab_size=96)
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    logits = {}
+    for path in cpu_ops.available_isas():
+        monkeypatch.setenv("SPECTOOLKIT_ISA", path)
+        loaded = load_model(str(directory), "rtn-int4", torch.device("cpu"), group_size=32, activations="int8")
+        assert {m.isa for m in loaded.model.modules() if isinstance(m, PackedLinear)} == {cpu_ops.ISAS.index(path)}
+        with torch.inference_mode():
+            logits[path] = (loaded.model(ids).logits, loaded.model(ids[:, :1]).logits)
+    first = logits["scalar"]
+    for path, (five, one) in logits.items():
+        assert torch.equal(five, first[0]) and torch.equal(one, first[1]), path
+        assert torch.equal(one[0, 0], five[0, 0]), path  # a row alone is the row in company

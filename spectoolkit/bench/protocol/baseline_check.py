@@ -94,7 +94,7 @@ def stock_baseline_check(
     spec = _assisted_arm(cfg, setup)
     began = time.perf_counter()
     try:
-        stock, description = load_stock(arm.target.path, arm.target_precision, cfg.target.group_size, device)
+        stock, description = load_stock(arm.target.path, arm.target.precision, cfg.target.group_size, device)
         assisted: dict[str, Any] = {}
         if spec is not None:
             assistant, assisted = _load_assistant(spec, cfg, device)
@@ -182,7 +182,7 @@ class _Interleaved:
             if stock_count < count:  # stopped at the deadline
                 raise _Skip(self._reason(stock_count, stock_s, count / ours_s, bound, estimate))
             slower = (count / ours_s) / (stock_count / stock_s)
-            if self.arm.target_precision in FAR_SLOWER_SKIPS and slower > FAR_SLOWER:
+            if self.arm.target.precision in FAR_SLOWER_SKIPS and slower > FAR_SLOWER:
                 raise _Skip(
                     f"stock side {slower:.1f}x slower than ours on its warm-up ({stock_count / stock_s:.2f} against "
                     f"{count / ours_s:.2f} tok/s; a comparator for {self.arm.target_precision} must be within "

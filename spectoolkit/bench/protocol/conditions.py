@@ -11,23 +11,36 @@ import torch
 
 from spectoolkit.config import AUTO_COMPILE, RunConfig
 from spectoolkit.config_checks import config_warnings
+from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kernels import cpu_ops
+from spectoolkit.kernels.kernel_choice import cpu_flags, cpu_model
 from spectoolkit.kernels.runtime import kernels_usable
-from spectoolkit.models.kernel_choice import cpu_model
 from spectoolkit.runtime.compiled import compiled_runners
 from spectoolkit.wiring.setup import ArmSet, RunFacts, RunSetup
 
 
 def hardware(device: torch.device) -> dict[str, Any]:
-    """CPU model and threads, and the accelerator's name when one is used."""
+    """CPU model, the instruction-set flags that choose our kernels' path and the path they took (DESIGN §7:
+    every path gives the same bits, so this says which produced the times), threads, and the accelerator."""
     info: dict[str, Any] = {
         "device": str(device),
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        **_kernel_paths(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def _kernel_paths() -> dict[str, Any]:
+    """The path our kernels take here and every path this CPU runs (None when they cannot be built here)."""
+    try:
+        return {"kernel_path": cpu_ops.isa_name(), "kernel_paths_available": list(cpu_ops.available_isas())}
+    except SpecToolkitError as exc:
+        return {"kernel_path": None, "kernel_paths_available": [], "kernel_build": str(exc)}
 
 
 def host_rss_bytes() -> int | None:
@@ -96,16 +109,23 @@ def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
             "triton_kernels": kernels_usable(models.device),  # verify, rtn-* matmul, quantized-KV attention
             "kernels": cfg.runtime.kernels,  # linear kernel variants: measured here (auto) or the reference
         },  # fmt: skip
-        "kernels": {  # linear shape -> the row-invariant variant it runs (spectoolkit.models.kernel_choice)
+        "kernels": {  # linear shape -> the row-invariant variant it runs (spectoolkit.kernels.kernel_choice)
             "target": models.target.kernels,
             "draft": models.draft.kernels if models.draft else {},
         },
-        "target": {"path": models.target.path, "precision": cfg.target.precision, "group_size": cfg.target.group_size},
+        "target": {
+            "path": models.target.path,
+            "precision": cfg.target.precision,
+            "group_size": cfg.target.group_size,
+            "activations": models.target.activations,
+            "label": models.target.label,
+        },  # fmt: skip
         "draft": {
             "kind": cfg.draft.kind,
             "name": facts.drafter_name,
             "path": models.draft.path if models.draft else None,
             "precision": cfg.draft.precision if models.draft else None,
+            "activations": models.draft.activations if models.draft else None,
         },  # fmt: skip
         "kv": dataclasses.asdict(cfg.kv),
         "compile": _compile(cfg, arm_set),

@@ -163,7 +163,7 @@ def test_a_missing_stock_library_is_skipped_with_the_reason_and_a_stock_failure_
         raise OSError("no such checkpoint\nsecond line")
 
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", broken)
-    setup.arm_set.baseline.target_precision = "fp32"
+    setup.arm_set.baseline.target.precision = "fp32"  # the stock side follows the loaded target's precision
     assert stock_baseline_check(cfg, setup, _prompts(cfg, setup)) == {"error": "OSError: no such checkpoint"}
     assert stock_baseline_check(cfg, setup, ["too long"]) is None
 

@@ -147,8 +147,19 @@ def test_conditions(two_arm_run) -> None:
     conditions = summary["conditions"]
     assert conditions["hardware"]["device"] == "cpu"
     assert conditions["hardware"]["cpu"] and conditions["hardware"]["torch_threads"] >= 1
+    hardware = conditions["hardware"]  # the kernel path that ran, among those this CPU runs, and what chose it
+    assert (
+        hardware["kernel_path"] in hardware["kernel_paths_available"] and "scalar" in hardware["kernel_paths_available"]
+    )
+    assert isinstance(hardware["cpu_flags"], list)
     assert conditions["gamma"] == GAMMA
-    assert conditions["target"] == {"path": cfg.model.target_path, "precision": "fp32", "group_size": 64}
+    assert conditions["target"] == {
+        "path": cfg.model.target_path,
+        "precision": "fp32",
+        "group_size": 64,
+        "activations": "float",
+        "label": "fp32",
+    }
     assert conditions["draft"]["kind"] == cfg.draft.kind
     memory = conditions["memory"]
     assert memory["target_weight_bytes"] > 0

@@ -1,0 +1,99 @@
+"""Pack a model's linears once, at load, into our CPU kernel's panels (DESIGN §7), and fuse sibling calls.
+
+:func:`pack_model` walks the model's leaf linears; ``convert`` (the weight formats' own code, e.g.
+:func:`spectoolkit.quant.packing.convert`) turns each into a :class:`~spectoolkit.kernels.cpu_linear.PackedLinear`
+or says why it keeps its own path. With int8 activations (issue 47) every packed int8/int4 layer is re-laid for
+the integer dot products (:func:`~spectoolkit.kernels.cpu_linear.to_int8_activations`); a layer that cannot take
+them (nf4, float, a K not a multiple of 32) keeps float activations, and the report says so. Then q/k/v and
+gate/up become one call each (:func:`_fuse`), the parts views of it. A new weight kind or ISA path is added in
+this folder alone: the formats only hand over codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from spectoolkit.kernels.cpu_linear import PANEL, PackedLinear, PackedWeight, int8_activations_why, to_int8_activations
+
+Converter = Callable[[nn.Module], "PackedLinear | str"]  # a leaf linear -> its packed twin, or why it keeps its path
+
+
+def pack_model(model: nn.Module, convert: Converter, activations: str = "float") -> dict[str, str]:
+    """Replace every linear of ``model`` that ``convert`` packs by its packed twin (idempotent); with ``activations=
+    "int8"`` its integer layers run integer dot products. Returns what each kind of layer runs:
+    ``{"<source> <N>x<K>": "packed" | "packed, int8 activations" | "packed, float activations: <why>" |
+    "own path: <why>"}``."""
+    report: dict[str, str] = {}
+    for name, module in list(model.named_modules()):
+        if not hasattr(module, "in_features") or any(module.children()):
+            continue
+        shape = f"{module.out_features}x{module.in_features}"
+        if not isinstance(module, PackedLinear):
+            packed = convert(module)
+            if isinstance(packed, str):
+                report[f"{type(module).__name__} {shape}"] = f"own path: {packed}"
+                continue
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, packed)
+            module = packed
+        report[f"{module.source} {shape}"] = _with_activations(module, activations)
+    for layer in getattr(getattr(model, "model", None), "layers", []):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is not None and not hasattr(attn, "qkv_fused"):
+            _fuse(attn, "qkv_fused", ("q_proj", "k_proj", "v_proj"))
+        if mlp is not None and not hasattr(mlp, "gate_up_fused"):
+            _fuse(mlp, "gate_up_fused", ("gate_proj", "up_proj"))
+    return report
+
+
+def _with_activations(layer: PackedLinear, activations: str) -> str:
+    """Re-lay ``layer`` for int8 activations when asked and it can; what it then runs (pack_model's report)."""
+    if activations != "int8":
+        return "packed"
+    why = int8_activations_why(layer.packed)
+    if why is not None:
+        return f"packed, float activations: {why}"
+    layer.set_packed(to_int8_activations(layer.packed))
+    return "packed, int8 activations"
+
+
+def _fuse(parent: nn.Module, name: str, parts: tuple[str, ...]) -> None:
+    """One packed linear over ``parts`` (their panels end to end, one call), the parts becoming views of it.
+
+    A column's result does not depend on the other columns of the call, so the fused call gives each part's
+    bits; the parts keep working alone (the model's own forward), with no second copy of the weights."""
+    layers = [getattr(parent, part, None) for part in parts]
+    if not all(isinstance(layer, PackedLinear) for layer in layers):
+        return
+    first = layers[0]
+    same = all(
+        (layer.kind, layer.group, layer.in_features, layer.data.dim())
+        == (first.kind, first.group, first.in_features, first.data.dim())
+        for layer in layers
+    )
+    if not same or any(layer.out_features % PANEL for layer in layers[:-1]):
+        return
+    if len({layer.bias is None for layer in layers}) > 1:
+        return
+    fields = [torch.cat([getattr(layer, field) for layer in layers]) for field in ("data", "scales", "zeros")]
+    out_features = sum(layer.out_features for layer in layers)
+    bias = None if first.bias is None else torch.cat([layer.bias for layer in layers])
+    packed = PackedWeight(*fields, out_features, first.in_features, first.group)
+    fused = PackedLinear(packed, bias, f"{first.source} fused {'+'.join(parts)}")
+    fused.splits = [layer.out_features for layer in layers]
+    panel = 0
+    for layer in layers:
+        panels = -(-layer.out_features // PANEL)
+        for field in ("data", "scales", "zeros"):
+            if getattr(layer, field).numel():
+                setattr(layer, field, getattr(fused, field)[panel : panel + panels])
+        panel += panels
+    object.__setattr__(parent, name, fused)  # not a submodule: its buffers are the parts' (no double count)
+
+
+def packed_bytes(model: nn.Module) -> int:
+    """Bytes the packed weights take (the stream a decode step reads)."""
+    return sum(m.packed.nbytes() for m in model.modules() if isinstance(m, PackedLinear))
