@@ -12,11 +12,21 @@ import pytest
 import torch
 
 from spectoolkit.kernels import cpu_ops
-from spectoolkit.kernels.cpu_linear import NF4, PackedLinear, linear, pack_float, pack_nf4, pack_rtn, reference_linear
+from spectoolkit.kernels.cpu_linear import (
+    NF4,
+    PackedLinear,
+    linear,
+    pack_float,
+    pack_nf4,
+    pack_rtn,
+    reference_linear,
+    to_int8_activations,
+)
 from spectoolkit.kernels.rtn_format import RtnConfig, quantize_weight
 
 UNIT = 2.0**-24  # fp32 unit roundoff
 KINDS = ("fp32", "bf16", "int8-g32", "int8-channel", "int4-g32", "int4-g64", "int4-g128", "nf4-g64")
+A8_KINDS = ("int8-g32+a8", "int4-g32+a8")  # integer activations (test_int8_activations.py holds their own tests)
 
 
 def nf4_quantized(weight: torch.Tensor, group: int):
@@ -28,6 +38,8 @@ def nf4_quantized(weight: torch.Tensor, group: int):
 
 
 def _packed(kind: str, weight: torch.Tensor):
+    if kind.endswith("+a8"):
+        return to_int8_activations(_packed(kind.removesuffix("+a8"), weight))
     if kind in ("fp32", "bf16"):
         return pack_float(weight if kind == "fp32" else weight.bfloat16())
     if kind == "nf4-g64":
@@ -87,7 +99,7 @@ def test_a_row_gets_the_same_bits_alone_and_with_any_rows_before_it(kind):
         assert torch.equal(linear(x[:count], packed, bias), together[:count]), count
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + A8_KINDS)
 def test_the_same_bits_on_one_and_two_threads(kind):
     x, packed, bias = _case(kind, 9, 300, 256, seed=2)
     threads = torch.get_num_threads()

@@ -2,7 +2,8 @@
 block to int8, exact int32 dot products with the weights' integer codes, an fp32 epilogue per sub-block in order.
 
 DESIGN §7: integer sums are associative, so the bits may not depend on the path (scalar, AVX2, AVX-512, VNNI), the
-row count, the rows batched with a row, or the thread count; each test here can fail. The int32 sums are compared
+row count, the rows batched with a row, or the thread count (test_cpu_linear.py's thread test takes these kinds
+too); each test here can fail. The int32 sums are compared
 with an int64 reference at the extremes, and the same comparison is shown to catch an int16-saturating layout.
 """
 
@@ -123,20 +124,6 @@ def test_a_row_is_the_same_bits_alone_in_any_company_and_at_1_to_64_rows(kind):
         alone = linear(x[row : row + 1], packed, bias)
         mixed = linear(torch.cat([companions[:3], x[row : row + 1], companions[3:]]), packed, bias)
         assert torch.equal(alone[0], together[row]) and torch.equal(mixed[3], together[row])
-
-
-@pytest.mark.parametrize("kind", ["int8-g32", "int4-g32"])
-def test_the_same_bits_on_one_and_two_threads(kind):
-    x, packed, bias = _case(kind, 9, 300, 256, seed=2)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = linear(x, packed, bias)
-        torch.set_num_threads(2)
-        two = linear(x, packed, bias)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(one, two)
 
 
 def _int64_sums(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
