@@ -34,6 +34,7 @@ from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.eagle3_head import WEIGHTS_FILE, Eagle3Head, HeadShape, draft_vocabulary
 from spectoolkit.models.paths import checkpoint_identity, local_dir
+from spectoolkit.precisions import precision_label, resolve_activations
 from spectoolkit.training.data import output_rows, target_sequence
 from spectoolkit.training.loop import TrainSettings, train
 from spectoolkit.workloads.prompts import encode_prompt, iter_requests
@@ -98,10 +99,13 @@ def train_config_from_dict(values: dict | None) -> TrainConfig:
 def head_directory(cfg: RunConfig, train_cfg: TrainConfig) -> Path:
     """Where the head of (``cfg``'s target, ``train_cfg``) is cached."""
     source = local_dir(cfg.model.target_path)
+    label = precision_label(cfg.target.precision, resolve_activations(cfg.target.precision, cfg.target.activations))
     identity = {**checkpoint_identity(source), "precision": cfg.target.precision,
                 "group_size": cfg.target.group_size, "train": train_cfg.key(), "version": JOB_VERSION}  # fmt: skip
+    if label != cfg.target.precision:  # int8 activations: the states the head learns from differ (float keeps old keys)
+        identity["label"] = label
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    return cache_root() / "eagle3" / f"{source.name}-{cfg.target.precision}-{digest}"
+    return cache_root() / "eagle3" / f"{source.name}-{label}-{digest}"
 
 
 def train_draft(cfg: RunConfig, train_cfg: TrainConfig, progress: bool = True) -> Path:
@@ -162,7 +166,8 @@ def _build(cfg: RunConfig, train_cfg: TrainConfig, work: Path, out: Path, progre
              "tokens": sum(len(t) for t in texts), "data_seconds": round(data_seconds, 1),
              "train_seconds": round(time.perf_counter() - began, 1), "steps": train_cfg.steps,
              "final_loss": round(sum(losses[-50:]) / max(1, len(losses[-50:])), 4) if losses else None,
-             "train": train_cfg.key(), "target_precision": cfg.target.precision}  # fmt: skip
+             "train": train_cfg.key(), "target_precision": cfg.target.precision,
+             "target_activations": resolve_activations(cfg.target.precision, cfg.target.activations)}  # fmt: skip
     (out / "training.json").write_text(json.dumps(facts, indent=2), encoding="utf-8")
 
 

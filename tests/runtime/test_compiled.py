@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.kernels.rtn_format import RtnConfig
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.quant.packing import pack_model
+from spectoolkit.quant.rtn import quantize_model_rtn
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.compiled import CompiledRunner, bucket, compiled_runners
 from spectoolkit.runtime.eager import EagerRunner
@@ -186,12 +188,17 @@ def test_a_lone_prompt_past_the_widest_width_is_the_graphs_chunks_in_every_mode(
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_eager_runner_gives_the_compiled_bits(dtype):
+@pytest.mark.parametrize("case", ["fp32", "bf16", "rtn-int4+a8"])
+def test_the_eager_runner_gives_the_compiled_bits(case):
     """Both runners run one body on our kernels (runtime/decoder_rows.py): a prompt, decode steps, a verify window
-    and a tree give the same logits and store the same KV bits, whichever runner and however the rows are batched."""
+    and a tree give the same logits and store the same KV bits, whichever runner and however the rows are batched
+    (int8 activations too: integer dot products in every quantized linear)."""
+    dtype = torch.bfloat16 if case == "bf16" else torch.float32
     model = tiny_llama(vocab_size=128, seed=5).to(dtype)
-    pack_model(model)
+    if case == "rtn-int4+a8":
+        quantize_model_rtn(model, RtnConfig(4, 32))
+    report = pack_model(model, "int8" if case.endswith("+a8") else "float")
+    assert case != "rtn-int4+a8" or "packed, int8 activations" in report.values()
     ids, nodes, parents = _ids(11, seed=9), [10, 11, 12, 13], [-1, 0, 0, 1]
     outputs, pools = [], []
     for make in (lambda pool: EagerRunner(model, pool), lambda pool: CompiledRunner(model, pool, (1, 4))):
