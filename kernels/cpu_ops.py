@@ -81,6 +81,17 @@ def isa_name() -> str:
     return ISAS[best_isa()]
 
 
+VNNI_BASE = {"avx512-vnni": "avx512", "avx-vnni": "avx2"}  # the VNNI paths run their base path's float kernels
+
+
+def kernel_paths() -> dict[str, str]:
+    """Which path each family of kernels takes here: the integer-activation linear the chosen path itself, the
+    float-activation linear, attention and the elementwise kernels its base (a VNNI path differs only in the
+    integer dot product)."""
+    name = isa_name()
+    return {"int8-activation linear": name, "float linear, attention, norms": VNNI_BASE.get(name, name)}
+
+
 def _fake_linear(x, w, scales, zeros, bias, n, group, isa=-1) -> torch.Tensor:
     """x [M, K] -> [M, n] fp32, for tracing."""
     return x.new_empty((x.shape[0], n), dtype=torch.float32)

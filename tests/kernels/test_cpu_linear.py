@@ -134,6 +134,11 @@ def test_a_path_this_cpu_lacks_is_refused_and_pinning_an_unknown_path_is_a_clear
         cpu_ops.best_isa()
     monkeypatch.setenv("SPECTOOLKIT_ISA", "scalar")
     assert cpu_ops.best_isa() == 0 and cpu_ops.isa_name() == "scalar"
+    assert set(cpu_ops.kernel_paths().values()) == {"scalar"}
+    for vnni, base in cpu_ops.VNNI_BASE.items():  # a VNNI path runs its base path's float kernels
+        if vnni in cpu_ops.available_isas():
+            monkeypatch.setenv("SPECTOOLKIT_ISA", vnni)
+            assert cpu_ops.kernel_paths() == {"int8-activation linear": vnni, "float linear, attention, norms": base}
 
 
 def test_packed_linear_replaces_a_linear_in_its_dtype():

@@ -38,9 +38,10 @@ def hardware(device: torch.device) -> dict[str, Any]:
 def _kernel_paths() -> dict[str, Any]:
     """The path our kernels take here and every path this CPU runs (None when they cannot be built here)."""
     try:
-        return {"kernel_path": cpu_ops.isa_name(), "kernel_paths_available": list(cpu_ops.available_isas())}
+        return {"kernel_path": cpu_ops.isa_name(), "kernel_paths_by_kind": cpu_ops.kernel_paths(),
+                "kernel_paths_available": list(cpu_ops.available_isas())}  # fmt: skip
     except SpecToolkitError as exc:
-        return {"kernel_path": None, "kernel_paths_available": [], "kernel_build": str(exc)}
+        return {"kernel_path": None, "kernel_paths_by_kind": {}, "kernel_paths_available": [], "kernel_build": str(exc)}
 
 
 def host_rss_bytes() -> int | None:

@@ -152,6 +152,7 @@ def test_conditions(two_arm_run) -> None:
         hardware["kernel_path"] in hardware["kernel_paths_available"] and "scalar" in hardware["kernel_paths_available"]
     )
     assert isinstance(hardware["cpu_flags"], list)
+    assert hardware["kernel_paths_by_kind"]["int8-activation linear"] == hardware["kernel_path"]
     assert conditions["gamma"] == GAMMA
     assert conditions["target"] == {
         "path": cfg.model.target_path,
