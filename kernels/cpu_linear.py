@@ -244,8 +244,8 @@ class PackedLinear(nn.Module):
 
     @property
     def activations(self) -> str:
-        """ "int8" when the layer runs integer dot products (its data in that layout), else "float"."""
-        return "int8" if self.data.dim() == 4 else "float"
+        """ "int8" when the layer runs integer dot products (:attr:`PackedWeight.activations`), else "float"."""
+        return self.packed.activations
 
     def set_packed(self, packed: PackedWeight) -> None:
         """Hold ``packed`` (the same weight in another layout, e.g. :func:`to_int8_activations`) from now on."""

@@ -272,16 +272,21 @@ def fingerprint(device: torch.device) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo, else what platform reports)."""
+def _cpuinfo(field: str) -> str | None:
+    """The value of ``field`` on /proc/cpuinfo's first line for it (Linux), None where there is none."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo, else what platform reports)."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 # The /proc/cpuinfo flags that choose a kernel path (csrc/ops.cpp detect) or tell a reader what the CPU could do.
@@ -292,15 +297,8 @@ KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "a
 def cpu_flags() -> list[str]:
     """Which of :data:`KERNEL_FLAGS` this CPU lists (Linux /proc/cpuinfo; empty elsewhere). A guest may list AMX
     flags it cannot run; the path taken (``kernel_path``) is what the CPU was found to run."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    listed = set(line.split(":", 1)[1].split())
-                    return [flag for flag in KERNEL_FLAGS if flag in listed]
-    except OSError:
-        pass
-    return []
+    listed = set((_cpuinfo("flags") or "").split())
+    return [flag for flag in KERNEL_FLAGS if flag in listed]
 
 
 class ChoiceCache:

@@ -457,6 +457,22 @@ struct Q8Buffers {
   Q8Rows rows;
 };
 
+// max |x| over n values divided by ``limit``: the scale of the scaled encodings (the KV pool's int8/fp8 rows, the
+// integer linear's activation blocks).
+float absmax_scale(const float* x, int64_t n, float limit) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  return amax / limit;
+}
+
+// n values to int8 codes: d = max |x| / 127, code = x / d (a zero d divides by 1) rounded half to even, clamped to
+// ±127; returns d. One rule for the KV pool's int8 rows and the integer linear's activation blocks.
+float int8_codes(const float* x, int64_t n, int8_t* q) {
+  const float d = absmax_scale(x, n, 127.f), safe = d == 0.f ? 1.f : d;
+  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / safe), -127.f, 127.f));
+  return d;
+}
+
 void quantize_rows(const float* x, int64_t M, int64_t K, int64_t S, Q8Buffers& out) {
   const int64_t A = K / QBLOCK, NB = K / S;
   out.q.resize(M * K);
@@ -465,15 +481,8 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t S, Q8Buffers& o
   out.sd.resize(M * NB);
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
-      for (int64_t a = 0; a < A; ++a) {
-        const float* xa = x + m * K + a * QBLOCK;
-        float amax = 0.f;
-        for (int64_t i = 0; i < QBLOCK; ++i) amax = std::max(amax, std::fabs(xa[i]));
-        const float d = amax / 127.f, safe = d == 0.f ? 1.f : d;
-        out.d[m * A + a] = d;
-        int8_t* qa = out.q.data() + m * K + a * QBLOCK;
-        for (int64_t i = 0; i < QBLOCK; ++i) qa[i] = static_cast<int8_t>(std::clamp(std::nearbyint(xa[i] / safe), -127.f, 127.f));
-      }
+      for (int64_t a = 0; a < A; ++a)
+        out.d[m * A + a] = int8_codes(x + m * K + a * QBLOCK, QBLOCK, out.q.data() + m * K + a * QBLOCK);
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t b = 0; b < NB; ++b) {
         int32_t sum = 0;
@@ -676,19 +685,14 @@ std::tuple<at::Tensor, at::Tensor> kv_encode(const at::Tensor& rows, const at::T
   void* dp = data.data_ptr();
   for (int64_t r = 0; r < R; ++r) {
     const float* row = xp + r * D;
-    float amax = 0.f;
-    for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(row[d]));
-    const float s = amax / (int8 ? 127.f : 448.f);
-    const float safe = s == 0.f ? 1.f : s;
-    sp[r] = s;
     if (int8) {
-      int8_t* out = static_cast<int8_t*>(dp) + r * D;
-      for (int64_t d = 0; d < D; ++d)
-        out[d] = static_cast<int8_t>(std::clamp(std::nearbyint(row[d] / safe), -127.f, 127.f));
-    } else {
-      c10::Float8_e4m3fn* out = static_cast<c10::Float8_e4m3fn*>(dp) + r * D;
-      for (int64_t d = 0; d < D; ++d) out[d] = c10::Float8_e4m3fn(std::clamp(row[d] / safe, -448.f, 448.f));
+      sp[r] = int8_codes(row, D, static_cast<int8_t*>(dp) + r * D);
+      continue;
     }
+    const float s = absmax_scale(row, D, 448.f), safe = s == 0.f ? 1.f : s;
+    sp[r] = s;
+    c10::Float8_e4m3fn* out = static_cast<c10::Float8_e4m3fn*>(dp) + r * D;
+    for (int64_t d = 0; d < D; ++d) out[d] = c10::Float8_e4m3fn(std::clamp(row[d] / safe, -448.f, 448.f));
   }
   return {data, scale};
 }
