@@ -21,7 +21,8 @@ WORKLOAD_KINDS = ("builtin", "jsonl", "humaneval", "sharegpt")
 DEVICES = ("auto", "cpu", "cuda")
 ARM_SETS = ("standard", "four_groups", "gamma_sweep", "tree_chain", "drafters")
 LOOKUP_DRAFTERS = ("ngram", "suffix")  # drafters without a model
-HEAD_DRAFTERS = ("eagle", "hybrid")  # drafters with a trained head (draft.eagle_path)
+HEAD_DRAFTERS = ("eagle", "hybrid")  # drafters with a trained head (draft.eagle_path; hybrid: with hybrid_with=eagle)
+HYBRID_WITH = ("eagle", "model")  # draft.hybrid_with: the model-backed drafter the hybrid pairs suffix decoding with
 ARM_DRAFTERS = (*LOOKUP_DRAFTERS, *HEAD_DRAFTERS)  # what bench.arms=drafters pits against each other
 DRAFT_POLICIES = ("fixed", "adaptive", "confidence")
 TREE_KINDS = ("none", "static", "dynamic")
@@ -82,8 +83,9 @@ class DraftConfig:
     """What proposes tokens: a draft model (``model``), the target with layers left out (``skip``: its own
     weights, shared, and its own KV cache), prompt n-gram lookup, suffix decoding (``suffix``: frequency-scored
     continuations from per-request and global suffix tries, :mod:`spectoolkit.drafting.suffix`), a trained EAGLE-3
-    draft head over the target's states (``eagle``, :mod:`spectoolkit.drafting.eagle`), per round the better of
-    suffix decoding and the head (``hybrid``, :mod:`spectoolkit.drafting.hybrid`), or ``none`` (baseline only)."""
+    draft head over the target's states (``eagle``, :mod:`spectoolkit.drafting.eagle`), per round and request the
+    better buy of suffix decoding and a model-backed drafter (``hybrid``, :mod:`spectoolkit.drafting.hybrid`: the
+    EAGLE head, or with ``hybrid_with=model`` the draft model, loaded as for ``kind=model``), or ``none``."""
 
     kind: str = "suffix"
     precision: str = "bf16"  # weight precision of a draft model (kind=model), float or quantized
@@ -101,12 +103,18 @@ class DraftConfig:
     suffix_min_prob: float = 0.1  # kind=suffix: least probability of a drafted token given its parent
     suffix_cache_tokens: int = 65536  # kind=suffix: earlier outputs kept in the global trie (0: none)
     eagle_path: str | None = None  # kind=eagle/hybrid: a trained head's directory (None: train the default one, cached)
+    hybrid_with: str = "eagle"  # kind=hybrid: suffix decoding beside eagle (the head) or model (the draft model)
 
     def __post_init__(self) -> None:
         _one_of("draft.kind", self.kind, DRAFT_KINDS)
         if self.skip_precision is not None:
             _one_of("draft.skip_precision", self.skip_precision, SKIP_PRECISIONS)
-        if self.kind == "model":
+        _require(
+            self.hybrid_with in HYBRID_WITH,
+            f"draft.hybrid_with={self.hybrid_with!r}: the hybrid pairs suffix decoding with eagle (the EAGLE-3 head of "
+            "draft.eagle_path) or model (the draft model: model.draft_path at draft.precision)",
+        )
+        if self.kind == "model" or self.hybrid_with == "model":
             _one_of("draft.precision", self.precision, MODEL_PRECISIONS)
             _check_activations("draft.activations", self.activations, self.precision)
         _check_group_size("draft.group_size", self.group_size)
@@ -203,16 +211,16 @@ class TreeConfig:
     ``kind``: ``none`` (a chain of γ), ``static`` (``branching[d]`` children per node at depth d, e.g.
     [3, 2, 1, 1]) or ``dynamic`` (EAGLE-2 style: at each depth the ``top_k`` most probable frontier nodes
     get ``top_k`` children each, up to depth ``max_depth`` (default γ); then the ``max_nodes`` best nodes are
-    kept). Either way at most ``max_nodes`` nodes are verified (verify width max_nodes + 1). n-gram drafts
-    build a tree of the distinct continuations of the matched suffix (depth ``max_depth`` or γ, ``max_nodes``
-    nodes).
+    kept). Either way at most ``max_nodes`` nodes are verified (verify width max_nodes + 1). n-gram and suffix
+    drafts build a tree of the distinct continuations of the matched suffix, as deep as a model's tree of the same
+    config (``max_nodes`` nodes). The depth is the draft-length policy's (:func:`spectoolkit.policy.draft_depth`).
     """
 
     kind: str = "none"
     branching: tuple[int, ...] = (2, 1, 1, 1)  # 8 nodes: fits the default max_nodes, depth 4 = the default γ
     max_nodes: int = 8
     top_k: int = 4
-    max_depth: int | None = None  # dynamic: depth cap (null: speculate.gamma); static: len(branching)
+    max_depth: int | None = None  # dynamic and tries: depth cap (null: speculate.gamma); static: len(branching)
 
     def __post_init__(self) -> None:
         _one_of("speculate.tree.kind", self.kind, TREE_KINDS)
@@ -683,9 +691,9 @@ _NESTED = {(SpeculateConfig, "tree"): TreeConfig}  # sections inside sections
 
 def drafter_kinds(cfg: RunConfig) -> set[str]:
     """The drafters a run of ``cfg`` builds: ``draft.kind``, ``bench.drafters`` under ``bench.arms=drafters``, and
-    the hybrid's parts (suffix, eagle)."""
+    the hybrid's parts (suffix, and ``draft.hybrid_with``: eagle, or model, the draft model)."""
     kinds = {cfg.draft.kind} | (set(cfg.bench.drafters) if cfg.bench.arms == "drafters" else set())
-    return kinds | {"suffix", "eagle"} if "hybrid" in kinds else kinds
+    return kinds | {"suffix", cfg.draft.hybrid_with} if "hybrid" in kinds else kinds
 
 
 def run_config_from_dict(values: dict[str, Any]) -> RunConfig:

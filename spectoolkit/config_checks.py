@@ -103,7 +103,12 @@ def _draft_groupwise(cfg: RunConfig) -> bool:
     draft = cfg.draft
     if draft.kind == "skip":
         return draft.skip_precision is not None  # the kept layers of an rtn-* copy of the target
-    return draft.kind == "model" and draft.precision in GROUPWISE
+    return _drafts_with_model(cfg) and draft.precision in GROUPWISE
+
+
+def _drafts_with_model(cfg: RunConfig) -> bool:
+    """A draft model runs: +draft=<precision>, or the hybrid with draft.hybrid_with=model."""
+    return "model" in drafter_kinds(cfg)
 
 
 def _rows(keys: Iterable[str], effective: Effective, needs: str, fix: str = "") -> tuple[Rule, ...]:
@@ -184,7 +189,7 @@ RULES: tuple[Rule, ...] = (
          "on a static tree (its depth is len(speculate.tree.branching))",
          "shorten speculate.tree.branching, or set speculate.tree.kind=dynamic"),
     # the drafter's own keys
-    *_rows(("draft.precision", "draft.quantize_head", "model.draft_path"), lambda c, e: c.draft.kind == "model",
+    *_rows(("draft.precision", "draft.quantize_head", "model.draft_path"), lambda c, e: _drafts_with_model(c),
            _NO_DRAFT_MODEL, "choose one with +draft=<precision>"),
     Rule("draft.quantize_head", lambda c, e: c.draft.precision in HEAD_QUANTIZING or not c.draft.quantize_head,
          "on a {cfg.draft.precision} draft model (only rtn-* quantize their lm_head)",
@@ -199,12 +204,14 @@ RULES: tuple[Rule, ...] = (
             "draft.suffix_cache_tokens"),
            lambda c, e: _looks_up(c, "suffix"), "without +draft=suffix (or bench.arms=drafters with suffix)",
            "set +draft=suffix"),
-    Rule("draft.eagle_path", lambda c, e: _looks_up(c, "eagle"), "without +draft=eagle or +draft=hybrid",
-         "set +draft=eagle"),
+    Rule("draft.eagle_path", lambda c, e: _looks_up(c, "eagle"),
+         "without +draft=eagle or +draft=hybrid (with draft.hybrid_with=eagle)", "set +draft=eagle"),
+    Rule("draft.hybrid_with", lambda c, e: _looks_up(c, "hybrid"), "without +draft=hybrid",
+         "set +draft=hybrid"),
     Rule("draft.group_size", lambda c, e: _draft_groupwise(c), "without a group-wise quantized draft "
          "(+draft=rtn-int8, rtn-int4 or int4, or +draft=skip with draft.skip_precision)",
          "quantize the draft group-wise"),
-    Rule("kv.draft", lambda c, e: c.draft.kind in ("model", "skip"),
+    Rule("kv.draft", lambda c, e: _drafts_with_model(c) or c.draft.kind == "skip",
          "with draft.kind={cfg.draft.kind} (no draft model with a KV precision of its own)",
          "use a draft model (+draft=<precision>) or +draft=skip"),
     # everything else

@@ -56,6 +56,8 @@ def sample_from(probs: torch.Tensor, uniform: torch.Tensor) -> int:
 class GreedyChooser:
     """Greedy selection: the argmax in fp32 (first index on ties); no distribution is kept."""
 
+    sampling = SamplingConfig(temperature=0.0)  # what a tree's children are chosen by (its top-k)
+
     def choose(self, logits: torch.Tensor, generator: torch.Generator | None) -> tuple[int, None]:
         """logits [V] -> (token, None)."""
         return int(torch.argmax(logits.float()).item()), None

@@ -159,3 +159,18 @@ def layer_violations(packages: dict[str, set[str]], layers: list[tuple[str, ...]
             if package in level and target in level and level[target] > level[package]:
                 problems.append(f"{package} (layer {level[package]}) imports {target} (layer {level[target]})")
     return problems
+
+
+PROBES = ("getattr", "hasattr")
+
+
+def attribute_probes(paths: Iterable[Path]) -> list[str]:
+    """Every ``getattr``/``hasattr`` call in ``paths`` (``file:line: source``): a part asking another whether it has
+    something, where the two should talk through a declared protocol."""
+    found = []
+    for path in paths:
+        source = Path(path).read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PROBES:
+                found.append(f"{Path(path).name}:{node.lineno}: {ast.get_source_segment(source, node)}")
+    return found

@@ -149,6 +149,10 @@ CASES: list[Case] = [
     ("kv.draft", "run", {}, "with draft.kind=suffix (no draft model with a KV precision of its own)",
      {"draft": {"kind": "skip"}}, "run"),
     ("draft.eagle_path", "run", {}, "without +draft=eagle", {"draft": {"kind": "eagle"}}, "run"),
+    ("draft.hybrid_with", "run", {}, "without +draft=hybrid", {"draft": {"kind": "hybrid", "hybrid_with": "model"}},
+     "run"),
+    ("draft.precision", "run", {"draft": {"kind": "hybrid"}}, "without a draft model",
+     {"draft": {"kind": "hybrid", "hybrid_with": "model"}}, "run"),
     ("target.group_size", "run", {"target": {"precision": "nf4"}}, "with target.precision=nf4",
      {"target": {"precision": "rtn-int8"}}, "run"),
     *((f"sampling.{key}", "run", {}, "set sampling=random", {"sampling": {"temperature": 0.7}}, "run")

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.import_graph import cycles, edges_between, import_graph, layer_violations, package_graph
+from tests.import_graph import (
+    attribute_probes,
+    cycles,
+    edges_between,
+    import_graph,
+    layer_violations,
+    package_graph,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 ROOTS = {"spectoolkit": REPO / "spectoolkit", "spectoolkit.kernels": REPO / "kernels"}
@@ -24,6 +31,8 @@ NESTED = ("spectoolkit.bench",)  # bench's sub-packages (protocol, load, report,
 #   packing and the static decoder body all live in kernels/ (issue 47). quant sits above models (its backends
 #   load checkpoints through models) and so above kernels; the RTN weight format the Triton matmul reads lives
 #   beside that kernel (kernels.rtn_format).
+# - policy (draft lengths and the step-cost curve) sits below drafting: a hybrid drafter prices its choices by
+#   that curve (issue 48).
 # - serving/ (the one engine's scheduler, drafters and loop, until it folds into runtime/) sits above
 #   drafting, policy and runtime, which it uses.
 # - wiring (loading models with quantization, building a run's arms) sits below eval, bench and server.
@@ -45,8 +54,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("spectoolkit.models",),
     ("spectoolkit.quant",),
     ("spectoolkit.runtime",),
-    ("spectoolkit.drafting",),
     ("spectoolkit.policy",),
+    ("spectoolkit.drafting",),
     ("spectoolkit.serving",),
     ("spectoolkit.metrics",),
     ("spectoolkit.wiring",),
@@ -164,3 +173,24 @@ def test_nested_packages_and_unlisted_packages(tmp_path):
         "pkg.group.high is in no layer: add it to the layer list",
         "pkg.top is in no layer: add it to the layer list",
     ]
+
+
+# The engine, its scheduler and builder, the batch-1 arms and the drafters talk through declared protocols
+# (Drafter, Runner, Verifier, DraftLengthPolicy): none asks another whether it has an attribute (issue 48).
+PROTOCOL_ONLY = [*sorted((REPO / "spectoolkit" / "serving").glob("*.py")), *sorted((REPO / "spectoolkit" /
+                 "drafting").glob("*.py")), REPO / "spectoolkit" / "wiring" / "one_engine.py"]  # fmt: skip
+
+
+def test_the_engine_reaches_its_parts_only_through_their_protocols():
+    found = attribute_probes(PROTOCOL_ONLY)
+    assert not found, "declare it in the protocol (with a default) instead of probing:\n" + "\n".join(found)
+
+
+def test_a_planted_probe_in_the_engine_is_found(tmp_path):
+    engine = (REPO / "spectoolkit" / "serving" / "engine.py").read_text(encoding="utf-8")
+    planted = engine.replace("self.capture: tuple[int, ...] = drafter.capture if drafter is not None else ()",
+                             'self.capture = tuple(getattr(drafter, "capture", ()))')  # fmt: skip
+    assert planted != engine  # guard: the line it replaces is still there
+    (tmp_path / "engine.py").write_text(planted, encoding="utf-8")
+    (found,) = attribute_probes([tmp_path / "engine.py"])
+    assert 'getattr(drafter, "capture", ())' in found

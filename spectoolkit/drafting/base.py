@@ -23,7 +23,7 @@ class Budget:
     """What one sequence may draft this round."""
 
     nodes: int  # drafted nodes at most (verify rows past the pending token); 0: nothing
-    depth: int  # tree depth at most: the tokens the sequence may still emit, less the target's own
+    depth: int  # tree depth at most: the policy's, within the tokens the sequence may still emit less the target's
 
 
 class Drafting(Protocol):
@@ -31,47 +31,95 @@ class Drafting(Protocol):
 
     tokens: list[int]  # prompt + output; the last token is pending (verified, no KV yet)
     generator: torch.Generator | None  # the sequence's own draws (sampling), else None
+    prompt_len: int  # how many of ``tokens`` are its prompt
 
 
 @dataclass(eq=False)
 class Lone:
-    """A sequence outside any engine (analytic proofs, tests): its tokens and generator."""
+    """A sequence outside any engine (analytic proofs, tests): its tokens and generator; its prompt is the tokens it
+    starts with unless told."""
 
     tokens: list[int]
     generator: torch.Generator | None = field(default=None, repr=False)
+    prompt_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_len is None:
+            self.prompt_len = len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Upkeep:
+    """What a drafter spent so far feeding backlogs (a head catching up on rounds a request sat out): paid before
+    it drafts again, not per draft forward, so the engine prices it apart."""
+
+    seconds: float = 0.0
+    rows: int = 0
 
 
 class Drafter(Protocol):
-    """A batched proposer. State is per sequence object; ``tree`` is the tree it grows (None: chains)."""
+    """A batched proposer. State is per sequence object; ``tree`` is the tree it grows (None: chains).
+
+    Everything the engine may ask of a drafter is declared here, and the engine calls nothing else. The methods
+    with bodies are defaults for what most drafters do not need (a lookup reads no target states, holds no
+    backlog); a drafter subclasses this protocol to inherit them. How deep and how many nodes a round may draft
+    come with each call (:class:`Budget`, from the draft-length policy): a drafter holds no draft length of its own.
+    """
 
     name: str
     tree: TreeConfig | None
-    max_depth: int | None  # the deepest tree it grows (None: a chain, as deep as its node budget)
+    capture: tuple[int, ...] = ()  # target layers whose input states it reads (an EAGLE head); (): none
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
         """One tree per sequence within its budget (an empty tree: nothing to propose)."""
+        ...
 
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         """``seq``'s first ``num_prefix`` tokens and the accepted ``path`` (node indices of the last proposal,
         root first; a chain's accepted prefix is ``range(K)``) are verified: forget everything else."""
+        ...
 
     def release(self, seq: Drafting) -> None:
         """``seq`` left the engine: free what it held."""
+        ...
 
     def reset(self) -> None:
         """Free every sequence's state."""
+        ...
 
     def runners(self) -> dict:
         """The runners it drives, by role ("draft"); {} for a lookup."""
+        ...
 
     def kv_bytes(self) -> int:
         """Bytes of KV cache it holds now (0 for a stateless one)."""
+        ...
 
     def describe_tree(self) -> str | None:
         """Its tree for records (``static[3,2,1,1]/8``, ``trie/8``); None for chains."""
+        ...
 
-    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> Drafter:
+    def variant(self, stop_below: float | None, tree: TreeConfig | None) -> Drafter:
         """A drafter like this one on the same model and pool, with another stop rule or tree (another arm)."""
+        ...
+
+    # ---- defaults: what only some drafters need ---------------------------------------------------
+
+    def keep_states(self, seq: Drafting, start: int, states: torch.Tensor) -> None:
+        """The target verified positions [start, start + n) of ``seq``; ``states`` [n, len(capture) * H] are its
+        states there (only called when ``capture`` is not empty)."""
+
+    def backlog(self, seq: Drafting) -> int:
+        """Rows a round drafting for ``seq`` first feeds apart (the policy prices them); 0: none."""
+        return 0
+
+    def upkeep(self) -> Upkeep:
+        """Seconds and rows spent feeding backlogs so far (cumulative)."""
+        return Upkeep()
+
+    def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
+        """A decode step's target forward took ``seconds`` for ``tokens`` rows of ``sequences`` sequences (a drafter
+        that prices its choices by the step's cost learns it here)."""
 
 
 class OwnKV:

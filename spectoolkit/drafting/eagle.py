@@ -13,7 +13,7 @@ The head's KV lives in its own paged pool, one layer, by position, and follows t
   accepted tokens again with the target's own states (as vLLM's EAGLE does);
 - rows are held until a round feeds them, so a request the draft-length policy keeps from drafting (under
   load) costs the head nothing; a round whose sequences hold more than :data:`BACKLOG_ROWS` (a prompt, or the
-  rounds a request sat out) first feeds those in one forward of its own, timed apart as ``upkeep_seconds``, so
+  rounds a request sat out) first feeds those in one forward of its own, timed apart as its ``upkeep``, so
   what the policy measures of a draft forward is a draft forward; once :data:`MAX_HELD` rows are held (a bound
   on memory: 6.9 KB a row for the embedded model) those whose next token is known are fed at once;
 - the head's blocks of verified rows are published like the target's (keyed by the tokens their rows depend on),
@@ -21,8 +21,8 @@ The head's KV lives in its own paged pool, one layer, by position, and follows t
   sequence still holds them unfed, a copy of the target's states there).
 
 Chains batch every sequence's rows into one head forward per draft step. Trees (EAGLE-2's dynamic trees, or
-static ones; ``speculate.tree``) grow one sequence at a time through
-:func:`~spectoolkit.drafting.tree_model.grow_tree`: a node's state is its parent's ``aux``. Sampling, q is the
+static ones; ``speculate.tree``) grow for every sequence together, one head forward per depth
+(:func:`~spectoolkit.drafting.tree_model.grow_trees`): a node's state is its parent's ``aux``. Sampling, q is the
 head's processed distribution scattered into the target vocabulary (ids outside the draft vocabulary have
 q = 0 and are never drafted), so the stochastic acceptance test stays exact; a draft only proposes.
 The head runs on our kernels: its linears packed in bf16 (:mod:`spectoolkit.quant.packing`; half the bytes of a
@@ -35,11 +35,11 @@ import time
 
 import torch
 
-from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting.base import Budget, Drafting, OwnKV
+from spectoolkit.config import TreeConfig
+from spectoolkit.drafting.base import Budget, Drafter, Drafting, OwnKV, Upkeep
 from spectoolkit.drafting.model_drafter import draw_next
-from spectoolkit.drafting.tree import TokenTree, tree_depth
-from spectoolkit.drafting.tree_model import grow_tree
+from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.drafting.tree_model import Feed, Growth, grow_trees
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels import cpu_ops
 from spectoolkit.models.eagle3_head import Eagle3Head
@@ -49,7 +49,6 @@ from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import Segment, build_step
 
-_GREEDY = SamplingConfig(temperature=0.0)
 BACKLOG_ROWS = 16  # a drafting round first feeds a sequence holding more rows than this, in a forward of its own
 MAX_HELD = 512  # held rows that are fed at once, when handed over, rather than in the next drafting round
 
@@ -138,29 +137,26 @@ class _State:
         self.parts, self.pending = [], 0
 
 
-class EagleDrafter(OwnKV):
+class EagleDrafter(OwnKV, Drafter):
     """Proposes chains or trees from a trained EAGLE-3 head for many sequences at once (module docstring)."""
 
     name = "eagle"
 
     def __init__(
         self, head: EagleHead, allocator: BlockAllocator, chooser, eos_ids: frozenset[int],
-        stop_below: float | None = None, tree: TreeConfig | None = None, gamma: int = 0,
+        stop_below: float | None = None, tree: TreeConfig | None = None,
     ) -> None:  # fmt: skip
         self.head, self.allocator, self.chooser, self.pool = head, allocator, chooser, head.pool
         self.eos_ids = eos_ids  # the head's vocabulary is the target's (EagleHead checks it)
         self.capture = head.shape.aux_layers  # the target layers whose input states the engine hands over
         self.stop_below = stop_below
         self.tree = tree if tree is not None and tree.enabled else None
-        self.gamma = gamma
-        self.max_depth = tree_depth(self.tree, gamma) if self.tree else None
         self._states: dict[int, _State] = {}
         self.fc = head.head.fc
-        self.upkeep_seconds = 0.0  # spent feeding backlogs in drafting rounds (the engine keeps it out of draft costs)
-        self.upkeep_rows = 0  # the rows those backlogs held (the policy prices a backlog by them)
+        self._upkeep = Upkeep()  # spent feeding backlogs in drafting rounds (the engine keeps it out of draft costs)
 
-    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> EagleDrafter:
-        return type(self)(self.head, self.allocator, self.chooser, self.eos_ids, stop_below, tree, gamma)
+    def variant(self, stop_below: float | None, tree: TreeConfig | None) -> EagleDrafter:
+        return type(self)(self.head, self.allocator, self.chooser, self.eos_ids, stop_below, tree)
 
     def _state(self, seq: Drafting) -> _State:
         state = self._states.get(id(seq))
@@ -249,6 +245,9 @@ class EagleDrafter(OwnKV):
             self._publish(seq, state)
         return sum(count for _, _, count in fed)
 
+    def upkeep(self) -> Upkeep:
+        return self._upkeep
+
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         state = self._states.get(id(seq))
         if state is not None:  # draft rows are never kept: the accepted tokens are fed again with the target's states
@@ -262,10 +261,9 @@ class EagleDrafter(OwnKV):
             [seq for seq, budget in zip(seqs, budgets, strict=True) if budget.nodes > 0], BACKLOG_ROWS
         )
         if rows:
-            self.upkeep_seconds += time.perf_counter() - began
-            self.upkeep_rows += rows
+            self._upkeep = Upkeep(self._upkeep.seconds + time.perf_counter() - began, self._upkeep.rows + rows)
         if self.tree is not None:
-            return [self._grow(seq, budget) for seq, budget in zip(seqs, budgets, strict=True)]
+            return self._trees(seqs, budgets)
         return self._chains(seqs, [min(budget.nodes, budget.depth) for budget in budgets])
 
     def _catch_up(self, seqs: list[Drafting], room: list[int]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
@@ -317,19 +315,52 @@ class EagleDrafter(OwnKV):
             active, step = still, step + 1
         return [TokenTree.chain(ids, torch.stack(p) if p else None) for ids, p in zip(drafts, probs, strict=True)]
 
-    def _grow(self, seq: Drafting, budget: Budget) -> TokenTree:
-        depth = min(self.max_depth, budget.depth)
-        if budget.nodes <= 0 or depth <= 0:
-            return TokenTree([], [])
-        chosen, logits, aux = self._catch_up([seq], [budget.nodes + 1])
-        if not chosen:
-            return TokenTree([], [])
-        feed = _TreeFeed(self.head, self._state(seq), aux[0])
-        sampling = getattr(self.chooser, "sampling", None) or _GREEDY
-        align = self.head.target_logits
-        tree, _ = grow_tree(feed, align(logits[0]), align, self.tree, sampling, depth, budget.nodes, self.eos_ids,
-                            seq.generator)  # fmt: skip
-        return tree
+    def _trees(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
+        """A token tree per sequence, grown together: the catch-up forward of every sequence, then one head forward
+        per depth over that depth's expanded nodes of every tree, each node fed its parent's aux."""
+        trees = [TokenTree([], [])] * len(seqs)
+        wanted = [i for i, budget in enumerate(budgets) if budget.nodes > 0 and budget.depth > 0]
+        if not wanted:
+            return trees
+        chosen, logits, aux = self._catch_up([seqs[i] for i in wanted], [budgets[i].nodes + 1 for i in wanted])
+        align, growths = self.head.target_logits, []
+        for row, j in enumerate(chosen):
+            i, state = wanted[j], self._state(seqs[wanted[j]])
+            growths.append(Growth(align(logits[row]), align, self.tree, self.chooser.sampling, budgets[i].depth,
+                                  budgets[i].nodes, self.eos_ids, seqs[i].generator, state.num_computed,
+                                  _TreeRows(state, aux[row])))  # fmt: skip
+        grow_trees(growths, self._feed_nodes)
+        for j, growth in zip(chosen, growths, strict=True):
+            trees[wanted[j]] = growth.result()[0]
+        return trees
+
+    def _feed_nodes(self, feeds: list[tuple[Growth, Feed]]) -> list[torch.Tensor | None]:
+        """One head forward over every sequence's nodes of a depth (each with its parent's aux; the root's: the last
+        verified row's); None for a sequence whose head pool cannot hold them (its tree stops)."""
+        segments, hidden, fitting = [], [], []
+        for growth, feed in feeds:
+            rows = growth.owner
+            if not self._fits(rows.state, feed.start + len(feed.token_ids)):
+                fitting.append(False)
+                continue
+            logit_rows = list(range(len(feed.token_ids)))
+            segments.append(Segment(rows.state.table, feed.token_ids, feed.start, logit_rows,
+                                    (feed.positions, feed.visible)))  # fmt: skip
+            hidden += [rows.root_aux if parent < 0 else rows.aux[parent] for parent in feed.parents]
+            fitting.append(True)
+        if not segments:
+            return [None] * len(feeds)
+        logits, aux = self.head.rows(segments, torch.stack(hidden))  # [Σ m_i, Vd], [Σ m_i, H]
+        out, row = [], 0
+        for (growth, feed), fits in zip(feeds, fitting, strict=True):
+            if not fits:
+                out.append(None)
+                continue
+            for offset, node in enumerate(feed.nodes):
+                growth.owner.aux[node] = aux[row + offset]
+            out.append(logits[row : row + len(feed.nodes)])
+            row += len(feed.nodes)
+        return out
 
     def _fits(self, state: _State, positions: int) -> bool:
         if state.table.missing(positions) > self.allocator.num_free:
@@ -349,28 +380,10 @@ class EagleDrafter(OwnKV):
         return self.tree.describe() if self.tree is not None else None
 
 
-class _TreeFeed:
-    """One sequence's head KV as :func:`~spectoolkit.drafting.tree_model.grow_tree` drives it: each node fed with
-    its parent's aux (the root's: the last verified row's)."""
+class _TreeRows:
+    """One sequence's tree as the head grows it: the last verified row's aux (the root's state) and each fed node's
+    aux (its children's state), by node index."""
 
-    def __init__(self, head: EagleHead, state: _State, root_aux: torch.Tensor) -> None:
-        self.head, self.state, self.root_aux = head, state, root_aux
-        self.num_computed = state.num_computed
-        self.aux: dict[int, torch.Tensor] = {}  # slot (position in the table) of a fed node -> its aux [H]
-
-    def forward_masked(self, token_ids: list[int], positions: list[int], visible: torch.Tensor) -> torch.Tensor:
-        start, base = self.num_computed, self.state.num_computed
-        hidden = []
-        for row in range(len(token_ids)):
-            seen = torch.nonzero(visible[row, base : start + row]).flatten()
-            parent = base + int(seen[-1]) if len(seen) else None  # a node's last visible ancestor is its parent
-            hidden.append(self.root_aux if parent is None else self.aux[parent])
-        end = start + len(token_ids)
-        self.state.table.ensure(end)
-        rows = list(range(len(token_ids)))
-        segment = Segment(self.state.table, token_ids, start, rows, (positions, visible))
-        logits, aux = self.head.rows([segment], torch.stack(hidden))
-        for row in rows:
-            self.aux[start + row] = aux[row]
-        self.num_computed = end
-        return logits
+    def __init__(self, state: _State, root_aux: torch.Tensor) -> None:
+        self.state, self.root_aux = state, root_aux
+        self.aux: dict[int, torch.Tensor] = {}

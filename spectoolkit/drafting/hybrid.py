@@ -1,106 +1,175 @@
-"""Hybrid drafting (ArcticInference's suffix + model speculator): per round and sequence, the suffix tries' draft
-when it is expected to keep more tokens than the head's drafts have been keeping, else the EAGLE head's.
+"""Hybrid drafting (ArcticInference's suffix + model speculator), priced: per round and request, the lookup's draft
+(suffix decoding) or a model-backed drafter's (a draft model, or an EAGLE head), whichever buys more emitted tokens
+per second of step.
 
-The suffix proposal is computed first (far below a millisecond) with its score: the sum of its nodes' path
-probabilities in the trie, the tokens it expects accepted. The head's expectation is what its own drafts kept
-for this sequence: an exponential mean of its accepted lengths (a new sequence starts from the mean over every
-sequence). The head drafts only for the sequences the suffix does not take, in one batched call; a round the
-head sits out costs it nothing but a longer catch-up feed next time (its KV follows the verified tokens, see
-:mod:`~spectoolkit.drafting.eagle`). The choice depends on past rounds only, never on this round's draws, so
-verification stays exact (each proposal carries its own q: one-hot for the suffix, the head's for the head).
+The lookup's proposal is computed first (far below a millisecond) with its score: the sum of its nodes' path
+probabilities in the trie, the tokens it expects accepted. The model's expectation is what its own drafts kept for
+this request: an exponential mean of its accepted lengths (a new request starts from the mean over every request).
+An option is worth its expected emitted tokens (accepted + 1, the target's own token) over the seconds it costs:
+
+- the request's share of the step's plain rows, T(W) / W, with W the pending rows of the requests asked to draft
+  (the drafter sees no others of the step: prefill chunks, requests the policy kept from drafting);
+- what its rows add to the step, T(W + rows) - T(W): the lookup's nodes, or what the model may draft (its budget:
+  a chain min(nodes, depth), a tree ``nodes``), each priced alone on the pending rows (the others' drafts are not
+  chosen yet; on a convex T they would only make every option dearer);
+- the model's drafting: its measured seconds per draft forward (an exponential mean over its calls, less their
+  backlog upkeep, which the draft-length policy prices) times the forwards it takes for the request (its depth).
+  The model drafts every request in one batched forward per depth (chains and trees alike), so that cost is shared
+  equally among the requests that take the model this round: the largest set each member of which still prefers
+  the model at its share (start from every request, drop those that do not, repeat: each share only grows).
+
+T is the target's step-time curve (:class:`~spectoolkit.policy.costs.StepCurve`, convex and non-decreasing), learnt
+from the engine's decode steps (:meth:`HybridDrafter.observe_step`). Until anything is measured every price is the
+same, and the rule is the unpriced one: the lookup's draft when it expects at least as many tokens as the model. An
+empty lookup proposal is a plain decode (one token for the share of the pending row); a request with nothing to
+look up that has not had the model for :data:`PROBE_EVERY` rounds gets it once, so a mean that fell can recover.
+
+The model drafts only for the requests that take it, in one batched call; a round it sits out costs it nothing but
+a longer catch-up next time (a draft model's KV, or a head's held rows, follow the verified tokens). The choice
+depends on past rounds and the lookup's deterministic proposal only, never on this round's draws, so verification
+stays exact (each proposal carries its own q: one-hot for the lookup, the model's for the model).
 """
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import Budget, Drafting
-from spectoolkit.drafting.eagle import EagleDrafter
+from spectoolkit.drafting.base import Budget, Drafter, Drafting, Upkeep
 from spectoolkit.drafting.suffix import SuffixDrafter
 from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.policy.costs import DraftCost, StepCurve
 
-DECAY = 0.7  # weight of the past in the head's mean accepted length
-PRIOR = 1.0  # the head's expected accepted tokens before any round
+DECAY = 0.7  # weight of the past in the model's mean accepted length
+PRIOR = 1.0  # the model's expected accepted tokens before any round
+PROBE_EVERY = 16  # rounds a request with nothing to look up goes without the model before it gets it once
 
 
-class HybridDrafter:
-    """Suffix decoding or the EAGLE head, per round and sequence (module docstring)."""
+class HybridDrafter(Drafter):
+    """Suffix decoding or a model-backed drafter, per round and request, by emitted tokens per second (module
+    docstring). ``rounds`` counts the rounds each part proposed."""
 
-    name = "hybrid"
+    def __init__(self, lookup: SuffixDrafter, model: Drafter, name: str = "hybrid") -> None:
+        """``lookup``: suffix decoding (its proposals come scored); ``model``: a draft model or an EAGLE head, growing
+        the same tree kind; ``name``: the records' name (``hybrid``: with a head, ``hybrid-model``: a draft model)."""
+        self.lookup, self.model, self.name = lookup, model, name
+        self.tree, self.capture = model.tree, model.capture
+        self.curve = StepCurve()  # T(n): the target's decode steps
+        self.draft_cost = DraftCost()  # the model's seconds per draft forward
+        self.overall = PRIOR  # the model's mean accepted length over every request
+        self._mean: dict[int, float] = {}  # per request
+        self._idle: dict[int, int] = {}  # rounds since the model last drafted for the request
+        self._drafted_by: dict[int, str] = {}  # who proposed the request's last round
+        self.rounds = {"lookup": 0, "model": 0}
 
-    def __init__(self, suffix: SuffixDrafter, head: EagleDrafter) -> None:
-        self.suffix, self.head = suffix, head
-        self.capture = head.capture
-        self.tree, self.max_depth, self.gamma = head.tree, head.max_depth, head.gamma
-        self.overall = PRIOR  # the head's mean accepted length over every sequence
-        self._mean: dict[int, float] = {}  # per sequence
-        self._drafted_by: dict[int, str] = {}  # who proposed the sequence's last round
-        self.rounds = {"suffix": 0, "head": 0}
+    def variant(self, stop_below: float | None, tree: TreeConfig | None) -> HybridDrafter:
+        return type(self)(self.lookup.variant(stop_below, tree), self.model.variant(stop_below, tree), self.name)
 
-    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> HybridDrafter:
-        return type(self)(self.suffix.variant(stop_below, tree, gamma), self.head.variant(stop_below, tree, gamma))
+    # ---- proposing ----------------------------------------------------------------------------
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
-        out: list[TokenTree] = []
-        to_head = []
-        for i, (seq, budget) in enumerate(zip(seqs, budgets, strict=True)):
-            proposal, score = self.suffix.scored(seq, budget)
-            if len(proposal) and score >= self._mean.get(id(seq), self.overall):
-                self._drafted_by[id(seq)] = "suffix"
-                self.rounds["suffix"] += 1
-            else:
-                to_head.append(i)
+        out, scores = [], []
+        for seq, budget in zip(seqs, budgets, strict=True):
+            proposal, score = self.lookup.scored(seq, budget)
             out.append(proposal)
-        if to_head:
-            made = self.head.propose([seqs[i] for i in to_head], [budgets[i] for i in to_head])
-            for i, proposal in zip(to_head, made, strict=True):
+            scores.append(score)
+        taking = self.choose(seqs, budgets, out, scores)
+        for i, seq in enumerate(seqs):
+            if i not in taking and len(out[i]):
+                self._drafted_by[id(seq)] = "lookup"
+                self.rounds["lookup"] += 1
+        if taking:
+            made = self._drafted([seqs[i] for i in taking], [budgets[i] for i in taking])
+            for i, proposal in zip(taking, made, strict=True):
                 out[i] = proposal
-                if len(proposal):  # an empty round (no room) says nothing of what the head keeps
-                    self._drafted_by[id(seqs[i])] = "head"
-                    self.rounds["head"] += 1
+                if len(proposal):  # an empty round (no room) says nothing of what the model keeps
+                    self._drafted_by[id(seqs[i])] = "model"
+                    self.rounds["model"] += 1
         return out
 
+    def choose(self, seqs: list[Drafting], budgets: list[Budget], proposals: list[TokenTree],
+               scores: list[float]) -> list[int]:  # fmt: skip
+        """The indices of the requests the model drafts for this round, given the lookup's ``proposals`` and their
+        ``scores`` (module docstring); every other request takes its lookup proposal (empty: a plain decode)."""
+        width = len(seqs)
+        depths = [min(budget.nodes, budget.depth) for budget in budgets]  # the model's forwards for each request
+        rows = [budget.nodes if self.tree is not None else depth for budget, depth in zip(budgets, depths, strict=True)]
+        widths = [width] + [width + len(proposal) for proposal in proposals] + [width + r for r in rows]
+        plain, *added = self.curve(np.array(widths)).tolist()  # T of the pending rows, then with each option's rows
+        share = plain / width
+        lookup_rate = [(score + 1) / (share + cost - plain) for score, cost in zip(scores, added[:width], strict=True)]
+        step_cost = [share + cost - plain for cost in added[width:]]  # the model option's, before its drafting
+        means = [self._mean.get(id(seq), self.overall) for seq in seqs]
+
+        def pays(i: int, shared: int) -> bool:
+            drafting = self.draft_cost.per_forward * depths[i] / shared
+            return (means[i] + 1) / (step_cost[i] + drafting) > lookup_rate[i]
+
+        candidates = [i for i in range(width) if depths[i] > 0]
+        probes = {i for i in candidates if not len(proposals[i]) and self._idle.get(id(seqs[i]), 0) >= PROBE_EVERY}
+        taking, before = candidates, None
+        while taking != before:  # each pass only raises the share of those left: it ends
+            shared = max(1, len(taking))
+            before, taking = taking, [i for i in taking if i in probes or pays(i, shared)]
+        for i in candidates:
+            self._idle[id(seqs[i])] = 0 if i in taking else self._idle.get(id(seqs[i]), 0) + 1
+        return taking
+
+    def _drafted(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
+        """The model's proposals for ``seqs``, its seconds per draft forward learnt from the call (one batched forward
+        per depth of the deepest proposal)."""
+        began, before = time.perf_counter(), self.model.upkeep()
+        made = self.model.propose(seqs, budgets)
+        upkeep = self.model.upkeep().seconds - before.seconds
+        depths = [max(proposal.depths(), default=0) for proposal in made]
+        self.draft_cost.observe(max(depths, default=0), time.perf_counter() - began - upkeep)
+        return made
+
+    # ---- what the engine tells it -------------------------------------------------------------
+
+    def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
+        self.curve.observe(tokens, seconds)
+
     def keep_states(self, seq: Drafting, start: int, states: torch.Tensor) -> None:
-        self.head.keep_states(seq, start, states)
-
-    @property
-    def upkeep_seconds(self) -> float:
-        return self.head.upkeep_seconds
-
-    @property
-    def upkeep_rows(self) -> int:
-        return self.head.upkeep_rows
+        self.model.keep_states(seq, start, states)
 
     def backlog(self, seq: Drafting) -> int:
-        return self.head.backlog(seq)  # a round the head drafts pays it (the policy's acceptance covers both)
+        return self.model.backlog(seq)  # a round the model drafts pays it (the policy's acceptance covers both)
+
+    def upkeep(self) -> Upkeep:
+        lookup, model = self.lookup.upkeep(), self.model.upkeep()
+        return Upkeep(lookup.seconds + model.seconds, lookup.rows + model.rows)
 
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
-        self.head.commit(seq, num_prefix, path)
-        self.suffix.commit(seq, num_prefix, path)
-        if self._drafted_by.pop(id(seq), None) == "head":
+        self.model.commit(seq, num_prefix, path)
+        self.lookup.commit(seq, num_prefix, path)
+        if self._drafted_by.pop(id(seq), None) == "model":
             key = id(seq)
             self._mean[key] = DECAY * self._mean.get(key, self.overall) + (1 - DECAY) * len(path)
             self.overall = DECAY * self.overall + (1 - DECAY) * len(path)
 
     def release(self, seq: Drafting) -> None:
-        self.head.release(seq)
-        self.suffix.release(seq)
-        self._mean.pop(id(seq), None)
-        self._drafted_by.pop(id(seq), None)
+        self.model.release(seq)
+        self.lookup.release(seq)
+        for held in (self._mean, self._idle, self._drafted_by):
+            held.pop(id(seq), None)
 
     def reset(self) -> None:
-        self.head.reset()
-        self.suffix.reset()
-        self._mean.clear()
-        self._drafted_by.clear()
+        """Every request's state goes, and the mean over them; what steps and draft forwards cost stays learnt."""
+        self.model.reset()
+        self.lookup.reset()
+        for held in (self._mean, self._idle, self._drafted_by):
+            held.clear()
         self.overall = PRIOR
 
     def runners(self) -> dict:
-        return {}
+        return self.model.runners()
 
     def kv_bytes(self) -> int:
-        return self.head.kv_bytes()
+        return self.model.kv_bytes() + self.lookup.kv_bytes()
 
     def describe_tree(self) -> str | None:
-        return self.head.describe_tree()
+        return self.model.describe_tree()

@@ -3,27 +3,28 @@
 The draft has its own paged KV pool and a block table per sequence (the same KV rule as the target,
 DESIGN §2). Chains: the first ragged forward feeds each sequence's verified tokens the draft has not
 seen (at least the pending one) and drafts one token; each further forward feeds the last draft of
-every sequence still drafting. Trees (``speculate.tree``): one sequence at a time, one draft forward
-per depth (:func:`~spectoolkit.drafting.tree_model.grow_tree`). ``commit`` keeps the verified tokens
-and the accepted path's fed nodes, moved next to them; everything after is forgotten. With
+every sequence still drafting. Trees (``speculate.tree``): the same catch-up forward, then one draft forward
+per depth over the expanded nodes of every sequence's tree together
+(:func:`~spectoolkit.drafting.tree_model.grow_trees`). ``commit`` keeps the verified tokens and the accepted
+path's fed nodes, moved next to them; everything after is forgotten. With
 ``stop_below`` (``speculate.policy=confidence``) a chain ends after the first token whose draft
-probability is below it. When the draft pool is full a sequence simply gets no drafts this round.
+probability is below it. When the draft pool is full a sequence simply gets no drafts this round (a tree: no
+deeper nodes).
 """
 
 from __future__ import annotations
 
 import torch
 
-from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting.base import Budget, Drafting, OwnKV
-from spectoolkit.drafting.tree import TokenTree, tree_depth
-from spectoolkit.drafting.tree_model import grow_tree
+from spectoolkit.config import TreeConfig
+from spectoolkit.drafting.base import Budget, Drafter, Drafting, OwnKV
+from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.drafting.tree_model import Feed, Growth, grow_trees
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner, make_runner, run_segments
 from spectoolkit.runtime.step import Segment
 
-_GREEDY = SamplingConfig(temperature=0.0)
 LONE_BLOCK = 16  # block size of a drafter built for lone sequences (:func:`lone_drafter`)
 
 
@@ -34,41 +35,7 @@ class _DraftState:
         self.tree_slots: list[int | None] | None = None  # position of each node of the last tree; None: none grown
 
 
-class _TreeFeed:
-    """One sequence's draft KV as the runner :func:`grow_tree` expects (ragged forwards of one segment)."""
-
-    def __init__(self, drafter: ModelDrafter, state: _DraftState) -> None:
-        self.drafter, self.state = drafter, state
-
-    @property
-    def num_computed(self) -> int:
-        return self.state.num_computed
-
-    def forward(self, token_ids: list[int]) -> torch.Tensor:
-        """Feed a chain; the logits [V_draft] after its last token."""
-        return self._run(Segment(self.state.table, token_ids, self.num_computed, [len(token_ids) - 1]))[0]
-
-    def forward_masked(self, token_ids: list[int], positions: list[int], visible: torch.Tensor) -> torch.Tensor:
-        """Feed tree nodes (:func:`~spectoolkit.models.tree_mask.tree_rows`' ``visible``); logits [n, V_draft]."""
-        rows = list(range(len(token_ids)))
-        return self._run(Segment(self.state.table, token_ids, self.num_computed, rows, (positions, visible)))
-
-    def _run(self, segment: Segment) -> torch.Tensor:
-        end = segment.start + len(segment.token_ids)
-        table = self.state.table
-        if table.missing(end) > self.drafter.allocator.num_free:
-            raise _DraftFull
-        table.ensure(end)
-        logits = run_segments(self.drafter.runner, [segment], "plain")
-        self.state.num_computed = end
-        return logits
-
-
-class _DraftFull(Exception):
-    """The draft pool cannot hold a tree's next depth."""
-
-
-class ModelDrafter(OwnKV):
+class ModelDrafter(OwnKV, Drafter):
     """A draft model proposing for many sequences at once through ragged forwards over its own pool."""
 
     def __init__(
@@ -82,9 +49,9 @@ class ModelDrafter(OwnKV):
         name: str = "model",
         stop_below: float | None = None,
         tree: TreeConfig | None = None,
-        gamma: int = 0,
     ) -> None:
-        """``tree`` (enabled): trees of its kind, ``len(branching)`` or ``max_depth``/``gamma`` deep."""
+        """``tree`` (enabled): trees of its kind (a static one at most ``len(branching)`` deep), within each round's
+        budget."""
         self.runner, self.model, self.pool = runner, runner.model, runner.pool
         self.chooser, self.allocator = chooser, allocator
         self.target_vocab_size, self.shared_vocab_size = target_vocab_size, shared_vocab_size
@@ -92,21 +59,19 @@ class ModelDrafter(OwnKV):
         self.name = name
         self.stop_below = stop_below  # speculate.policy=confidence: stop a sequence's draft below this top probability
         self.tree = tree if tree is not None and tree.enabled else None
-        self.gamma = gamma
-        self.max_depth = tree_depth(self.tree, gamma) if self.tree else None
         self._states: dict[int, _DraftState] = {}
 
-    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> ModelDrafter:
+    def variant(self, stop_below: float | None, tree: TreeConfig | None) -> ModelDrafter:
         """Another arm's drafter on the same runner and pool (arms never run at once; each starts reset)."""
         return type(self)(self.runner, self.chooser, self.allocator, self.target_vocab_size, self.shared_vocab_size,
-                          self.eos_ids, self.name, stop_below, tree, gamma)  # fmt: skip
+                          self.eos_ids, self.name, stop_below, tree)  # fmt: skip
 
     def _state(self, seq: Drafting) -> _DraftState:
         return self._states.setdefault(id(seq), _DraftState(self.allocator))
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
         if self.tree is not None:
-            return [self._grow(seq, budget) for seq, budget in zip(seqs, budgets, strict=True)]
+            return self._trees(seqs, budgets)
         return self._chains(seqs, [min(budget.nodes, budget.depth) for budget in budgets])
 
     def _chains(self, seqs: list[Drafting], lengths: list[int]) -> list[TokenTree]:
@@ -130,23 +95,67 @@ class ModelDrafter(OwnKV):
             active = still
         return [TokenTree.chain(ids, torch.stack(p) if p else None) for ids, p in zip(drafts, probs, strict=True)]
 
-    def _grow(self, seq: Drafting, budget: Budget) -> TokenTree:
-        """A token tree for one sequence, grown over its paged draft KV (depths are not batched across sequences)."""
-        depth = min(self.max_depth, budget.depth)
-        if budget.nodes <= 0 or depth <= 0 or not self._fits(seq, budget.nodes + 1):
-            return TokenTree([], [])
-        state = self._state(seq)
-        feed = _TreeFeed(self, state)
-        sampling = getattr(self.chooser, "sampling", None) or _GREEDY
-        try:
-            root = self._aligned(feed.forward(seq.tokens[state.num_computed :]))
-            grown, state.tree_slots = grow_tree(
-                feed, root, self._aligned, self.tree, sampling, depth, budget.nodes, self.eos_ids, seq.generator
+    def _trees(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
+        """A token tree per sequence, grown together: one ragged forward catches every sequence up on its verified
+        tokens, then one per depth feeds that depth's expanded nodes of every tree (tree attention per segment)."""
+        trees = [TokenTree([], [])] * len(seqs)
+        chosen = [i for i, (seq, budget) in enumerate(zip(seqs, budgets, strict=True))
+                  if budget.nodes > 0 and budget.depth > 0 and self._fits(seq, budget.nodes + 1)]  # fmt: skip
+        if not chosen:
+            return trees
+        segments = []
+        for i in chosen:
+            state = self._state(seqs[i])
+            feed = seqs[i].tokens[state.num_computed :]
+            segments.append(Segment(state.table, feed, state.num_computed, [len(feed) - 1]))
+            state.num_computed += len(feed)
+        roots = run_segments(self.runner, segments, "plain")  # [len(chosen), V_draft]
+        sampling = self.chooser.sampling
+        growths = []
+        for row, i in enumerate(chosen):
+            state = self._state(seqs[i])
+            growths.append(
+                Growth(
+                    self._aligned(roots[row]),
+                    self._aligned,
+                    self.tree,
+                    sampling,
+                    budgets[i].depth,
+                    budgets[i].nodes,
+                    self.eos_ids,
+                    seqs[i].generator,
+                    state.num_computed,
+                    state,
+                )
             )
-        except _DraftFull:  # the draft pool is full: no drafts this round (as for a chain)
-            self._truncate(state, len(seq.tokens) - 1)
-            grown, state.tree_slots = TokenTree([], []), None
-        return grown
+        grow_trees(growths, self._feed_nodes)
+        for i, growth in zip(chosen, growths, strict=True):
+            trees[i], growth.owner.tree_slots = growth.result()
+        return trees
+
+    def _feed_nodes(self, feeds: list[tuple[Growth, Feed]]) -> list[torch.Tensor | None]:
+        """One draft forward over every sequence's nodes of a depth (a segment each, tree attention within it); a
+        sequence whose draft pool cannot hold them gets None (its tree stops)."""
+        segments, fitting = [], []
+        for growth, feed in feeds:
+            state, end = growth.owner, feed.start + len(feed.token_ids)
+            if state.table.missing(end) > self.allocator.num_free:
+                fitting.append(False)
+                continue
+            state.table.ensure(end)
+            rows = list(range(len(feed.token_ids)))
+            segments.append(Segment(state.table, feed.token_ids, feed.start, rows, (feed.positions, feed.visible)))
+            state.num_computed = end
+            fitting.append(True)
+        logits = run_segments(self.runner, segments, "plain") if segments else None  # [Σ m_i, V_draft]
+        out, row = [], 0
+        for (_, feed), fits in zip(feeds, fitting, strict=True):
+            if fits:
+                out.append(logits[row : row + len(feed.token_ids)])
+                row += len(feed.token_ids)
+            else:
+                out.append(None)
+        return out
 
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         state = self._states.get(id(seq))
@@ -186,7 +195,7 @@ class ModelDrafter(OwnKV):
 
 def lone_drafter(
     model: torch.nn.Module, chooser, target_vocab_size: int, shared_vocab_size: int, eos_ids: frozenset[int],
-    positions: int, kv_precision: str = "auto", tree: TreeConfig | None = None, gamma: int = 0,
+    positions: int, kv_precision: str = "auto", tree: TreeConfig | None = None,
 ) -> ModelDrafter:  # fmt: skip
     """A drafter with a pool of its own for one sequence of up to ``positions`` tokens at a time (analytic
     proofs and tests drive it with :class:`~spectoolkit.drafting.base.Lone`)."""
@@ -194,7 +203,7 @@ def lone_drafter(
     runner = make_runner(model, make_pool(model, kv_precision, blocks * LONE_BLOCK))
     allocator = BlockAllocator(blocks, LONE_BLOCK)
     return ModelDrafter(runner, chooser, allocator, target_vocab_size, shared_vocab_size, eos_ids, "model", None,
-                        tree, gamma)  # fmt: skip
+                        tree)  # fmt: skip
 
 
 def draw_next(drafter, logits: torch.Tensor, generator, drafts: list[int], probs: list, length: int) -> bool:

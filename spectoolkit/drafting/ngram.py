@@ -14,24 +14,22 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import Budget, Drafting, Lookup
-from spectoolkit.drafting.tree import TokenTree, tree_depth
+from spectoolkit.drafting.base import Budget, Drafter, Drafting, Lookup
+from spectoolkit.drafting.tree import TokenTree
 
 
-class NgramDrafter(Lookup):
+class NgramDrafter(Lookup, Drafter):
     """Proposes continuations found in each sequence's prompt and output so far."""
 
     def __init__(
         self, max_n: int, min_n: int, target_vocab_size: int, one_hot_probs: bool,
-        tree: TreeConfig | None = None, gamma: int = 0,
+        tree: TreeConfig | None = None,
     ) -> None:  # fmt: skip
-        """``tree`` (enabled): tries ``max_depth`` or ``gamma`` deep (:func:`~spectoolkit.drafting.tree.tree_depth`)."""
+        """``tree`` (enabled): tries of continuations, as deep as each round's budget."""
         self.max_n, self.min_n = max_n, min_n
         self.target_vocab_size, self.one_hot_probs = target_vocab_size, one_hot_probs
         self.name = "ngram"
         self.tree = tree if tree is not None and tree.enabled else None
-        self.gamma = gamma
-        self.max_depth = tree_depth(self.tree, gamma, trie=True) if self.tree else None
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
         return [self._one(torch.tensor(seq.tokens), budget) for seq, budget in zip(seqs, budgets, strict=True)]
@@ -43,8 +41,7 @@ class NgramDrafter(Lookup):
             token_ids = lookup(tokens, self.max_n, self.min_n, min(budget.nodes, budget.depth))
             parents = list(range(-1, len(token_ids) - 1))
         else:
-            depth = min(self.max_depth, budget.depth)
-            token_ids, parents = continuation_trie(tokens, self.max_n, self.min_n, depth, budget.nodes)
+            token_ids, parents = continuation_trie(tokens, self.max_n, self.min_n, budget.depth, budget.nodes)
         return self.proposal(token_ids, parents)
 
     def release(self, seq: Drafting) -> None:
@@ -56,12 +53,11 @@ class NgramDrafter(Lookup):
     def describe_tree(self) -> str | None:
         return f"trie/{self.tree.max_nodes}" if self.tree is not None else None
 
-    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> NgramDrafter:
+    def variant(self, stop_below: float | None, tree: TreeConfig | None) -> NgramDrafter:
         """``stop_below`` is a draft model's rule: lookup has no probabilities to stop on."""
-        same_tree = (tree if tree is not None and tree.enabled else None) == self.tree and gamma == self.gamma
-        if same_tree:
+        if (tree if tree is not None and tree.enabled else None) == self.tree:
             return self
-        return type(self)(self.max_n, self.min_n, self.target_vocab_size, self.one_hot_probs, tree, gamma)
+        return type(self)(self.max_n, self.min_n, self.target_vocab_size, self.one_hot_probs, tree)
 
 
 def lookup(tokens: torch.Tensor, max_n: int, min_n: int, budget: int) -> list[int]:

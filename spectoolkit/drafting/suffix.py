@@ -23,9 +23,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import Budget, Drafting, Lookup
+from spectoolkit.drafting.base import Budget, Drafter, Drafting, Lookup
 from spectoolkit.drafting.suffix_trie import Continuation, SuffixTrie
-from spectoolkit.drafting.tree import TokenTree, tree_depth
+from spectoolkit.drafting.tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -51,19 +51,17 @@ class _Request:
     prompt_len: int
 
 
-class SuffixDrafter(Lookup):
+class SuffixDrafter(Lookup, Drafter):
     """Proposes continuations from each request's own suffix trie and a global trie of earlier outputs."""
 
     def __init__(
         self, settings: SuffixSettings, target_vocab_size: int, one_hot_probs: bool,
-        tree: TreeConfig | None = None, gamma: int = 0,
+        tree: TreeConfig | None = None,
     ) -> None:  # fmt: skip
         self.settings = settings
         self.target_vocab_size, self.one_hot_probs = target_vocab_size, one_hot_probs
         self.name = "suffix"
         self.tree = tree if tree is not None and tree.enabled else None
-        self.gamma = gamma
-        self.max_depth = tree_depth(self.tree, gamma, trie=True) if self.tree else None
         self._requests: dict[int, _Request] = {}
         self.cache = SuffixTrie(settings.depth)  # earlier requests' outputs
         self._entries: deque[tuple[tuple[int, ...], list[int]]] = deque()  # (prompt, output), oldest first
@@ -89,7 +87,7 @@ class SuffixDrafter(Lookup):
             if self.tree is None:
                 found = trie.continuation(node, min(deepest, budget.nodes), self.settings.min_prob)
             else:
-                found = trie.continuation(node, min(deepest, self.max_depth), self.settings.min_prob, budget.nodes)
+                found = trie.continuation(node, min(deepest, budget.depth), self.settings.min_prob, budget.nodes)
             if found.token_ids and (best is None or found.score > best.score):
                 best = found
         if best is None:
@@ -100,7 +98,7 @@ class SuffixDrafter(Lookup):
         """The request's trie, grown to every verified token (its first sight: its prompt leaves the cache)."""
         state = self._requests.get(id(seq))
         if state is None:
-            prompt_len = getattr(seq, "prompt_len", len(seq.tokens))
+            prompt_len = seq.prompt_len
             state = self._requests[id(seq)] = _Request(seq, SuffixTrie(self.settings.depth), 0, prompt_len)
             self._forget_prompt(tuple(seq.tokens[:prompt_len]))
         state.trie.extend(seq.tokens[state.indexed :])
@@ -145,8 +143,8 @@ class SuffixDrafter(Lookup):
     def describe_tree(self) -> str | None:
         return f"suffix/{self.tree.max_nodes}" if self.tree is not None else None
 
-    def variant(self, stop_below: float | None, tree: TreeConfig | None, gamma: int) -> SuffixDrafter:
+    def variant(self, stop_below: float | None, tree: TreeConfig | None) -> SuffixDrafter:
         """``stop_below`` is a draft model's rule: lookup has no probabilities to stop on."""
-        if (tree if tree is not None and tree.enabled else None) == self.tree and gamma == self.gamma:
+        if (tree if tree is not None and tree.enabled else None) == self.tree:
             return self
-        return type(self)(self.settings, self.target_vocab_size, self.one_hot_probs, tree, gamma)
+        return type(self)(self.settings, self.target_vocab_size, self.one_hot_probs, tree)

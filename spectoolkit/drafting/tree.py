@@ -75,11 +75,3 @@ class TokenTree:
             return self
         probs = self.draft_probs[:budget] if self.draft_probs is not None else None
         return TokenTree(self.token_ids[:budget], self.parents[:budget], probs)
-
-
-def tree_depth(tree, gamma: int, trie: bool = False) -> int:
-    """How deep a round's tree may grow: ``len(branching)`` (a static model tree), else ``max_depth`` or γ (a
-    dynamic tree; an n-gram ``trie`` of continuations, whatever the tree kind)."""
-    if tree.kind == "static" and not trie:
-        return len(tree.branching)
-    return tree.max_depth or gamma

@@ -2,7 +2,8 @@
 
 The draft runs one forward per depth over that depth's expanded nodes (tree attention over its own
 cache, :func:`~spectoolkit.models.tree_mask.tree_rows`), so a tree of depth d costs d draft forwards
-(plus the catch-up of the verified tokens it has not seen), as a chain of d tokens does.
+(plus the catch-up of the verified tokens it has not seen), as a chain of d tokens does — and the trees of
+every sequence of a step grow together (:func:`grow_trees`): depth d of all of them is one ragged forward.
 
 Children of a node: greedy, the draft's top-k tokens (distinct, most probable first); sampling, k
 draws i.i.d. from the node's processed draft distribution q (each node reports q, the distribution it
@@ -50,55 +51,116 @@ class _Node:
     logits: torch.Tensor | None = field(default=None, repr=False)  # [V] draft logits after the node, once fed
 
 
-def grow_tree(
-    runner,
-    root_logits: torch.Tensor,
-    align: Callable[[torch.Tensor], torch.Tensor],
-    tree: TreeConfig,
-    sampling: SamplingConfig,
-    max_depth: int,
-    budget: int,
-    eos_ids: frozenset[int],
-    generator: torch.Generator | None,
-) -> tuple[TokenTree, list[int | None]]:
-    """A tree of at most ``budget`` nodes below the root whose draft logits [V_target] are ``root_logits``.
+@dataclass(frozen=True)
+class Feed:
+    """One sequence's nodes of one depth to feed the draft (tree attention over its own cache): their tokens,
+    positions and visibility (:func:`~spectoolkit.models.tree_mask.tree_rows`, from ``start`` on), and each one's
+    index and its parent's in the tree being grown (-1: the root), for a drafter whose rows carry a parent's state."""
 
-    ``runner`` (a :class:`~spectoolkit.runtime.lone.LoneSequence`) holds the verified tokens and nothing after them;
-    expanded nodes are appended to it. Returns the tree and each node's draft cache slot (None: never fed).
-    """
-    base = runner.num_computed
-    nodes: list[_Node] = []
-    frontier = [(-1, root_logits, 0.0, 0.0)]  # (node, logits, score, key)
-    static = tree.kind == "static"
-    depth_limit = min(max_depth, len(tree.branching)) if static else max_depth
-    for depth in range(depth_limit):
-        if not static:
-            frontier = sorted(frontier, key=lambda item: -item[2])[: tree.top_k]
-        count = tree.branching[depth] if static else tree.top_k
+    token_ids: list[int]
+    positions: list[int]
+    visible: torch.Tensor
+    start: int
+    nodes: list[int]
+    parents: list[int]
+
+
+class Growth:
+    """One sequence's tree, grown a depth at a time: :meth:`next_feed` makes the next depth's children and says which
+    of them to feed; :meth:`fed` takes their draft logits [m, V_draft]. Many growths share each draft forward
+    (:func:`grow_trees`), so a step's trees cost one forward per depth, whatever the batch."""
+
+    def __init__(
+        self, root_logits: torch.Tensor, align: Callable[[torch.Tensor], torch.Tensor], tree: TreeConfig,
+        sampling: SamplingConfig, max_depth: int, budget: int, eos_ids: frozenset[int],
+        generator: torch.Generator | None, base: int, owner: object = None,
+    ) -> None:  # fmt: skip
+        """``base``: the draft cache's length after the verified tokens (the first node is fed there); ``owner``: the
+        drafter's state of the sequence (what its feed writes to)."""
+        self.owner = owner
+        self.align, self.tree, self.sampling, self.budget = align, tree, sampling, budget
+        self.eos_ids, self.generator, self.base, self.start = eos_ids, generator, base, base
+        self.static = tree.kind == "static"
+        self.depth_limit = min(max_depth, len(tree.branching)) if self.static else max_depth
+        self.nodes: list[_Node] = []
+        self.frontier = [(-1, root_logits, 0.0, 0.0)]  # (node, logits, score, key)
+        self.depth = 0
+        self.done = self.depth_limit <= 0 or budget <= 0
+        self._expand: list[int] = []
+
+    def next_feed(self) -> Feed | None:
+        """Grow the next depth's children; the ones to feed before the depth after (None: the tree is complete)."""
+        if self.done:
+            return None
+        tree, nodes = self.tree, self.nodes
+        frontier = self.frontier if self.static else sorted(self.frontier, key=lambda item: -item[2])[: tree.top_k]
+        count = tree.branching[self.depth] if self.static else tree.top_k
         level: list[int] = []
         for parent, logits, score, key in frontier:
-            for token, probs, logq, index in _children(logits, count, sampling, generator):
+            for token, probs, logq, index in _children(logits, count, self.sampling, self.generator):
                 child_score = score + logq
-                if sampling.greedy:
-                    child_key = child_score
-                else:
-                    child_key = min(key, score + index * math.log(SIBLING_DECAY))
-                nodes.append(_Node(token, parent, depth + 1, child_score, child_key, probs))
+                child_key = child_score if self.sampling.greedy else min(key, score + index * math.log(SIBLING_DECAY))
+                nodes.append(_Node(token, parent, self.depth + 1, child_score, child_key, probs))
                 level.append(len(nodes) - 1)
-        if static and len(nodes) >= budget:
-            break
-        expand = [i for i in level if nodes[i].token not in eos_ids]
-        if depth + 1 == depth_limit or not expand:
-            break
-        if not static:  # a node outside the best ``budget`` so far has no descendant in the final cut: skip it
-            best = set(_cut(nodes, budget, by_key=True))
+        self.depth += 1
+        expand = [i for i in level if nodes[i].token not in self.eos_ids]
+        if (self.static and len(nodes) >= self.budget) or self.depth == self.depth_limit or not expand:
+            return self._finish()
+        if not self.static:  # a node outside the best ``budget`` so far has no descendant in the final cut: skip it
+            best = set(_cut(nodes, self.budget, by_key=True))
             expand = sorted((i for i in expand if i in best), key=lambda i: -nodes[i].score)[: tree.top_k]
             if not expand:
-                break
-        _feed(runner, nodes, expand, base, align)
-        frontier = [(i, nodes[i].logits, nodes[i].score, nodes[i].key) for i in expand]
-    kept = _cut(nodes, budget, by_key=not static)
-    return _as_tree(nodes, kept, sampling.greedy)
+                return self._finish()
+        self._expand = expand
+        ancestors = []
+        for index in expand:
+            slots, parent = [], nodes[index].parent
+            while parent >= 0:
+                slots.append(nodes[parent].slot)
+                parent = nodes[parent].parent
+            ancestors.append(slots)
+        positions, visible = tree_rows(ancestors, self.base, self.start)
+        tokens, parents = [nodes[i].token for i in expand], [nodes[i].parent for i in expand]
+        return Feed(tokens, positions, visible, self.start, list(expand), parents)
+
+    def fed(self, logits: torch.Tensor) -> None:
+        """The draft logits [m, V_draft] of the last :meth:`next_feed`'s nodes, fed at ``start`` on."""
+        for row, index in enumerate(self._expand):
+            self.nodes[index].slot = self.start + row
+            self.nodes[index].logits = self.align(logits[row])
+        self.start += len(self._expand)
+        self.frontier = [(i, self.nodes[i].logits, self.nodes[i].score, self.nodes[i].key) for i in self._expand]
+
+    def stop(self) -> None:
+        """Grow no deeper (the draft's pool cannot hold the next depth): the nodes made so far are the tree."""
+        self._finish()
+
+    def _finish(self) -> None:
+        self.done, self._expand = True, []
+        return None
+
+    def result(self) -> tuple[TokenTree, list[int | None]]:
+        """The tree (at most ``budget`` nodes) and each node's draft cache slot (None: never fed)."""
+        kept = _cut(self.nodes, self.budget, by_key=not self.static)
+        return _as_tree(self.nodes, kept, self.sampling.greedy)
+
+
+def grow_trees(growths: list[Growth], feed: Callable[[list[tuple[Growth, Feed]]], list[torch.Tensor | None]]) -> None:
+    """Grow every tree of ``growths`` to the end, one draft forward per depth over all of them: ``feed`` runs the
+    draft over one :class:`Feed` per growing sequence and returns each one's logits [m_i, V_draft] (None: its pool
+    cannot hold them, and that tree stops growing)."""
+    active = growths
+    while active:
+        feeds = [(growth, growth.next_feed()) for growth in active]
+        feeds = [(growth, made) for growth, made in feeds if made is not None]
+        if not feeds:
+            return
+        for (growth, _), logits in zip(feeds, feed(feeds), strict=True):
+            if logits is None:  # the pool is full for this sequence: its tree stops here
+                growth.stop()
+            else:
+                growth.fed(logits)
+        active = [growth for growth, _ in feeds if not growth.done]
 
 
 def _children(logits: torch.Tensor, count: int, sampling: SamplingConfig, generator):
@@ -113,23 +175,6 @@ def _children(logits: torch.Tensor, count: int, sampling: SamplingConfig, genera
         token = sample_from(probs, torch.rand(1, generator=generator))  # i.i.d. draws from q
         out.append((token, probs, math.log(float(probs[token])), index))
     return out
-
-
-def _feed(runner, nodes: list[_Node], expand: list[int], base: int, align) -> None:
-    """One draft forward over the ``expand`` nodes (tree attention); stores each one's slot and logits."""
-    start = runner.num_computed
-    ancestors = []
-    for index in expand:
-        slots, parent = [], nodes[index].parent
-        while parent >= 0:
-            slots.append(nodes[parent].slot)
-            parent = nodes[parent].parent
-        ancestors.append(slots)
-    positions, visible = tree_rows(ancestors, base, start)
-    logits = runner.forward_masked([nodes[i].token for i in expand], positions, visible)  # [m, V_draft]
-    for row, index in enumerate(expand):
-        nodes[index].slot = start + row
-        nodes[index].logits = align(logits[row])
 
 
 def _cut(nodes: list[_Node], budget: int, by_key: bool) -> list[int]:

@@ -35,7 +35,7 @@ from spectoolkit.eval.tree_analytic import tree_analytic_exactness
 from spectoolkit.eval.tree_empirical import tree_negative_control
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.metrics.records import RequestRecord, write_json_atomic
-from spectoolkit.policy import make_policy
+from spectoolkit.policy import draft_depth, make_policy
 from spectoolkit.wiring.one_engine import OneEngines
 from spectoolkit.wiring.setup import ArmSet, LoadedModels, build, shared_vocab_size
 from spectoolkit.workloads.prompts import encode_prompt, load_workload
@@ -137,16 +137,16 @@ def _empirical(cfg: RunConfig, models: LoadedModels, prompt: list[int], sampling
     spec, real = one.drafting("spec", model, make_policy(cfg.speculate), tree)
     control, _ = one.drafting("control", model, make_policy(cfg.speculate), tree, control_of(real, sampling))
     engines = {"baseline": one.target_alone("baseline", model), "spec": spec, "control": control}
-    return engine_exactness(engines.__getitem__, prompt, cfg.eval.samples, _length(cfg, real), cfg.sampling.seed,
+    return engine_exactness(engines.__getitem__, prompt, cfg.eval.samples, _length(cfg), cfg.sampling.seed,
                             cfg.eval.significance, tree)  # fmt: skip
 
 
-def _length(cfg: RunConfig, drafter) -> int:
+def _length(cfg: RunConfig) -> int:
     """Output positions compared: ``eval.length``, or room for a whole tree after the first token (else only
     shallow trees are tested)."""
-    if drafter.max_depth is None:
+    if not cfg.speculate.tree.enabled:
         return cfg.eval.length
-    return max(cfg.eval.length, drafter.max_depth + 2)
+    return max(cfg.eval.length, draft_depth(cfg.speculate) + 2)
 
 
 def _passed(result: dict[str, Any]) -> bool | None:

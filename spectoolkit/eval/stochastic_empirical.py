@@ -114,12 +114,11 @@ class UniformReportingNgram(NgramDrafter):
 def _argmax_control(drafter: ModelDrafter, sampling: SamplingConfig) -> ModelDrafter:
     return ModelDrafter(drafter.runner, ArgmaxReportingSoftmax(sampling), drafter.allocator, drafter.target_vocab_size,
                         drafter.shared_vocab_size, drafter.eos_ids, f"{drafter.name}-argmax-control", None,
-                        drafter.tree, drafter.gamma)  # fmt: skip
+                        drafter.tree)  # fmt: skip
 
 
 def _uniform_control(drafter: NgramDrafter, sampling: SamplingConfig) -> NgramDrafter:
-    return UniformReportingNgram(drafter.max_n, drafter.min_n, drafter.target_vocab_size, True, drafter.tree,
-                                 drafter.gamma)  # fmt: skip
+    return UniformReportingNgram(drafter.max_n, drafter.min_n, drafter.target_vocab_size, True, drafter.tree)
 
 
 # The negative control of each drafter kind: same proposals, a reported distribution they were not drawn from.

@@ -40,7 +40,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.config import SamplingConfig, SpeculateConfig, TreeConfig
 from spectoolkit.drafting import Budget, Lone, NgramDrafter, lone_drafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.errors import SpecToolkitError
@@ -55,6 +55,7 @@ from spectoolkit.eval.stochastic_analytic import (
 )
 from spectoolkit.eval.tree_empirical import rank_siblings
 from spectoolkit.models.tree_mask import verify_rows
+from spectoolkit.policy import draft_depth
 from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.sampling import RandomChooser, processed_probs
 from spectoolkit.verify.rules import accept_mask, pad_vocab  # module-level names: the seams tests patch
@@ -182,11 +183,10 @@ def tree_analytic_exactness(
     """TV between the tree verifier's output distribution and the target alone at every node of real trees.
 
     ``draft`` None means the n-gram trie (``ngram_max``/``ngram_min``); positions where it finds nothing
-    count in ``positions_skipped``. Trees have at most ``tree_cfg.max_nodes`` nodes and the depth a round
-    with γ = ``gamma`` grows (:func:`~spectoolkit.drafting.tree.tree_depth`). Returns max_tv, mean_tv
-    (raw, over nodes), max_excess_tv (beyond the fp32 normalization gap), max_forward_tv, positions,
-    nodes, expanded_nodes, controls {name: {max_tv, mean_tv}}, passed (max_excess_tv < threshold, no
-    rule mismatch), threshold, ….
+    count in ``positions_skipped``. Trees have at most ``tree_cfg.max_nodes`` nodes, as deep as the policy's
+    :func:`~spectoolkit.policy.draft_depth` for γ = ``gamma``. Returns max_tv, mean_tv (raw, over nodes),
+    max_excess_tv (beyond the fp32 normalization gap), max_forward_tv, positions, nodes, expanded_nodes,
+    controls {name: {max_tv, mean_tv}}, passed (max_excess_tv < threshold, no rule mismatch), threshold, ….
     """
     if sampling.greedy:
         raise SpecToolkitError("analytic exactness needs sampling.temperature > 0 (greedy is checked token for token)")
@@ -197,11 +197,10 @@ def tree_analytic_exactness(
     if draft is not None:
         shared = draft_vocab_shared or min(vocab, _vocab_size(draft))
         positions = max(map(len, prompts), default=0) + positions_per_prompt + tree_cfg.max_nodes + 2
-        drafter = lone_drafter(draft, RandomChooser(sampling), vocab, shared, frozenset(), positions, tree=tree_cfg,
-                               gamma=gamma)  # fmt: skip
+        drafter = lone_drafter(draft, RandomChooser(sampling), vocab, shared, frozenset(), positions, tree=tree_cfg)
     else:
-        drafter = NgramDrafter(ngram_max, ngram_min, vocab, True, tree_cfg, gamma)  # a trie is max_depth or γ deep
-    budget = Budget(tree_cfg.max_nodes, drafter.max_depth)
+        drafter = NgramDrafter(ngram_max, ngram_min, vocab, True, tree_cfg)
+    budget = Budget(tree_cfg.max_nodes, draft_depth(SpeculateConfig(gamma=gamma, tree=tree_cfg)))
     stats, positions, skipped, expanded = defaultdict(list), 0, 0, 0
     target_gen, draft_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     for prompt in prompts:

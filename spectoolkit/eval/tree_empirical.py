@@ -72,12 +72,11 @@ def _model_control(drafter: ModelDrafter, sampling: SamplingConfig) -> ModelDraf
     name = f"{drafter.name}-rank-siblings-control"
     return RankSiblingsModelDrafter(drafter.runner, RandomChooser(sampling), drafter.allocator,
                                     drafter.target_vocab_size, drafter.shared_vocab_size, drafter.eos_ids, name, None,
-                                    drafter.tree, drafter.gamma)  # fmt: skip
+                                    drafter.tree)  # fmt: skip
 
 
 def _ngram_control(drafter: NgramDrafter, sampling: SamplingConfig) -> NgramDrafter:
-    return RankSiblingsNgramDrafter(drafter.max_n, drafter.min_n, drafter.target_vocab_size, True, drafter.tree,
-                                    drafter.gamma)  # fmt: skip
+    return RankSiblingsNgramDrafter(drafter.max_n, drafter.min_n, drafter.target_vocab_size, True, drafter.tree)
 
 
 # The tree negative control of each drafter kind: the same trees' candidates, reported as i.i.d. draws they are not.

@@ -45,10 +45,14 @@ class AdaptivePolicy:
     name = "adaptive"
     stop_below: float | None = None
 
-    def __init__(self, max_gamma: int, decay: float, probe_every: int, tree: bool = False) -> None:
+    def __init__(
+        self, max_gamma: int, decay: float, probe_every: int, tree: bool = False, depth: int | None = None
+    ) -> None:
         """``tree``: k_i counts token-tree nodes (:class:`~spectoolkit.policy.acceptance.NodeAcceptance`), and a
-        k-node tree costs the draft forwards (its depth) that trees of k nodes took so far."""
+        k-node tree costs the draft forwards (its depth) that trees of k nodes took so far; ``depth``: how deep a
+        round drafts at most (default ``max_gamma``)."""
         self.max_gamma = max_gamma
+        self.max_depth = max_gamma if depth is None else depth
         self.acceptance = (NodeAcceptance if tree else AcceptanceModel)(max_gamma, decay)
         self._depths: dict[int, tuple[float, float]] = {}  # trees: drafted nodes -> (depth sum, rounds)
         self.curve = StepCurve()  # every decode step, whatever its batch

@@ -22,7 +22,8 @@ from typing import Protocol
 
 class DraftLengthPolicy(Protocol):
     name: str
-    max_gamma: int  # no request drafts more than this in a round
+    max_gamma: int  # no request drafts more than this in a round (a tree's nodes)
+    max_depth: int  # nor deeper than this (a chain: max_gamma)
 
     def choose(
         self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int,
@@ -61,8 +62,10 @@ class FixedPolicy:
     name = "fixed"
     stop_below: float | None = None
 
-    def __init__(self, gamma: int) -> None:
+    def __init__(self, gamma: int, depth: int | None = None) -> None:
+        """``gamma`` drafts (token-tree nodes) per round, ``depth`` deep at most (default: ``gamma``, a chain)."""
         self.max_gamma = gamma
+        self.max_depth = gamma if depth is None else depth
 
     def choose(
         self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int,
@@ -101,6 +104,6 @@ class ConfidencePolicy(FixedPolicy):
 
     name = "confidence"
 
-    def __init__(self, gamma: int, stop_below: float) -> None:
-        super().__init__(gamma)
+    def __init__(self, gamma: int, stop_below: float, depth: int | None = None) -> None:
+        super().__init__(gamma, depth)
         self.stop_below = stop_below

@@ -2,12 +2,13 @@
 
 :class:`StepCurve` keeps the median of the recent step times at each token count n seen (the
 batch-1 verify forward of width n, or a batched step of n tokens), optionally seeded from
-calibration (:mod:`spectoolkit.bench.protocol.calibrate`). Queried, it fits the non-decreasing curve
-closest to those means (a wider step never costs less: a dip is noise), interpolates linearly between
-them and extrapolates past the widest with the least-squares slope of all points (floored at 0).
-Below the narrowest it extrapolates with the same slope, never under proportional to the tokens. With
-one point only, or none, every wider step costs the same (so the policy drafts, which measures a
-second width: a pessimistic guess would make a first plain step look like the best forever).
+calibration (:mod:`spectoolkit.bench.protocol.calibrate`). Queried, it fits a convex, non-decreasing curve
+to those medians (:func:`convex_fit`: a wider step never costs less, and each extra row costs at least what
+the one before did — a dip, or a bump, is noise), interpolates linearly between them and extrapolates past
+the widest with the last segment's slope (so the extra rows stay at least that dear). Below the narrowest it
+extrapolates with the first segment's slope, never under proportional to the tokens. With one point only, or
+none, every wider step costs the same (so the policy drafts, which measures a second width: a pessimistic
+guess would make a first plain step look like the best forever).
 """
 
 from __future__ import annotations
@@ -23,16 +24,36 @@ WINDOW = 15  # StepCurve: observations kept per token count (the median: one pre
 REFIT = 8  # StepCurve: observations between fits
 
 
-def monotone_fit(values: np.ndarray) -> np.ndarray:
-    """The non-decreasing sequence closest to ``values`` [n] in least squares (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [sum, count] per pooled block, left to right
-    for value in values.tolist():
-        blocks.append([value, 1.0])
+def monotone_fit(values: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """The non-decreasing sequence closest to ``values`` [n] in least squares, each term weighted by ``weights`` [n]
+    (> 0; None: all 1): pool adjacent violators, a pooled block at its weighted mean."""
+    weights = np.ones(len(values)) if weights is None else np.asarray(weights, dtype=np.float64)
+    blocks: list[list[float]] = []  # [weighted sum, weight, count] per pooled block, left to right
+    for value, weight in zip(np.asarray(values, dtype=np.float64).tolist(), weights.tolist(), strict=True):
+        blocks.append([value * weight, weight, 1])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
+            total, weight, count = blocks.pop()
             blocks[-1][0] += total
-            blocks[-1][1] += count
-    return np.array([total / count for total, count in blocks for _ in range(int(count))])
+            blocks[-1][1] += weight
+            blocks[-1][2] += count
+    return np.array([total / weight for total, weight, count in blocks for _ in range(int(count))])
+
+
+def convex_fit(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Values at ``xs`` [n] (ascending, distinct) near ``ys`` [n] that never fall and whose every segment is at least
+    as steep as the one before (convex: each extra row costs at least what the one before did).
+
+    The segment slopes are made non-decreasing by :func:`monotone_fit` weighted by segment width (a pooled stretch
+    rises by what its ends rise: the chord over it), floored at 0, and integrated from the offset that fits ``ys``
+    best in least squares. Not the least-squares convex fit of the values (a quadratic program) but near it,
+    deterministic, and the identity on values that are convex and non-decreasing already."""
+    ys = np.asarray(ys, dtype=np.float64)
+    if len(xs) < 2:
+        return ys.copy()
+    widths = np.diff(np.asarray(xs, dtype=np.float64))  # [n - 1]
+    slopes = np.maximum(monotone_fit(np.diff(ys) / widths, widths), 0.0)  # [n - 1], non-decreasing, >= 0
+    rise = np.concatenate([[0.0], np.cumsum(slopes * widths)])  # [n], from the first point
+    return rise + float(np.mean(ys - rise))
 
 
 class StepCurve:
@@ -43,7 +64,7 @@ class StepCurve:
 
     def __init__(self) -> None:
         self._recent: dict[int, deque[float]] = {}
-        self._fitted: tuple[np.ndarray, np.ndarray, float] | None = None
+        self._fitted: tuple[np.ndarray, np.ndarray, float, float] | None = None  # xs, ys, first and last slope
         self._stale = 0
         self._cache: dict[bytes, np.ndarray] = {}
 
@@ -70,23 +91,23 @@ class StepCurve:
             self._fitted, self._stale, self._cache = self._fit(), 0, {}
         key = tokens.tobytes()
         if key not in self._cache:
-            xs, ys, slope = self._fitted
+            xs, ys, first, last = self._fitted
             inside = np.interp(tokens, xs, ys)
-            beyond = ys[-1] + slope * (tokens - xs[-1])
-            below = np.maximum(ys[0] + slope * (tokens - xs[0]), ys[0] * tokens / xs[0])  # never under proportional
+            beyond = ys[-1] + last * (tokens - xs[-1])
+            below = np.maximum(ys[0] + first * (tokens - xs[0]), ys[0] * tokens / xs[0])  # never under proportional
             self._cache[key] = np.where(tokens > xs[-1], beyond, np.where(tokens < xs[0], below, inside))
         return self._cache[key]
 
-    def _fit(self) -> tuple[np.ndarray, np.ndarray, float]:
+    def _fit(self) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """The fitted points (:func:`convex_fit`) and the slopes of their first and last segments (0 with one point:
+        flat until a second width is seen, which drafting then measures)."""
         points = self.points()
         xs = np.array(list(points), dtype=np.float64)
-        ys = monotone_fit(np.array(list(points.values())))
+        ys = convex_fit(xs, np.array(list(points.values())))
         if len(xs) == 1:
-            slope = 0.0  # flat until a second width is seen: drafting then measures one
-        else:
-            centred = xs - xs.mean()
-            slope = max(0.0, float(centred @ (ys - ys.mean()) / (centred @ centred)))  # least squares
-        return xs, ys, slope
+            return xs, ys, 0.0, 0.0
+        slopes = np.diff(ys) / np.diff(xs)
+        return xs, ys, float(slopes[0]), float(slopes[-1])
 
     def widths(self) -> int:
         """How many distinct token counts have been observed."""

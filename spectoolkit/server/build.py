@@ -35,13 +35,13 @@ class BuiltServer:
     runner: EngineRunner
     metrics: ServerMetrics
     served: ServedModel
-    arm: Any  # spectoolkit.serving.factory.ServingArm
+    arm: Any  # spectoolkit.serving.assemble.ServingArm
 
 
 def build_server(cfg: RunConfig) -> BuiltServer:
     """Load ``cfg``'s models and serve its arm (drafter and policy as configured; the target alone for
     draft=none). User mistakes raise SpecToolkitError."""
-    from spectoolkit.serving.factory import served_arm
+    from spectoolkit.serving.assemble import served_arm
     from spectoolkit.wiring.setup import build
 
     setup = build(cfg, arms=False)

@@ -14,16 +14,14 @@ continuous-batching decode, which is the baseline.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
 import torch
 
-from spectoolkit.config import SamplingConfig
-from spectoolkit.drafting.base import Budget, Drafter
+from spectoolkit.drafting.base import Budget, Drafter, Upkeep
 from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.policy.base import DraftLengthPolicy
+from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.runner import Runner, synchronize
 from spectoolkit.runtime.step import Segment, build_step, tree_layout
@@ -62,14 +60,16 @@ class ContinuousEngine:
         self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
         # Our kernels compute every row by itself (runner.row_exact): batch invariance then holds whatever was asked.
         self.max_positions, self.stochastic = max_positions, stochastic
-        self.invariant = invariant or getattr(runner, "row_exact", False)
+        self.invariant = invariant or runner.row_exact
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.trees = drafter is not None and drafter.tree is not None  # drafts are tree nodes, not a chain
         # A drafter that reads the target's states (an EAGLE head): the layers whose input states each forward returns.
-        self.capture: tuple[int, ...] = tuple(getattr(drafter, "capture", ())) if drafter is not None else ()
-        backlog = getattr(drafter, "backlog", None)  # a drafter that holds rows for requests that sat rounds out
-        self.scheduler = Scheduler(dataclasses.replace(limits, tree=self.trees), allocator, policy, backlog)
-        self.policy = self.scheduler.policy
+        self.capture: tuple[int, ...] = drafter.capture if drafter is not None else ()
+        # The one holder of how many nodes, and how deep, a round drafts (none without a drafter).
+        self.policy = policy if drafter is not None and policy is not None else FixedPolicy(0)
+        if drafter is not None and policy is None:
+            raise ValueError("an engine with a drafter needs its draft-length policy (spectoolkit.policy.make_policy)")
+        self.scheduler = Scheduler(limits, allocator, self.policy, self.trees, drafter.backlog if drafter else None)
         self.on_step: Callable[[StepStats], None] | None = None
         self.on_emit: Callable[[str, list[int]], None] | None = None  # (request id, new output ids) per step
         self.counters = EngineCounters()
@@ -77,7 +77,7 @@ class ContinuousEngine:
         self._steps = 0
         self.peak_kv_tokens = 0  # the most KV slots the running sequences held at once (a shared prefix per holder)
         self.peak_draft_kv_bytes = 0  # the most bytes the drafter's KV held at a target forward
-        self.tree_verifier = TreeVerifier(getattr(verifier, "sampling", None) or SamplingConfig(temperature=0.0))
+        self.tree_verifier = TreeVerifier(verifier.sampling)
 
     # ---- the ServingEngine protocol ------------------------------------------------------------
 
@@ -134,9 +134,10 @@ class ContinuousEngine:
             return finished
         reserved = sum(work.drafts for work in plan.work)
         prefill = sum(work.feed for work in plan.work if not work.seq.decoding)  # before anything commits
-        before = self._upkeep()
+        before = self.drafter.upkeep() if self.drafter is not None else Upkeep()
         proposals = self._draft(plan)
-        upkeep_seconds, upkeep_rows = (now - then for now, then in zip(self._upkeep(), before, strict=True))
+        after = self.drafter.upkeep() if self.drafter is not None else Upkeep()
+        upkeep_seconds, upkeep_rows = after.seconds - before.seconds, after.rows - before.rows
         forward_start = time.perf_counter()
         draft_time = forward_start - started
         logits, states, firsts = self._forward(plan.work, proposals)  # [R, V], [T, n*E] or None, rows of each work
@@ -169,15 +170,13 @@ class ContinuousEngine:
                 finished.append(done)
         if not prefill:  # a step with prefill chunks says little about the cost of drafts
             self._learn(plan.work, proposals, started, draft_time, upkeep_seconds)
+            if self.drafter is not None:
+                tokens = sum(work.feed + len(proposal) for work, proposal in zip(plan.work, proposals, strict=True))
+                self.drafter.observe_step(tokens, forward_time, len(plan.work))
         if upkeep_rows:
             self.policy.observe_catch_up(upkeep_rows, upkeep_seconds)
         self._report(plan, reserved, prefill, started, draft_time, forward_time, len(finished))
         return finished
-
-    def _upkeep(self) -> tuple[float, int]:
-        """(seconds, rows) a drafter spent so far feeding backlogs (a head catching up on rounds a request sat out:
-        paid before it drafts again, not per draft forward); (0, 0) for the others."""
-        return getattr(self.drafter, "upkeep_seconds", 0.0), getattr(self.drafter, "upkeep_rows", 0)
 
     def _learn(
         self, works: list[Work], proposals: list[TokenTree], started: float, draft_time: float, upkeep: float
@@ -196,7 +195,8 @@ class ContinuousEngine:
         asked = [i for i, work in enumerate(plan.work) if work.drafts > 0]
         if asked and self.drafter is not None:
             seqs = [plan.work[i].seq for i in asked]
-            budgets = [Budget(plan.work[i].drafts, plan.work[i].seq.room - 1) for i in asked]
+            depth = self.policy.max_depth
+            budgets = [Budget(plan.work[i].drafts, min(depth, plan.work[i].seq.room - 1)) for i in asked]
             made = self.drafter.propose(seqs, budgets)
             for i, proposal in zip(asked, made, strict=True):
                 proposals[i] = proposal

@@ -23,18 +23,18 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy
+from spectoolkit.policy.base import DraftLengthPolicy
 from spectoolkit.serving.sequence import Sequence
 
 
 @dataclass(frozen=True)
 class SchedulerLimits:
+    """How much one step may hold (the draft length is the policy's: :class:`DraftLengthPolicy`)."""
+
     max_num_tokens: int
     max_num_seqs: int
-    gamma: int  # 0: no drafter
     spec_max_batch: int | None
     max_draft_tokens: int | None
-    tree: bool = False  # drafts are token-tree nodes: a sequence's room bounds a tree's depth, not its node count
 
 
 @dataclass
@@ -61,13 +61,15 @@ class Scheduler:
     """Holds the queue and the running sequences; :meth:`schedule` plans one step."""
 
     def __init__(
-        self, limits: SchedulerLimits, allocator, policy: DraftLengthPolicy | None = None,
+        self, limits: SchedulerLimits, allocator, policy: DraftLengthPolicy, tree: bool = False,
         backlog: Callable[[Sequence], int] | None = None,
     ) -> None:  # fmt: skip
-        """``backlog(seq)``: rows the drafter feeds before it drafts for ``seq`` (the policy prices them)."""
+        """``policy.max_gamma``: the drafts (``tree``: token-tree nodes, which a sequence's room bounds in depth, not
+        in number) a sequence may have per round, 0 without a drafter; ``backlog(seq)``: rows the drafter feeds
+        before it drafts for ``seq`` (the policy prices them)."""
         self.limits = limits
         self.allocator = allocator
-        self.policy = policy or FixedPolicy(limits.gamma)
+        self.policy, self.tree = policy, tree
         self.backlog = backlog
         self.queue: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -107,8 +109,8 @@ class Scheduler:
         draft_budget = budget if cap is None else min(cap, budget)
         prefill = sum(seq.uncomputed for seq in self.running if not seq.decoding)
         fixed = len(by_seq) + min(prefill, budget)  # the step's other tokens: pending ones, prefill chunks
-        caps = [min(self.limits.gamma, work.seq.room - 1) if not self.limits.tree or work.seq.room <= 1
-                else self.limits.gamma for work in works]  # fmt: skip
+        gamma = self.policy.max_gamma
+        caps = [min(gamma, work.seq.room - 1) if not self.tree or work.seq.room <= 1 else gamma for work in works]
         seqs = [work.seq for work in works]
         backlogs = [self.backlog(seq) for seq in seqs] if self.backlog is not None else None
         lengths = self.policy.choose(seqs, caps, fixed, draft_budget, backlogs, [seq.room for seq in seqs])
@@ -136,7 +138,7 @@ class Scheduler:
 
     def _may_speculate(self) -> bool:
         limit = self.limits.spec_max_batch
-        return self.limits.gamma > 0 and (limit is None or len(self.running) <= limit)
+        return self.policy.max_gamma > 0 and (limit is None or len(self.running) <= limit)
 
     def _reserve(self, seq: Sequence, positions: int, plan: Plan, by_seq, on_preempt, wait: bool = True) -> bool:
         """Blocks for positions [0, positions) of ``seq``, preempting the latest running sequences if needed.

@@ -220,7 +220,7 @@ def generate_answers(cfg: RunConfig, setup, prompts: list[list[int]], max_new: i
     """The target's greedy answers to ``prompts`` on the continuous-batching engine, ``concurrency`` at a time
     (``setup``: the loaded models, :func:`~spectoolkit.wiring.setup.build`)."""
     from spectoolkit.serving.api import ServeRequest
-    from spectoolkit.serving.factory import served_arm
+    from spectoolkit.serving.assemble import served_arm
 
     serve = dataclasses.replace(cfg.serve, concurrency=(concurrency,), max_num_seqs=concurrency)
     greedy = dataclasses.replace(cfg.sampling, temperature=0.0)

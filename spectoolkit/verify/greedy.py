@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from spectoolkit.config import SamplingConfig
 from spectoolkit.verify.base import VerifyResult, check_round, leading_true
 
 
@@ -18,6 +19,8 @@ def _argmax_ids(logits: torch.Tensor) -> torch.Tensor:
 
 class GreedyVerifier:
     """Accept the longest prefix of drafts that matches the target's argmax; then its argmax."""
+
+    sampling = SamplingConfig(temperature=0.0)
 
     def select(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> int:
         """logits: [V] -> argmax token id. ``generator`` is unused (greedy draws nothing)."""

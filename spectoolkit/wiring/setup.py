@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from spectoolkit.compat import check_pair
-from spectoolkit.config import ARM_DRAFTERS, RunConfig, TreeConfig
+from spectoolkit.config import ARM_DRAFTERS, RunConfig, TreeConfig, drafter_kinds
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models import resolve_device, resolve_path
@@ -164,7 +164,8 @@ def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
     target = load_model(cfg.model.target_path, cfg.target.precision, device, cfg.target.group_size, *_kernels(cfg),
                         activations=cfg.target.activations)  # fmt: skip
     eos_ids = eos_ids_of(tokenizer, target.model)
-    draft, warnings = _load_draft(cfg, target, device) if cfg.draft.kind == "model" else (None, [])
+    model_drafts = "model" in drafter_kinds(cfg)  # +draft=<precision>, or the hybrid with draft.hybrid_with=model
+    draft, warnings = _load_draft(cfg, target, device) if model_drafts else (None, [])
     if cfg.draft.kind == "skip":
         draft = skip_draft(cfg, target)
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
@@ -178,7 +179,7 @@ def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
     if cfg.runtime.compiled:  # every graph the arms can use, compiled before anything is measured
         one.warm_compiled(_verify_sizes(cfg), cfg.bench.arms == "tree_chain")
     separate_draft = bool(cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path)
-    facts = RunFacts(drafter.name if drafter else "none", warnings, separate_draft and cfg.draft.kind == "model")
+    facts = RunFacts(drafter.name if drafter else "none", warnings, separate_draft and model_drafts)
     return RunSetup(models, ArmSet(arms, primary), facts)
 
 
@@ -277,7 +278,8 @@ _ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": 
 
 
 def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
-    """Load the draft model; a different checkpoint must pass the compat check first."""
+    """Load the draft model (``kind=model``, or the hybrid's with ``hybrid_with=model``: the same model at the same
+    precision); a different checkpoint must pass the compat check first."""
     draft_path = cfg.model.draft_path or cfg.model.target_path
     warnings = []
     if cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path:

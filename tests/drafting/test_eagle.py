@@ -87,9 +87,9 @@ def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained, l
     assert len(chains) >= 6
     for tokens, drafted in chains:
         assert drafted == _unrolled_chain(trained, target, tokens, len(drafted)), len(tokens)
-    assert (drafter.upkeep_seconds > 0) == (max(lengths) > eagle.BACKLOG_ROWS)
-    assert sum(caught_up) == drafter.upkeep_rows == sum(drafter.backlogs)
-    assert (drafter.upkeep_rows >= max(lengths) - 1) == (max(lengths) > eagle.BACKLOG_ROWS)
+    assert (drafter.upkeep().seconds > 0) == (max(lengths) > eagle.BACKLOG_ROWS)
+    assert sum(caught_up) == drafter.upkeep().rows == sum(drafter.backlogs)
+    assert (drafter.upkeep().rows >= max(lengths) - 1) == (max(lengths) > eagle.BACKLOG_ROWS)
 
 
 def test_head_rows_match_the_heads_own_forward(target, trained):
@@ -185,8 +185,8 @@ TREE = TreeConfig(kind="dynamic", max_nodes=8, top_k=3)
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_speculation_with_the_head_is_greedy_exact(target, trained, tree, concurrency):
     prompt_ids = _prompts((4, 7, 11, 6))
-    drafter = helpers.eagle_drafter(target, trained, GreedyChooser(), tree, GAMMA)
-    eng = helpers.engine(target, gamma=TREE.max_nodes if tree else GAMMA, drafter=drafter, invariant=True)
+    drafter = helpers.eagle_drafter(target, trained, GreedyChooser(), tree)
+    eng = helpers.engine(target, gamma=TREE.max_nodes if tree else GAMMA, drafter=drafter, invariant=True, depth=GAMMA)
     reqs = helpers.requests(prompt_ids, 20)
     if concurrency > 1:
         done = helpers.run(eng, reqs)
@@ -199,17 +199,23 @@ def test_speculation_with_the_head_is_greedy_exact(target, trained, tree, concur
 
 
 def test_the_hybrid_takes_suffix_drafts_or_the_heads_and_stays_greedy_exact(target, trained):
-    """Repetitive prompts give the suffix tries long matches (they draft those rounds); elsewhere the head drafts."""
+    """Repetitive prompts give the suffix tries long matches (they draft those rounds); elsewhere the head drafts.
+    The hybrid hands the head's capture, states and backlog through, and the engine's step times to its curve."""
     from spectoolkit.drafting import SuffixDrafter, SuffixSettings
     from spectoolkit.drafting.hybrid import HybridDrafter
 
     gen = torch.Generator().manual_seed(3)
     bases = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (6, 9, 5, 8)]
     prompt_ids = [base * 3 for base in bases] + _prompts((7, 10))
-    suffix = SuffixDrafter(SuffixSettings(), VOCAB, one_hot_probs=False, gamma=GAMMA)
-    drafter = HybridDrafter(suffix, helpers.eagle_drafter(target, trained, GreedyChooser(), None, GAMMA))
+    suffix = SuffixDrafter(SuffixSettings(), VOCAB, one_hot_probs=False)
+    head = helpers.eagle_drafter(target, trained, GreedyChooser(), None)
+    drafter = HybridDrafter(suffix, head)
+    assert drafter.capture == head.capture and drafter.name == "hybrid"
     eng = helpers.engine(target, gamma=GAMMA, drafter=drafter, invariant=True)
     done = helpers.run(eng, helpers.requests(prompt_ids, 24))
     assert helpers.outputs(done) == helpers.baseline_outputs(target, prompt_ids, 24)
-    assert drafter.rounds["suffix"] > 0 and drafter.rounds["head"] > 0, drafter.rounds
+    assert drafter.rounds["lookup"] > 0 and drafter.rounds["model"] > 0, drafter.rounds
     assert sum(r.accepted_tokens for r in done.values()) > 0
+    assert drafter.curve.widths() >= 2, "the engine's decode steps never reached the hybrid's step curve"
+    assert drafter.upkeep() == head.upkeep()
+    assert helpers.all_free(eng) and drafter.kv_bytes() == 0

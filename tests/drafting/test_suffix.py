@@ -173,7 +173,7 @@ def test_the_global_trie_keeps_the_newest_outputs_within_its_bound():
 
 
 def test_a_tree_drafter_grows_trees_within_its_budget():
-    drafter = SuffixDrafter(SuffixSettings(depth=8, max_match=4), 50, False, TreeConfig(kind="dynamic", max_nodes=8), 4)
+    drafter = SuffixDrafter(SuffixSettings(depth=8, max_match=4), 50, False, TreeConfig(kind="dynamic", max_nodes=8))
     seq = Lone([1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 6, 1, 2, 3])
     (tree,) = drafter.propose([seq], [Budget(5, 3)])
     assert sorted(tree.token_ids[:3]) == [4, 5, 6] and tree.parents[:3] == [-1, -1, -1]  # three equal branches

@@ -158,7 +158,7 @@ def test_trie_paths_are_exactly_the_earlier_continuations(seed):
 
 def _ngram_tree(one_hot_probs: bool) -> TokenTree:
     """The tree an n-gram drafter with a (static) tree config, γ = 2, proposes after TRIE_TOKENS."""
-    drafter = NgramDrafter(2, 1, VOCAB, one_hot_probs, TreeConfig(kind="static"), gamma=2)
+    drafter = NgramDrafter(2, 1, VOCAB, one_hot_probs, TreeConfig(kind="static"))
     (tree,) = drafter.propose([Lone(TRIE_TOKENS)], [Budget(nodes=16, depth=2)])
     return tree
 
@@ -184,15 +184,14 @@ def _logits_after(model: torch.nn.Module, path_ids: list[int]) -> torch.Tensor:
     return logits.float()
 
 
-def _tree_drafter(model, tree_cfg: TreeConfig, max_depth: int, chooser=None) -> ModelDrafter:
-    """A drafter growing ``tree_cfg`` trees (dynamic ones ``max_depth`` deep: γ) for lone sequences."""
-    return lone_drafter(model, chooser or GreedyChooser(), VOCAB, VOCAB, EOS_IDS, POSITIONS, tree=tree_cfg,
-                        gamma=max_depth)  # fmt: skip
+def _tree_drafter(model, tree_cfg: TreeConfig, chooser=None) -> ModelDrafter:
+    """A drafter growing ``tree_cfg`` trees for lone sequences (as deep as each round's budget)."""
+    return lone_drafter(model, chooser or GreedyChooser(), VOCAB, VOCAB, EOS_IDS, POSITIONS, tree=tree_cfg)
 
 
 def _propose(model, tree_cfg: TreeConfig, budget: int, max_depth: int, chooser=None, seed: int | None = None):
     """(drafter, the tree of at most ``budget`` nodes and ``max_depth`` depths it grows after TOKENS)."""
-    drafter = _tree_drafter(model, tree_cfg, max_depth, chooser)
+    drafter = _tree_drafter(model, tree_cfg, chooser)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     (tree,) = drafter.propose([Lone(list(TOKENS), generator)], [Budget(budget, max_depth)])
     return drafter, tree
@@ -239,7 +238,7 @@ def test_static_tree_is_cut_to_the_budget_in_breadth_first_order(draft_model, bu
 
 
 def test_static_tree_costs_one_draft_forward_per_depth(draft_model):
-    drafter = _tree_drafter(draft_model, TreeConfig(kind="static", branching=(3, 2, 2), max_nodes=32), 3)
+    drafter = _tree_drafter(draft_model, TreeConfig(kind="static", branching=(3, 2, 2), max_nodes=32))
     widths: list[int] = []
     original = drafter.runner.forward
 

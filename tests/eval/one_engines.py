@@ -45,12 +45,12 @@ def arms(model, drafter, control, sampling: SamplingConfig, gamma: int, eos_ids:
     runner, allocator = make_runner(model, make_pool(model, "auto", BLOCKS * BLOCK)), BlockAllocator(BLOCKS, BLOCK)
 
     def engine(name: str, chosen, budget: int) -> OneRequestEngine:
-        chosen = chosen.variant(None, tree, gamma) if chosen is not None else None
-        limits = SchedulerLimits(POSITIONS, 1, budget, None, None)
+        chosen = chosen.variant(None, tree) if chosen is not None else None
+        limits = SchedulerLimits(POSITIONS, 1, None, None)
         return OneRequestEngine(ContinuousEngine(name, runner, allocator, make_verifier(sampling), limits,
-                                                 eos_ids, POSITIONS, chosen, True, False, FixedPolicy(budget)),
+                                                 eos_ids, POSITIONS, chosen, True, False, FixedPolicy(budget, depth)),
                                 name)  # fmt: skip
 
-    budget = tree.max_nodes if tree is not None else gamma
+    budget, depth = (tree.max_nodes if tree is not None else gamma), gamma
     return {"baseline": engine("baseline", None, 0), "spec": engine("spec", drafter, budget),
             "control": engine("control", control, budget)}  # fmt: skip

@@ -77,10 +77,10 @@ def engine(target: LoadedModel, kv: str, eos: frozenset[int], drafted=None, gamm
            compiled: bool = False) -> ContinuousEngine:  # fmt: skip
     """The one engine on ``target`` (KV at ``kv``; the session's runner for it) with ``drafted`` (or none), greedy;
     ``tree`` (enabled): ``gamma`` is its node budget."""
-    limits = SchedulerLimits(2048, max_seqs, gamma, None, None)
+    limits = SchedulerLimits(2048, max_seqs, None, None)
     positions = target.model.config.get_text_config().max_position_embeddings
     if drafted is not None and tree is not None:
-        drafted = drafted.variant(None, tree, gamma)
+        drafted = drafted.variant(None, tree)
     target_runner, allocator = runner(target.precision, kv, compiled)
     return ContinuousEngine("test", target_runner, allocator, GreedyVerifier(), limits, eos, positions, drafted,
                             False, invariant, policy or FixedPolicy(gamma))  # fmt: skip

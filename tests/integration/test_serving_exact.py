@@ -19,6 +19,7 @@ import torch
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.drafting import NgramDrafter
 from spectoolkit.metrics.summary import first_divergence
+from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.runtime.paged_kv import make_pool
@@ -54,12 +55,11 @@ def _engine(setup, gamma: int, invariant: bool) -> ContinuousEngine:
     model = target.model
     blocks = BATCH * -(-(max(map(len, prompts)) + MAX_NEW + GAMMA + 1) // BLOCK)
     drafter = NgramDrafter(3, 2, target.vocab_size, one_hot_probs=False) if gamma else None
-    limits = SchedulerLimits(max_num_tokens=512, max_num_seqs=BATCH, gamma=gamma, spec_max_batch=None,
-                             max_draft_tokens=None)  # fmt: skip
+    limits = SchedulerLimits(max_num_tokens=512, max_num_seqs=BATCH, spec_max_batch=None, max_draft_tokens=None)
     max_positions = model.config.get_text_config().max_position_embeddings
     runner = make_runner(model, make_pool(model, "fp32", blocks * BLOCK))
     return ContinuousEngine("test", runner, BlockAllocator(blocks, BLOCK), GreedyVerifier(), limits, eos, max_positions,
-                            drafter, invariant=invariant)  # fmt: skip
+                            drafter, invariant=invariant, policy=FixedPolicy(gamma) if gamma else None)  # fmt: skip
 
 
 def _run(eng: ContinuousEngine, prompts: list[list[int]]) -> dict[str, object]:

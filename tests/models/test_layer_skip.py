@@ -49,7 +49,7 @@ def _arms(target: torch.nn.Module, draft: torch.nn.Module, gamma: int,
     drafter = ModelDrafter(draft_runner, chooser, draft_allocator, vocab, vocab, EOS_IDS)
 
     def engine(name: str, chosen, budget: int) -> OneRequestEngine:
-        limits = SchedulerLimits(POSITIONS, 1, budget, None, None)
+        limits = SchedulerLimits(POSITIONS, 1, None, None)
         return OneRequestEngine(ContinuousEngine(name, runner, allocator, verifier, limits, EOS_IDS, POSITIONS, chosen,
                                                  sampling is not None, False, FixedPolicy(budget)), name)  # fmt: skip
 

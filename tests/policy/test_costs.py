@@ -1,5 +1,5 @@
-"""Learnt step costs (spectoolkit.policy.costs): windowed medians per width, the monotone fit and its brute
-reference, inter- and extrapolation, and the draft forward's EWMA."""
+"""Learnt step costs (spectoolkit.policy.costs): windowed medians per width, the (weighted) monotone fit and its
+brute reference, the convex fit built on it, inter- and extrapolation, and the draft forward's EWMA."""
 
 from __future__ import annotations
 
@@ -8,21 +8,21 @@ import itertools
 import numpy as np
 import pytest
 
-from spectoolkit.policy.costs import REFIT, WINDOW, DraftCost, StepCurve, monotone_fit
+from spectoolkit.policy.costs import REFIT, WINDOW, DraftCost, StepCurve, convex_fit, monotone_fit
 
 
-def _brute_monotone_fit(values: np.ndarray) -> np.ndarray:
-    """Least-squares non-decreasing fit by enumeration: the optimum is constant on consecutive blocks
-    (each at its block's mean), so try every split of the sequence into blocks with non-decreasing means."""
+def _brute_monotone_fit(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted least-squares non-decreasing fit by enumeration: the optimum is constant on consecutive blocks
+    (each at its block's weighted mean), so try every split of the sequence into blocks with non-decreasing means."""
     n, best, best_error = len(values), None, np.inf
     for cuts in itertools.product([False, True], repeat=n - 1):
         bounds = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [n]
-        means = [values[a:b].mean() for a, b in itertools.pairwise(bounds)]
+        means = [np.average(values[a:b], weights=weights[a:b]) for a, b in itertools.pairwise(bounds)]
         if any(later < earlier for earlier, later in itertools.pairwise(means)):
             continue
         blocks = zip(itertools.pairwise(bounds), means, strict=True)
         fitted = np.concatenate([np.full(b - a, mean) for (a, b), mean in blocks])
-        error = float(((fitted - values) ** 2).sum())
+        error = float((weights * (fitted - values) ** 2).sum())
         if error < best_error:
             best, best_error = fitted, error
     return best
@@ -46,9 +46,56 @@ def test_monotone_fit_matches_brute_force(length):
         fitted = monotone_fit(values)
         assert fitted.shape == values.shape
         assert np.all(np.diff(fitted) >= -1e-12)
-        np.testing.assert_allclose(fitted, _brute_monotone_fit(values), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(fitted, _brute_monotone_fit(values, np.ones(length)), rtol=0, atol=1e-12)
         if trial % 4 == 1:
             np.testing.assert_allclose(fitted, values, rtol=0, atol=1e-15)
+        weights = rng.uniform(0.5, 8.0, size=length)  # segment widths, as the convex fit weighs slopes
+        weighted = monotone_fit(values, weights)
+        np.testing.assert_allclose(weighted, _brute_monotone_fit(values, weights), rtol=0, atol=1e-12)
+
+
+def _increments(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    return np.diff(ys) / np.diff(xs)
+
+
+@pytest.mark.parametrize("length", range(1, 8))
+def test_convex_fit_never_falls_and_each_row_costs_at_least_the_one_before(length):
+    rng = np.random.default_rng(100 + length)
+    for _ in range(40):
+        xs = np.unique(rng.integers(1, 40, size=length)).astype(np.float64)
+        ys = rng.uniform(0.5, 2.0, size=len(xs))
+        fitted = convex_fit(xs, ys)
+        assert fitted.shape == ys.shape
+        slopes = _increments(xs, fitted)
+        assert np.all(slopes >= -1e-12), "a wider step costs less"
+        assert np.all(np.diff(slopes) >= -1e-12), "an extra row costs less than the one before"
+        assert fitted.mean() == pytest.approx(ys.mean())  # the offset fits the values in least squares
+
+
+def test_convex_input_is_returned_unchanged():
+    xs = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 33.0])
+    for ys in (0.010 + 0.0003 * xs, 0.01 + 0.0001 * xs**2, np.full(6, 0.02), np.array([1.0, 1.0, 1.0, 1.1, 1.3, 2.0])):
+        np.testing.assert_allclose(convex_fit(xs, ys), ys, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(convex_fit(np.array([4.0]), np.array([0.7])), [0.7])
+
+
+def test_concave_input_becomes_convex():
+    xs = np.array([1.0, 2.0, 3.0])
+    concave = np.array([1.0, 2.0, 2.5])  # increments 1 then 0.5: pooled into the chord's 0.75
+    fitted = convex_fit(xs, concave)
+    np.testing.assert_allclose(_increments(xs, fitted), [0.75, 0.75], rtol=1e-12)
+    np.testing.assert_allclose(fitted, [13 / 12, 11 / 6, 31 / 12], rtol=1e-12)  # offset: the least-squares one
+    sqrt = np.sqrt(np.arange(1.0, 9.0))  # concave throughout: one straight line, its slope the chord's
+    line = convex_fit(np.arange(1.0, 9.0), sqrt)
+    np.testing.assert_allclose(_increments(np.arange(1.0, 9.0), line), np.full(7, (sqrt[-1] - sqrt[0]) / 7))
+
+
+def test_convex_fit_weighs_each_slope_by_its_segment_width():
+    xs = np.array([1.0, 2.0, 10.0])  # increments 1.0 over one row, then 0.5 over eight: pooled to 5 / 9
+    fitted = convex_fit(xs, np.array([1.0, 2.0, 6.0]))
+    np.testing.assert_allclose(_increments(xs, fitted), [5 / 9, 5 / 9], rtol=1e-12)
+    falling = convex_fit(np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.0, 1.0]))  # never falls: flat at the mean
+    np.testing.assert_allclose(falling, [2.0, 2.0, 2.0], rtol=1e-12)
 
 
 def test_empty_curve_costs_the_same_at_every_width():
@@ -90,19 +137,20 @@ def test_seed_counts_as_one_observation_and_bad_steps_are_ignored():
 
 
 def test_a_noisy_dip_is_fitted_away_and_interpolated():
-    curve = _curve({1: 1.0, 2: 1.2, 3: 1.0, 4: 1.4})  # a wider step never costs less: 2 and 3 pool to 1.1
-    np.testing.assert_allclose(curve(np.array([1, 2, 3, 4])), [1.0, 1.1, 1.1, 1.4], rtol=1e-12)
+    curve = _curve({1: 1.0, 2: 1.2, 3: 1.0, 4: 1.4})  # increments 0.2, -0.2 pool to 0: flat, then 0.4
+    np.testing.assert_allclose(curve(np.array([1, 2, 3, 4])), [1.05, 1.05, 1.05, 1.45], rtol=1e-12)
     np.testing.assert_allclose(curve(np.array([1.5, 3.5])), [1.05, 1.25], rtol=1e-12)
-    assert curve.points() == {1: 1.0, 2: 1.2, 3: 1.0, 4: 1.4}  # the means themselves are kept
+    assert curve.points() == {1: 1.0, 2: 1.2, 3: 1.0, 4: 1.4}  # the medians themselves are kept
     grid = curve(np.arange(1, 40))
     assert np.all(np.diff(grid) >= 0)
+    assert np.all(np.diff(grid, 2) >= -1e-12)  # convex past the points too
 
 
-def test_extrapolates_past_the_widest_with_the_least_squares_slope():
+def test_extrapolates_past_the_widest_with_the_last_segments_slope():
     linear = _curve({n: 0.010 + 0.0003 * n for n in (1, 2, 4, 8)})
     np.testing.assert_allclose(linear(np.array([16, 64])), [0.010 + 0.0003 * 16, 0.010 + 0.0003 * 64], rtol=1e-9)
-    bent = _curve({1: 1.0, 2: 1.0, 3: 2.0})  # LS slope of the three points: 0.5
-    np.testing.assert_allclose(bent(np.array([5])), [2.0 + 0.5 * 2], rtol=1e-12)
+    bent = _curve({1: 1.0, 2: 1.0, 3: 2.0})  # the last row cost 1.0: every row past it at least that
+    np.testing.assert_allclose(bent(np.array([5])), [2.0 + 1.0 * 2], rtol=1e-12)
     falling = _curve({1: 2.0, 2: 1.0})  # fitted flat at 1.5: slope 0, never falling
     np.testing.assert_allclose(falling(np.array([2, 10, 1000])), [1.5, 1.5, 1.5], rtol=1e-12)
 

@@ -196,7 +196,7 @@ def test_warm_narrows_the_widths_and_nothing_compiles_after(compiled, sequence):
 
 def _engine(runner, allocator, drafter=None, gamma: int = 0) -> OneRequestEngine:
     """A greedy batch-1 arm of the one engine on ``runner`` (with ``drafter``, ``gamma`` tokens per round)."""
-    limits = SchedulerLimits(POSITIONS, 1, gamma, None, None)
+    limits = SchedulerLimits(POSITIONS, 1, None, None)
     engine = ContinuousEngine("spec" if drafter else "baseline", runner, allocator, GreedyVerifier(), limits, EOS_IDS,
                               POSITIONS, drafter, policy=FixedPolicy(gamma))  # fmt: skip
     return OneRequestEngine(engine, engine.name)

@@ -72,7 +72,7 @@ def _chat_ids(tokenizer) -> list[int]:
 @pytest.fixture(scope="module")
 def in_process(run_config) -> tuple[Any, list[list[int]], list[list[int]]]:
     """(tokenizer, prompt ids, greedy output ids) of PROMPTS + the chat prompt, batched on a fresh arm."""
-    from spectoolkit.serving.factory import served_arm
+    from spectoolkit.serving.assemble import served_arm
     from spectoolkit.wiring.setup import build
 
     setup = build(run_config, arms=False)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from spectoolkit.drafting import ModelDrafter, TokenTree
+from spectoolkit.drafting.base import Drafter
 from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
+from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.eager import EagerRunner
 from spectoolkit.runtime.paged_kv import make_pool
@@ -69,11 +71,17 @@ def engine(
     invariant: bool = False,
     verifier=None,
     stochastic: bool = False,
+    policy=None,
+    depth: int | None = None,
 ) -> ContinuousEngine:
-    limits = SchedulerLimits(max_num_tokens, max_num_seqs, gamma, spec_max_batch, max_draft_tokens)
+    """``policy`` (default: fixed ``gamma`` drafts or tree nodes, ``depth`` deep) holds the draft length when there
+    is a ``drafter``."""
+    limits = SchedulerLimits(max_num_tokens, max_num_seqs, spec_max_batch, max_draft_tokens)
+    if drafter is not None and policy is None:
+        policy = FixedPolicy(gamma, depth)
     return ContinuousEngine(
         "test", make_runner(model, make_pool(model, kv, num_blocks * BLOCK)), BlockAllocator(num_blocks, BLOCK),
-        verifier or GreedyVerifier(), limits, EOS_IDS, MAX_POSITIONS, drafter, stochastic, invariant,
+        verifier or GreedyVerifier(), limits, EOS_IDS, MAX_POSITIONS, drafter, stochastic, invariant, policy,
     )  # fmt: skip
 
 
@@ -152,11 +160,10 @@ def assert_same_bits(first: dict[str, torch.Tensor], second: dict[str, torch.Ten
         assert torch.equal(bits(first[name]), bits(second[name])), f"{what}: field {name} differs"
 
 
-class StatelessDrafter:
+class StatelessDrafter(Drafter):
     """A test drafter of chains holding no per-sequence state: its bookkeeping calls do nothing."""
 
     tree = None
-    max_depth = None
 
     def commit(self, seq, num_prefix: int, path: list[int]) -> None:
         pass
@@ -176,7 +183,7 @@ class StatelessDrafter:
     def describe_tree(self) -> None:
         return None
 
-    def variant(self, stop_below, tree, gamma):
+    def variant(self, stop_below, tree):
         return self
 
 
@@ -234,7 +241,7 @@ def eagle_head(target: torch.nn.Module, draft_vocab: int = 64, steps: int = 0, s
     return head.eval()
 
 
-def eagle_drafter(target: torch.nn.Module, head, chooser, tree=None, gamma: int = 0, num_blocks: int = 200,
+def eagle_drafter(target: torch.nn.Module, head, chooser, tree=None, num_blocks: int = 200,
                   weights: torch.dtype = torch.bfloat16):  # fmt: skip
     """A batched EAGLE drafter of a copy of ``head`` (the drafter packs its linears in ``weights``) over ``target``'s
     embeddings."""
@@ -243,4 +250,4 @@ def eagle_drafter(target: torch.nn.Module, head, chooser, tree=None, gamma: int 
     from spectoolkit.drafting.eagle import EagleDrafter, EagleHead
 
     ready = EagleHead(copy.deepcopy(head), target.get_input_embeddings(), num_blocks * BLOCK, weights)
-    return EagleDrafter(ready, BlockAllocator(num_blocks, BLOCK), chooser, EOS_IDS, None, tree, gamma)
+    return EagleDrafter(ready, BlockAllocator(num_blocks, BLOCK), chooser, EOS_IDS, None, tree)

@@ -6,9 +6,11 @@ continuous engine with the :class:`StochasticVerifier`, speculating with a draft
 q). At each of the first ``LENGTH`` output positions, each prompt's tokens are compared with the target
 alone's (a batch-1 arm of the one engine, its own seeds) by the two-sample chi-square of
 :mod:`spectoolkit.eval.stochastic_empirical` (rare tokens pooled, Bonferroni over prompts x positions). A
-negative control — a verifier that accepts every draft, so its tokens follow q — must be rejected by the
-same test at the same sample size. With n-gram drafts in batch-invariant mode, a request's sampled output
-depends on its seed alone: the batch must reproduce each request's concurrency-1 output exactly.
+negative control — a verifier that accepts every draft, so its tokens follow q; for trees, siblings that report a
+distribution they were not drawn from — must be rejected by the same test at the same sample size. Trees of a
+draft model grow for every request of a step together, depth by depth. With n-gram drafts in batch-invariant
+mode, a request's sampled output depends on its seed alone: the batch must reproduce each request's
+concurrency-1 output exactly.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from spectoolkit.config import SamplingConfig
+from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import NgramDrafter, SuffixDrafter, SuffixSettings
 from spectoolkit.eval.stochastic_empirical import ENDED, ArgmaxReportingSoftmax, two_sample_test
+from spectoolkit.eval.tree_empirical import tree_negative_control
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import RandomChooser, processed_probs, sample_from
 from spectoolkit.serving.api import ServeRequest
@@ -164,12 +167,38 @@ def _eagle_case(samples: int):
     prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 8, 11)]
 
     def make_engine(verifier):
-        drafter = helpers.eagle_drafter(target, head, RandomChooser(SAMPLING), None, GAMMA, num_blocks=600)
+        drafter = helpers.eagle_drafter(target, head, RandomChooser(SAMPLING), None, num_blocks=600)
         return helpers.engine(target, gamma=GAMMA, drafter=drafter, verifier=verifier, stochastic=True,
                               num_blocks=600, max_num_seqs=48, max_num_tokens=4096)  # fmt: skip
 
     spec = lambda: make_engine(StochasticVerifier(SAMPLING))  # noqa: E731
     return Case(target, spec, {"accept-every-draft": lambda: make_engine(AcceptEveryDraft(SAMPLING))}, prompts, samples)
+
+
+def _tree_case(samples: int):
+    """Dynamic trees of a noisy draft model, grown for every request of a step together (one draft forward per
+    depth); negative control: the same trees with every sibling group reporting the ranked top tokens of its mean q
+    (:func:`~spectoolkit.eval.tree_empirical.rank_siblings`), which the multi-candidate rule is not exact for."""
+    vocab, scale = 512, 15.0
+    target = helpers.switched(tiny_llama(vocab_size=vocab, seed=0, scale=scale))
+    draft = _noisy(0, vocab, scale, sigma=0.3)
+    tree = TreeConfig(kind="dynamic", max_nodes=6, top_k=2)
+
+    def drafter():
+        return helpers.model_drafter(draft, RandomChooser(SAMPLING), num_blocks=900).variant(None, tree)
+
+    def make_engine(chosen):
+        return helpers.engine(target, gamma=tree.max_nodes, depth=GAMMA, drafter=chosen,
+                              verifier=StochasticVerifier(SAMPLING), stochastic=True, num_blocks=600, max_num_seqs=48,
+                              max_num_tokens=4096)  # fmt: skip
+
+    controls = {"rank-siblings": lambda: make_engine(tree_negative_control(drafter(), SAMPLING))}
+    return Case(target, lambda: make_engine(drafter()), controls, helpers.prompts((4, 6, 9)), samples)
+
+
+def test_batched_model_trees_keep_each_requests_distribution():
+    stats = _check(_tree_case(samples=200))
+    assert 0 < stats["accepted"] < stats["drafted"]
 
 
 def test_eagle_drafter_batch_keeps_each_requests_distribution():

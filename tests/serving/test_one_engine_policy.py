@@ -17,12 +17,12 @@ from collections import Counter
 import pytest
 import torch
 
-from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.config import SamplingConfig, SpeculateConfig, TreeConfig
 from spectoolkit.drafting import Budget, ModelDrafter, NgramDrafter, TokenTree
 from spectoolkit.eval.stochastic_empirical import engine_exactness, negative_control
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
+from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy, draft_depth
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.runtime.paged_kv import make_pool
@@ -121,7 +121,7 @@ def _drafter(name: str, draft_models, stop_below: float | None = None):
 
 def _one(target: torch.nn.Module, drafter, policy) -> OneRequestEngine:
     """The spec arm as the wiring builds it: γ = the policy's max, one request in flight."""
-    limits = SchedulerLimits(64, 1, policy.max_gamma, None, None)
+    limits = SchedulerLimits(64, 1, None, None)
     runner = make_runner(target, make_pool(target, "auto", 200 * BLOCK))
     return OneRequestEngine(ContinuousEngine("spec", runner, BlockAllocator(200, BLOCK), GreedyVerifier(), limits,
                                              EOS_IDS, MAX_POSITIONS, drafter, policy=policy), "spec")  # fmt: skip
@@ -185,7 +185,8 @@ def test_adaptive_tree_budgets_keep_the_output_of_the_target_alone(target, draft
     """The adaptive policy picks each round's node budget (0..max_nodes) of a tree arm: outputs stay exact."""
     tree = TREES[tree_name]
     policy = PinnedCosts(tree.max_nodes, tree=True)
-    one = _one(target, _drafter(drafter_name, draft_models).variant(None, tree, GAMMA), policy)
+    policy.max_depth = draft_depth(SpeculateConfig(gamma=GAMMA, tree=tree))
+    one = _one(target, _drafter(drafter_name, draft_models).variant(None, tree), policy)
     assert one.engine.trees
     chosen = []
     for prompt in PROMPTS:
@@ -307,7 +308,7 @@ def _policy_arms(model, drafter, control, sampling: SamplingConfig, policy_for) 
     allocator = BlockAllocator(64, BLOCK)
 
     def engine(name: str, chosen, policy) -> OneRequestEngine:
-        limits = SchedulerLimits(POSITIONS, 1, policy.max_gamma, None, None)
+        limits = SchedulerLimits(POSITIONS, 1, None, None)
         return OneRequestEngine(ContinuousEngine(name, runner, allocator, make_verifier(sampling), limits, TINY_EOS,
                                                  POSITIONS, chosen, True, False, policy), name)  # fmt: skip
 

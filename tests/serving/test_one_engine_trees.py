@@ -1,7 +1,7 @@
 """Greedy token-tree speculation at batch 1 on the one engine emits exactly the target-alone tokens (DESIGN §1, §2).
 
 :class:`~spectoolkit.serving.one.OneRequestEngine` drafting trees (the wiring's tree arm: a fixed policy of up to
-``max_nodes`` nodes, as deep as the drafter's tree: :func:`~spectoolkit.drafting.tree.tree_depth`) over a tiny
+``max_nodes`` nodes, as deep as its policy says: :func:`~spectoolkit.policy.draft_depth`) over a tiny
 random Llama target on the reference kernels, which a lone sequence runs in ``chosen`` row mode, so a tree row is
 the decode step over prefix + path. Drafts: a bf16 copy (long accepted paths), a noisy copy (partial, often off the
 first branch), another random model (almost every node rejected), and n-gram continuation tries. Besides the tokens
@@ -19,11 +19,10 @@ import pytest
 import torch
 
 import spectoolkit.serving.engine as engine_module
-from spectoolkit.config import TreeConfig
+from spectoolkit.config import SpeculateConfig, TreeConfig
 from spectoolkit.drafting import NgramDrafter
-from spectoolkit.drafting.tree import tree_depth
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.policy import FixedPolicy
+from spectoolkit.policy import FixedPolicy, draft_depth
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.runtime.paged_kv import make_pool
@@ -90,11 +89,23 @@ def masked_widths(monkeypatch) -> list[int]:
     return widths
 
 
+@dataclass
+class TreeArm:
+    """A drafter growing a tree, and how deep the arm's policy lets it grow (γ's and the tree's)."""
+
+    drafter: object
+    depth: int
+
+
+def _arm(drafter, tree: TreeConfig, gamma: int) -> TreeArm:
+    return TreeArm(drafter, draft_depth(SpeculateConfig(gamma=gamma, tree=tree)))
+
+
 def _drafter(name: str, draft_models: dict[str, torch.nn.Module], tree: TreeConfig, gamma: int, kv: str = "auto"):
-    """The drafter growing ``tree`` with ``gamma``: n-gram tries, or a draft model's trees."""
+    """The arm growing ``tree`` with ``gamma``: n-gram tries, or a draft model's trees."""
     if name == "ngram":
-        return NgramDrafter(3, 1, VOCAB, False, tree, gamma)
-    return helpers.model_drafter(draft_models[name], GreedyChooser(), kv=kv).variant(None, tree, gamma)
+        return _arm(NgramDrafter(3, 1, VOCAB, False, tree), tree, gamma)
+    return _arm(helpers.model_drafter(draft_models[name], GreedyChooser(), kv=kv).variant(None, tree), tree, gamma)
 
 
 @dataclass
@@ -140,14 +151,14 @@ def _spy(one: OneRequestEngine) -> Spy:
     return spy
 
 
-def _one(target, drafter, kv: str = "auto") -> OneRequestEngine:
-    """The tree arm as the wiring builds it: up to ``max_nodes`` nodes a round, as deep as the drafter's tree."""
-    nodes = drafter.tree.max_nodes
-    limits = SchedulerLimits(64, 1, nodes, None, None)
+def _one(target, arm: TreeArm, kv: str = "auto") -> OneRequestEngine:
+    """The tree arm as the wiring builds it: up to ``max_nodes`` nodes a round, as deep as its policy says."""
+    nodes = arm.drafter.tree.max_nodes
+    limits = SchedulerLimits(64, 1, None, None)
     runner = make_runner(target, make_pool(target, kv, 200 * BLOCK))
     eng = ContinuousEngine(
-        "spec", runner, BlockAllocator(200, BLOCK), GreedyVerifier(), limits, EOS_IDS, MAX_POSITIONS, drafter,
-        policy=FixedPolicy(nodes),
+        "spec", runner, BlockAllocator(200, BLOCK), GreedyVerifier(), limits, EOS_IDS, MAX_POSITIONS, arm.drafter,
+        policy=FixedPolicy(nodes, arm.depth),
     )  # fmt: skip
     assert eng.trees, "a drafter with a tree makes a tree engine"
     return OneRequestEngine(eng, "spec")
@@ -189,11 +200,11 @@ def _depth_caps(out: GenerationOutput, limit: int, max_new: int = MAX_NEW) -> li
     return caps
 
 
-def _run(target, drafter, reference, prompts=PROMPTS, kv_precision="auto", max_new=MAX_NEW):
+def _run(target, arm: TreeArm, reference, prompts=PROMPTS, kv_precision="auto", max_new=MAX_NEW):
     """Generate every prompt with one engine; check tokens, counters, depths and KV; (out, its results) per prompt."""
-    one = _one(target, drafter, kv_precision)
+    one = _one(target, arm, kv_precision)
     spy = _spy(one)
-    tree, limit = drafter.tree, drafter.max_depth
+    tree, limit = arm.drafter.tree, arm.depth
     runs = []
     for prompt in prompts:
         spy.results.clear()
@@ -253,9 +264,9 @@ def test_static_tree_output_equals_the_target_alone(
     target, draft_models, reference, masked_widths, drafter_name, branching, max_nodes, gamma
 ):
     tree = TreeConfig(kind="static", branching=branching, max_nodes=max_nodes)
-    drafter = _drafter(drafter_name, draft_models, tree, gamma)
-    assert drafter.max_depth == len(branching)
-    runs = _run(target, drafter, reference, PROMPTS[:2])
+    arm = _drafter(drafter_name, draft_models, tree, gamma)
+    assert arm.depth == len(branching)
+    runs = _run(target, arm, reference, PROMPTS[:2])
     grown = [math.prod(branching[: depth + 1]) for depth in range(len(branching))]
     _check_sizes(runs, len(branching), max_nodes, grown)
     if all(width == 1 for width in branching):
@@ -289,10 +300,10 @@ def test_dynamic_tree_output_equals_the_target_alone(
     target, draft_models, reference, drafter_name, max_nodes, top_k, max_depth, gamma
 ):
     tree = TreeConfig(kind="dynamic", max_nodes=max_nodes, top_k=top_k, max_depth=max_depth)
-    drafter = _drafter(drafter_name, draft_models, tree, gamma)
-    limit = drafter.max_depth
-    assert limit == tree_depth(tree, gamma) == (max_depth or gamma)
-    runs = _run(target, drafter, reference, PROMPTS[::2])
+    arm = _drafter(drafter_name, draft_models, tree, gamma)
+    limit = arm.depth
+    assert limit == (max_depth or gamma)
+    runs = _run(target, arm, reference, PROMPTS[::2])
     _check_sizes(runs, limit, max_nodes, [top_k] + [top_k * top_k] * (limit - 1))  # top_k expanded per depth
 
 
@@ -316,16 +327,19 @@ def test_ngram_trees_branch_on_a_repetitive_prompt(target, draft_models, referen
     assert masked_widths and max(masked_widths) > 2
 
 
-def test_ngram_trie_is_gamma_deep_whatever_the_tree_kind(target, draft_models, reference):
-    tree = TreeConfig(kind="static", branching=(3, 2, 1, 1), max_nodes=16)
-    for gamma in (1, 6):
-        one = _one(target, _drafter("ngram", draft_models, tree, gamma))
-        assert one.drafter.max_depth == gamma
-        out = one.generate(PROMPTS[1], 40, None)
+def test_ngram_trie_is_as_deep_as_the_policy_says(target, draft_models, reference):
+    """The policy holds the depth, whoever grows the tree: a static config's len(branching) whatever γ is, a dynamic
+    one's γ (the same prompt's trie then reaches past 4)."""
+    static = TreeConfig(kind="static", branching=(3, 2, 1, 1), max_nodes=16)
+    dynamic = TreeConfig(kind="dynamic", max_nodes=16)
+    for tree, gamma, depth in ((static, 1, 4), (static, 6, 4), (dynamic, 1, 1), (dynamic, 6, 6)):
+        arm = _drafter("ngram", draft_models, tree, gamma)
+        assert arm.depth == depth
+        out = _one(target, arm).generate(PROMPTS[1], 40, None)
         assert out.output_ids == reference(PROMPTS[1], max_new=40)
-        assert max(out.tree_depths) <= gamma  # γ = 1: a model tree of this kind would be 4 deep (len(branching))
-        if gamma == 6:
-            assert max(out.tree_depths) > len(tree.branching)  # the same prompt's trie reaches past 4
+        assert max(out.tree_depths) <= depth
+        if depth == 6:
+            assert max(out.tree_depths) > len(static.branching)
 
 
 # ---- quantized target KV ----------------------------------------------------------------------
@@ -352,8 +366,8 @@ def test_trees_after_a_long_prompt_prefilled_in_chunks(target, draft_models, ref
     precision) catches up on all of them at its first tree, then rounds commit paths across many blocks."""
     prompt = torch.randint(3, VOCAB, (240,), generator=torch.Generator().manual_seed(0)).tolist()
     tree = TreeConfig(kind="static", branching=(3, 2, 1, 1), max_nodes=16)
-    drafter = _drafter("noisy-copy", draft_models, tree, 4, kv_precision)
-    (run,) = _run(target, drafter, reference, [prompt], kv_precision)
+    arm = _drafter("noisy-copy", draft_models, tree, 4, kv_precision)
+    (run,) = _run(target, arm, reference, [prompt], kv_precision)
     assert run[0].accepted_tokens > 0
 
 
@@ -403,7 +417,7 @@ def test_eos_ends_the_output(eos_target, draft_models, drafter_name, tree):
     spy = _spy(one)
     out = one.generate(prompt, MAX_NEW, None)
     assert out.output_ids == expected
-    _check_counters(out, one.drafter.max_depth, tree.max_nodes)
+    _check_counters(out, draft_depth(SpeculateConfig(gamma=4, tree=tree)), tree.max_nodes)
     cut = sum(out.accept_lengths) + out.verify_rounds + 1 - len(out.output_ids)  # tokens emitted after EOS
     last_ids, _, last_path = spy.results[-1] if out.draft_lengths[-1] else ([], [], [])  # the last round's tree
     assert cut == (1 if last_path and last_ids[last_path[-1]] == EOS else 0)  # an accepted EOS node ends the path
@@ -424,7 +438,7 @@ def test_larger_draft_vocab_never_puts_foreign_ids_in_a_tree(target, reference):
         wide.lm_head.weight[VOCAB:] = 3.0 * plain.lm_head.weight[:extra]
     assert int(lone_sequence(wide).forward(PROMPTS[0], last_only=True).argmax()) >= VOCAB  # guard: unmasked, it would
     tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=3)
-    drafter = helpers.model_drafter(wide, GreedyChooser()).variant(None, tree, 4)  # target vocab = shared = VOCAB
+    drafter = helpers.model_drafter(wide, GreedyChooser()).variant(None, tree)  # target vocab = shared = VOCAB
     proposed = helpers.record_proposed(drafter)
-    _run(target, drafter, reference, PROMPTS[:1])
+    _run(target, _arm(drafter, tree, 4), reference, PROMPTS[:1])
     assert proposed and max(proposed) < VOCAB

@@ -57,8 +57,8 @@ def test_speculation_on_the_one_engine_equals_the_target_alone(target, batch, re
     engine = helpers.engine(target, gamma=gamma, drafter=drafter)
     if kind == "tree":
         tree = TreeConfig(kind="static", branching=[2, 2, 1], max_nodes=6)
-        engine = helpers.engine(target, gamma=6, drafter=drafter.variant(None, tree, gamma))
-        assert engine.trees and engine.drafter.max_depth == 3
+        engine = helpers.engine(target, gamma=6, drafter=drafter.variant(None, tree), depth=len(tree.branching))
+        assert engine.trees and engine.policy.max_depth == 3
     one = OneRequestEngine(engine, "spec")
     for index, prompt in enumerate(batch):
         out = one.generate(prompt, MAX_NEW, torch.Generator().manual_seed(index))

@@ -44,7 +44,7 @@ class PinnedCosts(AdaptivePolicy):
 
 
 def _engine(model, drafter, policy, max_num_tokens: int = 64, max_draft_tokens: int | None = None):
-    limits = SchedulerLimits(max_num_tokens, 8, GAMMA, None, max_draft_tokens)
+    limits = SchedulerLimits(max_num_tokens, 8, None, max_draft_tokens)
     return ContinuousEngine(
         "test", make_runner(model, make_pool(model, "auto", 200 * BLOCK)), BlockAllocator(200, BLOCK), GreedyVerifier(),
         limits, EOS_IDS, MAX_POSITIONS, drafter, policy=policy,

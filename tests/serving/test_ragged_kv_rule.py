@@ -20,7 +20,9 @@ from collections import Counter
 import pytest
 import torch
 
+from spectoolkit.config import SamplingConfig
 from spectoolkit.drafting import TokenTree
+from spectoolkit.drafting.base import Drafter
 from spectoolkit.precisions import KV_PRECISIONS
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.paged_kv import KINDS, make_pool
@@ -34,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 GAMMA = 4
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Random proposals: k_i uniform in [0, budget] of random non-EOS tokens (greedy: no q)."""
 
     name = "scripted"
@@ -63,6 +65,8 @@ class ScriptedDrafter:
 
 class ScriptedVerifier:
     """Accepts a random number of drafts (all, none or some) and emits a random non-EOS token."""
+
+    sampling = SamplingConfig(temperature=0.0)
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)

@@ -21,11 +21,11 @@ from collections import Counter
 import pytest
 import torch
 
-from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.config import SamplingConfig, SpeculateConfig, TreeConfig
 from spectoolkit.drafting import Budget, NgramDrafter, SuffixDrafter, SuffixSettings
-from spectoolkit.drafting.tree import TokenTree, tree_depth
+from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.models.tiny import tiny_llama
-from spectoolkit.policy import FixedPolicy
+from spectoolkit.policy import FixedPolicy, draft_depth
 from spectoolkit.precisions import KV_PRECISIONS
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.lone import lone_sequence
@@ -83,44 +83,31 @@ def small():
 
 def tree_engine(target, drafter, *, invariant: bool, kv: str = "auto", num_blocks: int = 200,
                 max_num_tokens: int = 64, max_draft_tokens: int | None = None, verifier=None, stochastic=False,
-                eos_ids=EOS_IDS) -> ContinuousEngine:  # fmt: skip
+                eos_ids=EOS_IDS, max_num_seqs: int = 8) -> ContinuousEngine:  # fmt: skip
     """The serving factory's spec arm with ``speculate.tree`` (the drafter's): a fixed policy of up to
     ``max_nodes`` drafts."""
     nodes = drafter.tree.max_nodes
-    limits = SchedulerLimits(max_num_tokens, 8, nodes, None, max_draft_tokens)
+    limits = SchedulerLimits(max_num_tokens, max_num_seqs, None, max_draft_tokens)
     eng = ContinuousEngine(
         "tree", make_runner(target, make_pool(target, kv, num_blocks * BLOCK)), BlockAllocator(num_blocks, BLOCK),
         verifier or GreedyVerifier(), limits, eos_ids, MAX_POSITIONS, drafter, stochastic, invariant,
-        FixedPolicy(nodes),
+        FixedPolicy(nodes, draft_depth(SpeculateConfig(gamma=GAMMA, tree=drafter.tree))),
     )  # fmt: skip
     assert eng.trees, "a drafter with a tree makes a tree engine"
     return eng
 
 
 class Recorded:
-    """A drafter whose every ``propose`` answer is kept as (budget, tree), counting the trees it abandoned
-    half-grown (a model drafter truncates its draft KV from inside ``propose`` only then)."""
+    """A drafter whose every ``propose`` answer is kept as (budget, tree)."""
 
     def __init__(self, inner) -> None:
-        self.inner, self.trees, self.abandoned = inner, [], 0
+        self.inner, self.trees = inner, []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def propose(self, seqs, budgets):
-        truncate = getattr(self.inner, "_truncate", None)  # None: a lookup, which never abandons a tree
-
-        def abandon(state, num_kept):
-            self.abandoned += 1
-            truncate(state, num_kept)
-
-        if truncate is not None:
-            self.inner._truncate = abandon
-        try:
-            out = self.inner.propose(seqs, budgets)
-        finally:
-            if truncate is not None:
-                del self.inner._truncate  # the class's method again
+        out = self.inner.propose(seqs, budgets)
         self.trees.extend(zip(budgets, out, strict=True))
         return out
 
@@ -219,10 +206,10 @@ class RandomTreeDrafter(helpers.StatelessDrafter):
 
     def __init__(self, seed: int, tree: TreeConfig) -> None:
         self.rng = random.Random(seed)
-        self.tree, self.max_depth = tree, tree_depth(tree, GAMMA)
+        self.tree = tree
 
     def propose(self, seqs, budgets):
-        return [self._tree(budget.nodes, min(self.max_depth, budget.depth)) for budget in budgets]
+        return [self._tree(budget.nodes, budget.depth) for budget in budgets]
 
     def _tree(self, budget: int, max_depth: int) -> TokenTree:
         parents, depths = [], []
@@ -242,6 +229,8 @@ class RandomTreeDrafter(helpers.StatelessDrafter):
 class RandomPaths:
     """Tree verifier and chain verifier in one: a random walk down the tree (a chain-shaped one comes to the chain
     verifier, the fast path), random non-EOS tokens."""
+
+    sampling = SamplingConfig(temperature=0.0)
 
     def __init__(self, seed: int) -> None:
         self.rng, self.paths = random.Random(seed), []
@@ -350,7 +339,7 @@ def test_shared_prompt_blocks_are_never_written_by_tree_rounds(target, draft):
     prompt = helpers.prompts((20,), seed=6)[0]  # 45 tokens: 5 full blocks
     reference = helpers.baseline_outputs(target, [prompt], 24)["0"]
     tree = TreeConfig(kind="static", branching=(3, 2, 1), max_nodes=8)
-    drafter = Recorded(helpers.model_drafter(draft, GreedyChooser()).variant(None, tree, GAMMA))
+    drafter = Recorded(helpers.model_drafter(draft, GreedyChooser()).variant(None, tree))
     eng = tree_engine(target, drafter, invariant=False)
     shared = {}
 
@@ -372,8 +361,7 @@ def test_draft_commit_path_moves_the_fed_path_nodes_next_to_the_prefix(target, d
     """ModelDrafter: the accepted path's fed nodes are copied byte for byte to the positions after the
     prefix, the rest of the tree's draft blocks are freed, and the next tree is the one a fresh draft grows."""
     tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=4)
-    drafter = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40).variant(None, tree, GAMMA)
-    assert drafter.max_depth == GAMMA
+    drafter = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40).variant(None, tree)
     prompt = batch[2]
     seq = new_sequence(ServeRequest("0", prompt, MAX_NEW), BlockTable(BlockAllocator(1, BLOCK)), 0, False)
     seq.tokens.append(helpers.baseline_outputs(target, [prompt], 1)["0"][0])  # decoding: the pending token
@@ -391,7 +379,7 @@ def test_draft_commit_path_moves_the_fed_path_nodes_next_to_the_prefix(target, d
     seq.tokens += [grown.token_ids[node] for node in path] + [7]  # the path and a correction token
     fresh = new_sequence(ServeRequest("1", prompt, MAX_NEW), BlockTable(BlockAllocator(1, BLOCK)), 0, False)
     fresh.tokens = list(seq.tokens)
-    other = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40).variant(None, tree, GAMMA)
+    other = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40).variant(None, tree)
     assert drafter.propose([seq], [Budget(8, GAMMA)]) == other.propose([fresh], [Budget(8, GAMMA)])
     drafter.release(seq)
     assert drafter.kv_bytes() == 0
@@ -413,11 +401,11 @@ TREES = {
 def _drafter(kind: str, draft, tree: TreeConfig, num_blocks: int = 200, chooser=None):
     """A recorded drafter growing ``tree`` (γ = GAMMA): n-gram tries over the small vocabulary, or the draft model."""
     if kind == "ngram":
-        return Recorded(NgramDrafter(3, 1, SMALL_VOCAB, chooser is not None, tree, GAMMA))
+        return Recorded(NgramDrafter(3, 1, SMALL_VOCAB, chooser is not None, tree))
     if kind == "suffix":
-        return Recorded(SuffixDrafter(SuffixSettings(min_match=1), SMALL_VOCAB, chooser is not None, tree, GAMMA))
+        return Recorded(SuffixDrafter(SuffixSettings(min_match=1), SMALL_VOCAB, chooser is not None, tree))
     model = helpers.model_drafter(draft, chooser or GreedyChooser(), num_blocks=num_blocks)
-    return Recorded(model.variant(None, tree, GAMMA))
+    return Recorded(model.variant(None, tree))
 
 
 def _lengths(batch) -> list[int]:
@@ -443,6 +431,40 @@ def test_tree_batch_equals_batch1_target_alone(target, draft, batch, references,
     assert helpers.all_free(eng) and drafter.kv_bytes() == 0, "KV left behind (target or draft)"
 
 
+@pytest.mark.parametrize("concurrency", [1, 4, 7])
+@pytest.mark.parametrize("name", ["static-222", "dynamic-8-3"])
+def test_model_trees_grow_depth_by_depth_across_the_batch(target, draft, batch, references, name, concurrency):
+    """A step's trees cost one draft forward per depth however many sequences grow one (the catch-up of every
+    sequence, then one forward per fed depth holding every tree's nodes of that depth), and the outputs equal the
+    target alone's at concurrency 1, 4 and 7."""
+    tree, _ = TREES[name]
+    drafter = _drafter("model", draft, tree, num_blocks=400)
+    inner = drafter.inner
+    forwards: list[list[int]] = []  # per propose: the tree segments of each draft forward (0: the catch-up)
+    forward, propose = inner.runner.forward, inner.propose
+
+    def counted_forward(step):
+        forwards[-1].append(sum(visible is not None for visible in step.visible))
+        return forward(step)
+
+    def counted_propose(seqs, budgets):
+        forwards.append([])
+        return propose(seqs, budgets)
+
+    inner.runner.forward, inner.propose = counted_forward, counted_propose
+    prompts = (batch + batch)[:7]
+    eng = tree_engine(target, drafter, invariant=False, max_num_seqs=concurrency, num_blocks=400)
+    done = helpers.run(eng, [ServeRequest(str(i), p, MAX_NEW) for i, p in enumerate(prompts)])
+    expected = {str(i): references[str(i % len(batch))] for i in range(len(prompts))}
+    assert helpers.outputs(done) == expected
+    depth = draft_depth(SpeculateConfig(gamma=GAMMA, tree=tree))
+    assert all(len(calls) <= depth for calls in forwards)  # the catch-up, then depth - 1 fed depths at most
+    assert all(calls[0] == 0 for calls in forwards if calls)  # the catch-up is a causal chain per sequence
+    together = max(max(calls[1:], default=0) for calls in forwards)
+    assert together <= 1 if concurrency == 1 else together > 1, together  # several sequences' trees in one forward
+    assert helpers.all_free(eng) and drafter.kv_bytes() == 0
+
+
 def test_trees_stay_exact_when_the_draft_pool_or_the_target_pool_is_nearly_full(target, draft, batch, references):
     """Some sequences get no tree (empty: plain decode: the draft pool cannot hold their budget) and the target
     preempts; outputs unchanged."""
@@ -458,9 +480,10 @@ def test_trees_stay_exact_when_the_draft_pool_or_the_target_pool_is_nearly_full(
     assert helpers.all_free(eng) and drafter.kv_bytes() == 0
 
 
-def test_a_tree_that_outgrows_the_draft_pool_is_dropped_whole(target, draft, batch, references, monkeypatch):
-    """A deeper level that no longer fits the draft pool abandons the whole tree (plain decode, the draft KV cut
-    back): forced by reserving nothing beyond the verified tokens, so the first tree level finds no block."""
+def test_a_tree_that_outgrows_the_draft_pool_stops_growing(target, draft, batch, references, monkeypatch):
+    """A deeper level that no longer fits the draft pool stops that tree: the nodes grown so far are its proposal
+    (they need no KV of their own), the output stays exact and the draft KV follows the verified tokens: forced by
+    reserving nothing beyond the verified tokens' blocks."""
     tree, _ = TREES["static-222"]
     drafter = _drafter("model", draft, tree, num_blocks=12)
     inner = drafter.inner
@@ -479,8 +502,11 @@ def test_a_tree_that_outgrows_the_draft_pool_is_dropped_whole(target, draft, bat
     eng = tree_engine(target, drafter, invariant=False)
     done = helpers.run(eng, [ServeRequest("0", batch[0], MAX_NEW)])
     assert helpers.outputs(done) == {"0": references["0"][:MAX_NEW]}
-    assert drafter.abandoned > 0, "no tree outgrew the pool"
-    assert sum(not len(t) for _, t in drafter.trees) >= drafter.abandoned, "an abandoned tree was still proposed"
+    grown = [t for _, t in drafter.trees if len(t)]
+    assert grown, "no tree was proposed"
+    # A level fits only in the slots left in the last verified block: where none are left, the tree is its first
+    # level (from the catch-up's logits, never fed).
+    assert any(max(t.depths()) == 1 and len(t) == tree.branching[0] for t in grown)
     for block in hogged:
         inner.allocator.free(block)
     assert helpers.all_free(eng) and drafter.kv_bytes() == 0
@@ -521,12 +547,12 @@ class OracleTreeDrafter(helpers.StatelessDrafter):
 
     def __init__(self, continuations: dict[str, list[int]], tree: TreeConfig) -> None:
         self.continuations = continuations  # request id -> prompt + target tokens
-        self.tree, self.max_depth = tree, tree_depth(tree, GAMMA)
+        self.tree = tree
 
     def propose(self, seqs, budgets):
         out = []
         for seq, budget in zip(seqs, budgets, strict=True):
-            depth = min(self.max_depth, budget.depth)
+            depth = budget.depth
             truth = self.continuations[seq.request.request_id][len(seq.tokens) : len(seq.tokens) + depth]
             token_ids, parents, parent = [], [], -1
             for token in truth:

@@ -20,7 +20,7 @@ from spectoolkit.serving.api import FinishedRequest, ServingEngine
 
 
 class ServingArmLike(Protocol):
-    """What the load protocol reads of a serving arm (``spectoolkit.serving.factory.ServingArm``)."""
+    """What the load protocol reads of a serving arm (``spectoolkit.serving.assemble.ServingArm``)."""
 
     name: str
     engine: ServingEngine

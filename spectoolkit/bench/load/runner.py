@@ -1,7 +1,7 @@
 """``serve.enabled`` runs: the load-level protocol end to end (DESIGN §6, issue 15).
 
 Loads the workload and models as the batch-1 protocol does (same prompts, same "cannot run" reasons),
-builds the serving arms (``spectoolkit.serving.factory.serving_arms``; with ``backend=endpoint|vllm``
+builds the serving arms (``spectoolkit.serving.assemble.serving_arms``; with ``backend=endpoint|vllm``
 the arms are OpenAI-compatible servers instead, :mod:`spectoolkit.backends.source`), runs every level
 (:mod:`spectoolkit.bench.load.levels`), then writes ``records.jsonl`` (an older one set aside),
 ``summary.json`` (atomically; after Ctrl-C too, with ``"complete": false``) and ``report.md``.
@@ -38,7 +38,7 @@ STEPS_FILE = "steps.jsonl"
 
 
 def _serving_arms(cfg: RunConfig, setup: RunSetup) -> list[ServingArmLike]:
-    from spectoolkit.serving.factory import serving_arms  # the engine core; imported only when serving
+    from spectoolkit.serving.assemble import serving_arms  # the engine core; imported only when serving
 
     arms = list(serving_arms(cfg, setup))
     if not arms:

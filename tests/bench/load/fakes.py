@@ -145,7 +145,7 @@ class FakeServingEngine:
 
 @dataclass
 class FakeArm:
-    """The fields of ``spectoolkit.serving.factory.ServingArm`` the load protocol reads."""
+    """The fields of ``spectoolkit.serving.assemble.ServingArm`` the load protocol reads."""
 
     name: str
     engine: FakeServingEngine
@@ -166,7 +166,7 @@ def fake_arms(clock: Callable[[], float], advance=None, events: list | None = No
 
 
 def install_serving_arms(monkeypatch, arms: list[FakeArm]) -> None:
-    """``spectoolkit.serving.factory.serving_arms`` returns ``arms`` (whether or not the real module exists)."""
+    """``spectoolkit.serving.assemble.serving_arms`` returns ``arms`` (whether or not the real module exists)."""
     module = types.ModuleType("spectoolkit.serving.factory")
     module.serving_arms = lambda cfg, setup: arms
     monkeypatch.setitem(sys.modules, "spectoolkit.serving.factory", module)
