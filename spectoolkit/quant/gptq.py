@@ -56,6 +56,10 @@ SHAREGPT_CALIBRATION_OFFSET = 1000
 MAX_HUMANEVAL_CALIBRATION = 64  # of its 164 problems, the last ones
 CALIBRATION_VERSION = 1  # bump when calibration_texts changes: it is part of the cache key
 ATEN_GROUP_SIZES = (32, 64, 128, 256)  # torch's CPU int4 matmul (_weight_int4pack_mm_for_cpu)
+# The dtype calibration runs in. GPTQModel's own default on the CPU is bf16, which a CPU without AVX512-BF16 (AVX2
+# machines, most of ours) emulates: the 1.5B pair target's calibration forwards ran ~5 minutes a layer so. fp32 is
+# native everywhere and the more accurate Hessian; it is part of the cache key.
+QUANTIZE_DTYPE = torch.float32
 
 
 @dataclass(frozen=True)
@@ -206,7 +210,7 @@ def _quantize(source: Path, cfg: GptqConfig, out_dir: Path) -> None:
             offload_to_disk=False,
             pack_impl="original",
         )
-        model = gptqmodel.GPTQModel.load(str(source), qcfg)
+        model = gptqmodel.GPTQModel.load(str(source), qcfg, dtype=QUANTIZE_DTYPE)
         model.quantize(calibration, batch_size=1)
         model.save(str(out_dir))
     (out_dir / "spectoolkit_gptq.json").write_text(
@@ -311,5 +315,6 @@ def _cache_key(source: Path, cfg: GptqConfig) -> str:
         "config": asdict(cfg),
         "calibration": CALIBRATION_VERSION,
         "gptqmodel": gptqmodel_version,
+        "dtype": str(QUANTIZE_DTYPE),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]

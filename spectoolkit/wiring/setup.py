@@ -157,7 +157,7 @@ class _Parts:
 
 def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
     """Load and wire everything ``cfg`` asks for; user mistakes raise SpecToolkitError. ``arms=False``: the
-    models only (a server or a serving run builds its own arms, :mod:`spectoolkit.serving.factory`)."""
+    models only (a server or a serving run builds its own arms, :mod:`spectoolkit.serving.assemble`)."""
     device = resolve_device(cfg.device)
     _check_arm_set(cfg)
     tokenizer = load_tokenizer(cfg.model.target_path)

@@ -167,6 +167,6 @@ def fake_arms(clock: Callable[[], float], advance=None, events: list | None = No
 
 def install_serving_arms(monkeypatch, arms: list[FakeArm]) -> None:
     """``spectoolkit.serving.assemble.serving_arms`` returns ``arms`` (whether or not the real module exists)."""
-    module = types.ModuleType("spectoolkit.serving.factory")
+    module = types.ModuleType("spectoolkit.serving.assemble")
     module.serving_arms = lambda cfg, setup: arms
-    monkeypatch.setitem(sys.modules, "spectoolkit.serving.factory", module)
+    monkeypatch.setitem(sys.modules, "spectoolkit.serving.assemble", module)
