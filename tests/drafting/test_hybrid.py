@@ -12,7 +12,7 @@ import pytest
 
 from spectoolkit.config import DraftConfig, RunConfig, TreeConfig, drafter_kinds
 from spectoolkit.drafting import ModelDrafter, SuffixDrafter, SuffixSettings, TokenTree
-from spectoolkit.drafting.base import Budget, Drafter, Lone, Upkeep
+from spectoolkit.drafting.base import Budget, Lone, Upkeep
 from spectoolkit.drafting.hybrid import PROBE_EVERY, HybridDrafter
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.policy.costs import WINDOW
@@ -94,7 +94,7 @@ def test_the_lookup_drafts_where_it_matches(target, prompt_ids, references):
 # ---- the decision rule -------------------------------------------------------------------------------------------
 
 
-class ScoredLookup(Drafter):
+class ScoredLookup(helpers.StatelessDrafter):
     """A lookup proposing ``length`` tokens scored ``score`` (the test sets both, and may change them)."""
 
     name, tree = "scored", None
@@ -108,27 +108,6 @@ class ScoredLookup(Drafter):
 
     def propose(self, seqs, budgets):
         return [self.scored(seq, budget)[0] for seq, budget in zip(seqs, budgets, strict=True)]
-
-    def commit(self, seq, num_prefix: int, path: list[int]) -> None:
-        pass
-
-    def release(self, seq) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-    def runners(self) -> dict:
-        return {}
-
-    def kv_bytes(self) -> int:
-        return 0
-
-    def describe_tree(self) -> None:
-        return None
-
-    def variant(self, stop_below, tree):
-        return self
 
 
 class TimedModel(ScoredLookup):

@@ -36,9 +36,10 @@ def test_declared_is_the_protocol():
     assert names == DECLARED
 
 
-class Oracle(Drafter):
+class Oracle(helpers.StatelessDrafter):
     """Proposes each request's known greedy continuation, its third token wrong (partial acceptance); a tree adds a
-    decoy sibling before each true node. Only protocol methods: no extra public attributes."""
+    decoy sibling before each true node. Only protocol methods (the bookkeeping ones do nothing): no extra public
+    attributes."""
 
     def __init__(self, continuations: dict[tuple[int, ...], list[int]], tree: TreeConfig | None) -> None:
         self.name, self.tree = "oracle", tree
@@ -61,21 +62,6 @@ class Oracle(Drafter):
                 parent = len(ids) - 1
             out.append(TokenTree(ids, parents).truncated(budget.nodes))
         return out
-
-    def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
-        pass
-
-    def release(self, seq: Drafting) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-    def runners(self) -> dict:
-        return {}
-
-    def kv_bytes(self) -> int:
-        return 0
 
     def describe_tree(self) -> str | None:
         return None if self.tree is None else self.tree.describe()
