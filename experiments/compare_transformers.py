@@ -22,6 +22,7 @@ import torch
 
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.drafting import NgramDrafter
+from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner, make_runner
@@ -46,8 +47,10 @@ def _runner(model: torch.nn.Module) -> tuple[Runner, BlockAllocator]:
 def _one(target: tuple[Runner, BlockAllocator], eos_ids: frozenset[int], gamma: int = 0, drafter=None):
     """A batch-1 arm on ``target`` (runner, allocator): the target alone, or drafting ``gamma`` with ``drafter``."""
     runner, allocator = target
-    limits = SchedulerLimits(CONTEXT + gamma + 1, 1, gamma, None, None)  # a whole prompt in one step
-    engine = ContinuousEngine("bench", runner, allocator, GreedyVerifier(), limits, eos_ids, CONTEXT, drafter)
+    limits = SchedulerLimits(CONTEXT + gamma + 1, 1, None, None)  # a whole prompt in one step
+    policy = FixedPolicy(gamma) if drafter is not None else None
+    engine = ContinuousEngine("bench", runner, allocator, GreedyVerifier(), limits, eos_ids, CONTEXT, drafter,
+                              policy=policy)  # fmt: skip
     return OneRequestEngine(engine, "spec" if drafter is not None else "baseline")
 
 

@@ -311,7 +311,7 @@ def _engine(model, eos: frozenset[int], drafter, gamma: int, max_seqs: int = 1, 
 
     slots, block = 4096, 16
     runner = EagerRunner(model, make_pool(model, "auto", slots))
-    limits = SchedulerLimits(2048, max_seqs, gamma, None, None)
+    limits = SchedulerLimits(2048, max_seqs, None, None)
     return ContinuousEngine("cuda-check", runner, BlockAllocator(slots // block, block), GreedyVerifier(), limits,
                             eos, 1024, drafter, False, invariant, FixedPolicy(gamma))  # fmt: skip
 

@@ -25,10 +25,10 @@ import statistics
 import torch
 from serving_bench import closed_loop, sequential  # experiments/ (this script's directory)
 
-from spectoolkit.config import TreeConfig, WorkloadConfig
+from spectoolkit.config import SpeculateConfig, TreeConfig, WorkloadConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.kernels.batched_kernels import choose_batched_kernels
-from spectoolkit.policy import FixedPolicy
+from spectoolkit.policy import FixedPolicy, draft_depth
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.compiled import bucket
 from spectoolkit.runtime.paged_kv import make_pool
@@ -55,10 +55,11 @@ def shared_runner(model: torch.nn.Module, compiled: bool) -> tuple[Runner, Block
 def continuous(target, eos, gamma=0, drafter=None, tree: TreeConfig | None = None) -> ContinuousEngine:
     """An engine on ``target`` (runner, allocator) drafting ``gamma`` tokens (``tree``: nodes) with ``drafter``."""
     runner, allocator = target
-    limits = SchedulerLimits(CONTEXT, 64, gamma, None, None)
-    drafter = drafter.variant(None, tree, gamma) if drafter is not None and tree is not None else drafter
+    limits = SchedulerLimits(CONTEXT, 64, None, None)
+    drafter = drafter.variant(None, tree) if drafter is not None and tree is not None else drafter
+    depth = draft_depth(SpeculateConfig(gamma=4, tree=tree)) if tree is not None else gamma  # trees: γ 4 deep
     return ContinuousEngine("bench", runner, allocator, GreedyVerifier(), limits, eos, CONTEXT, drafter,
-                            policy=FixedPolicy(gamma))  # fmt: skip
+                            policy=FixedPolicy(gamma, depth))  # fmt: skip
 
 
 def batched_self(lm, draft, draft_pool, eos) -> ModelDrafter:

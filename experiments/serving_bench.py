@@ -32,6 +32,7 @@ import torch
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
 from spectoolkit.kernels.batched_kernels import choose_batched_kernels
+from spectoolkit.policy import FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import make_runner
@@ -88,15 +89,15 @@ def hf_batch(model, prompts: list[list[int]], concurrency: int, max_new: int, eo
 
 
 def engine_for(lm, eos, gamma: int = 0, drafter=None, spec_max_batch=None, invariant=False) -> ContinuousEngine:
-    limits = SchedulerLimits(256, 64, gamma, spec_max_batch, None)
+    limits = SchedulerLimits(256, 64, spec_max_batch, None)
     runner = make_runner(lm.model, make_pool(lm.model, "auto", SLOTS))
     return ContinuousEngine("bench", runner, BlockAllocator(SLOTS // 16, 16), GreedyVerifier(), limits, eos, CONTEXT,
-                            drafter, invariant=invariant)  # fmt: skip
+                            drafter, invariant=invariant, policy=FixedPolicy(gamma) if drafter else None)  # fmt: skip
 
 
 def one_request(lm, eos) -> OneRequestEngine:
     """The one engine's batch-1 arm, target alone: one request in flight, its whole prompt in one step."""
-    limits = SchedulerLimits(CONTEXT + 1, 1, 0, None, None)
+    limits = SchedulerLimits(CONTEXT + 1, 1, None, None)
     runner = make_runner(lm.model, make_pool(lm.model, "auto", SLOTS))
     engine = ContinuousEngine("old", runner, BlockAllocator(SLOTS // 16, 16), GreedyVerifier(), limits, eos, CONTEXT)
     return OneRequestEngine(engine, "baseline")
