@@ -144,6 +144,14 @@ class OwnKV:
         used = self.allocator.num_blocks - self.allocator.num_free
         return used * self.allocator.block_size * self.pool.slot_bytes()
 
+    def _reserve(self, table, positions: int) -> bool:
+        """Blocks of ``table`` (a runtime.blocks.BlockTable of ``allocator``) for its first ``positions``; False (and
+        nothing reserved) when the pool cannot hold them."""
+        if table.missing(positions) > self.allocator.num_free:
+            return False
+        table.ensure(positions)
+        return True
+
 
 class Lookup:
     """What the drafters without a model (n-gram, suffix) share: a proposal is deterministic, so when sampling

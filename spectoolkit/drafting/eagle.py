@@ -231,7 +231,7 @@ class EagleDrafter(OwnKV, Drafter):
             if state is None or state.pending <= more_than:
                 continue
             count = min(state.pending - 1, len(seq.tokens) - 1 - state.num_computed)
-            if count <= 0 or not self._fits(state, state.num_computed + count):
+            if count <= 0 or not self._reserve(state.table, state.num_computed + count):
                 continue
             tokens = seq.tokens[state.num_computed + 1 : state.num_computed + 1 + count]
             segments.append(Segment(state.table, tokens, state.num_computed, []))
@@ -276,7 +276,7 @@ class EagleDrafter(OwnKV, Drafter):
             count = state.pending
             if room[i] <= 0 or count == 0 or len(seq.tokens) != state.num_computed + count + 1:
                 continue
-            if not self._fits(state, state.num_computed + count + room[i] - 1):
+            if not self._reserve(state.table, state.num_computed + count + room[i] - 1):
                 continue
             chosen.append(i)
             tokens = seq.tokens[state.num_computed + 1 :]
@@ -329,44 +329,29 @@ class EagleDrafter(OwnKV, Drafter):
             growths.append(Growth(align(logits[row]), align, self.tree, self.chooser.sampling, budgets[i].depth,
                                   budgets[i].nodes, self.eos_ids, seqs[i].generator, state.num_computed,
                                   _TreeRows(state, aux[row])))  # fmt: skip
-        grow_trees(growths, self._feed_nodes)
+        grow_trees(growths, lambda growth, feed: self._reserve(growth.owner.state.table, feed.start + len(feed.nodes)),
+                   self._feed_nodes)  # fmt: skip
         for j, growth in zip(chosen, growths, strict=True):
             trees[wanted[j]] = growth.result()[0]
         return trees
 
-    def _feed_nodes(self, feeds: list[tuple[Growth, Feed]]) -> list[torch.Tensor | None]:
-        """One head forward over every sequence's nodes of a depth (each with its parent's aux; the root's: the last
-        verified row's); None for a sequence whose head pool cannot hold them (its tree stops)."""
-        segments, hidden, fitting = [], [], []
+    def _feed_nodes(self, feeds: list[tuple[Growth, Feed]]) -> torch.Tensor:
+        """One head forward over every sequence's nodes of a depth (their blocks reserved), each with its parent's aux
+        (the root's: the last verified row's): their logits one after another [Σ m_i, Vd]."""
+        segments, hidden = [], []
         for growth, feed in feeds:
             rows = growth.owner
-            if not self._fits(rows.state, feed.start + len(feed.token_ids)):
-                fitting.append(False)
-                continue
             logit_rows = list(range(len(feed.token_ids)))
             segments.append(Segment(rows.state.table, feed.token_ids, feed.start, logit_rows,
                                     (feed.positions, feed.visible)))  # fmt: skip
             hidden += [rows.root_aux if parent < 0 else rows.aux[parent] for parent in feed.parents]
-            fitting.append(True)
-        if not segments:
-            return [None] * len(feeds)
         logits, aux = self.head.rows(segments, torch.stack(hidden))  # [Σ m_i, Vd], [Σ m_i, H]
-        out, row = [], 0
-        for (growth, feed), fits in zip(feeds, fitting, strict=True):
-            if not fits:
-                out.append(None)
-                continue
-            for offset, node in enumerate(feed.nodes):
-                growth.owner.aux[node] = aux[row + offset]
-            out.append(logits[row : row + len(feed.nodes)])
-            row += len(feed.nodes)
-        return out
-
-    def _fits(self, state: _State, positions: int) -> bool:
-        if state.table.missing(positions) > self.allocator.num_free:
-            return False
-        state.table.ensure(positions)
-        return True
+        row = 0
+        for growth, feed in feeds:
+            for node in feed.nodes:
+                growth.owner.aux[node] = aux[row]
+                row += 1
+        return logits
 
     def _truncate(self, state: _State, kept: int) -> None:
         shared = state.table.published * self.allocator.block_size  # published rows are never written again

@@ -128,34 +128,22 @@ class ModelDrafter(OwnKV, Drafter):
                     state,
                 )
             )
-        grow_trees(growths, self._feed_nodes)
+        grow_trees(growths, lambda growth, feed: self._reserve(growth.owner.table, feed.start + len(feed.token_ids)),
+                   self._feed_nodes)  # fmt: skip
         for i, growth in zip(chosen, growths, strict=True):
             trees[i], growth.owner.tree_slots = growth.result()
         return trees
 
-    def _feed_nodes(self, feeds: list[tuple[Growth, Feed]]) -> list[torch.Tensor | None]:
-        """One draft forward over every sequence's nodes of a depth (a segment each, tree attention within it); a
-        sequence whose draft pool cannot hold them gets None (its tree stops)."""
-        segments, fitting = [], []
+    def _feed_nodes(self, feeds: list[tuple[Growth, Feed]]) -> torch.Tensor:
+        """One draft forward over every sequence's nodes of a depth (a segment each, tree attention within it, its
+        blocks reserved): their logits one after another [Σ m_i, V_draft]."""
+        segments = []
         for growth, feed in feeds:
-            state, end = growth.owner, feed.start + len(feed.token_ids)
-            if state.table.missing(end) > self.allocator.num_free:
-                fitting.append(False)
-                continue
-            state.table.ensure(end)
+            state = growth.owner
             rows = list(range(len(feed.token_ids)))
             segments.append(Segment(state.table, feed.token_ids, feed.start, rows, (feed.positions, feed.visible)))
-            state.num_computed = end
-            fitting.append(True)
-        logits = run_segments(self.runner, segments, "plain") if segments else None  # [Σ m_i, V_draft]
-        out, row = [], 0
-        for (_, feed), fits in zip(feeds, fitting, strict=True):
-            if fits:
-                out.append(logits[row : row + len(feed.token_ids)])
-                row += len(feed.token_ids)
-            else:
-                out.append(None)
-        return out
+            state.num_computed = feed.start + len(feed.token_ids)
+        return run_segments(self.runner, segments, "plain")
 
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         state = self._states.get(id(seq))
@@ -179,12 +167,7 @@ class ModelDrafter(OwnKV, Drafter):
 
     def _fits(self, seq: Drafting, budget: int) -> bool:
         """Reserve draft blocks for the sequence's tokens and its drafts; False (no drafts) when full."""
-        table = self._state(seq).table
-        needed = len(seq.tokens) + budget - 1  # the last draft is never fed
-        if table.missing(needed) > self.allocator.num_free:
-            return False
-        table.ensure(needed)
-        return True
+        return self._reserve(self._state(seq).table, len(seq.tokens) + budget - 1)  # the last draft is never fed
 
     def runners(self) -> dict[str, Runner]:
         return {"draft": self.runner}

@@ -145,21 +145,29 @@ class Growth:
         return _as_tree(self.nodes, kept, self.sampling.greedy)
 
 
-def grow_trees(growths: list[Growth], feed: Callable[[list[tuple[Growth, Feed]]], list[torch.Tensor | None]]) -> None:
-    """Grow every tree of ``growths`` to the end, one draft forward per depth over all of them: ``feed`` runs the
-    draft over one :class:`Feed` per growing sequence and returns each one's logits [m_i, V_draft] (None: its pool
-    cannot hold them, and that tree stops growing)."""
+def grow_trees(
+    growths: list[Growth],
+    fits: Callable[[Growth, Feed], bool],
+    feed: Callable[[list[tuple[Growth, Feed]]], torch.Tensor],
+) -> None:
+    """Grow every tree of ``growths`` to the end, one draft forward per depth over all of them: ``fits`` reserves a
+    sequence's draft KV for its :class:`Feed` (False: its pool cannot hold it, and that tree stops growing);
+    ``feed`` runs the draft over the feeds that fit and returns their logits, one after another [Σ m_i, V_draft]."""
     active = growths
     while active:
-        feeds = [(growth, growth.next_feed()) for growth in active]
-        feeds = [(growth, made) for growth, made in feeds if made is not None]
+        feeds = []
+        for growth in active:
+            made = growth.next_feed()
+            if made is not None and fits(growth, made):
+                feeds.append((growth, made))
+            elif made is not None:
+                growth.stop()
         if not feeds:
             return
-        for (growth, _), logits in zip(feeds, feed(feeds), strict=True):
-            if logits is None:  # the pool is full for this sequence: its tree stops here
-                growth.stop()
-            else:
-                growth.fed(logits)
+        logits, row = feed(feeds), 0
+        for growth, made in feeds:
+            growth.fed(logits[row : row + len(made.token_ids)])
+            row += len(made.token_ids)
         active = [growth for growth, _ in feeds if not growth.done]
 
 
