@@ -9,6 +9,7 @@ engine verifies it on the chain fast path (the fused kernel). Proposers never im
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -16,6 +17,8 @@ import torch
 
 from spectoolkit.config import TreeConfig
 from spectoolkit.drafting.tree import TokenTree
+
+BACKLOG_ROWS = 16  # a drafting round first feeds a sequence holding more unfed rows than this, in a forward of its own
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,23 @@ class Drafter(Protocol):
 
 class OwnKV:
     """What the drafters with a KV cache of their own (a draft model, a draft head) share: a state per sequence
-    (``_states``, by id) holding a block table of ``allocator`` over ``pool``; leaving frees its blocks."""
+    (``_states``, by id) holding a block table of ``allocator`` over ``pool``; leaving frees its blocks. A round
+    drafting for a sequence that holds more than :data:`BACKLOG_ROWS` unfed rows (its prompt, or rounds it sat out)
+    first feeds them in a forward of its own, booked as :meth:`upkeep`: what the engine measures of a draft forward
+    is then a draft forward, and the policy prices catch-up per row."""
 
     allocator: object  # a runtime.blocks.BlockAllocator
     pool: object  # a runtime.paged_kv.PagedKVPool
     _states: dict
+    _upkeep: Upkeep = Upkeep()  # spent feeding backlogs so far (an instance rebinds it)
+
+    def upkeep(self) -> Upkeep:
+        return self._upkeep
+
+    def _fed_backlogs(self, rows: int, began: float) -> None:
+        """``rows`` backlog rows were fed since ``began`` (``time.perf_counter``): book them as upkeep."""
+        if rows:
+            self._upkeep = Upkeep(self._upkeep.seconds + time.perf_counter() - began, self._upkeep.rows + rows)
 
     def release(self, seq: Drafting) -> None:
         state = self._states.pop(id(seq), None)

@@ -36,7 +36,7 @@ import time
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import Budget, Drafter, Drafting, OwnKV, Upkeep
+from spectoolkit.drafting.base import BACKLOG_ROWS, Budget, Drafter, Drafting, OwnKV
 from spectoolkit.drafting.model_drafter import draw_next
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.drafting.tree_model import Feed, Growth, grow_trees
@@ -49,7 +49,6 @@ from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import Segment, build_step
 
-BACKLOG_ROWS = 16  # a drafting round first feeds a sequence holding more rows than this, in a forward of its own
 MAX_HELD = 512  # held rows that are fed at once, when handed over, rather than in the next drafting round
 
 
@@ -153,7 +152,6 @@ class EagleDrafter(OwnKV, Drafter):
         self.tree = tree if tree is not None and tree.enabled else None
         self._states: dict[int, _State] = {}
         self.fc = head.head.fc
-        self._upkeep = Upkeep()  # spent feeding backlogs in drafting rounds (the engine keeps it out of draft costs)
 
     def variant(self, stop_below: float | None, tree: TreeConfig | None) -> EagleDrafter:
         return type(self)(self.head, self.allocator, self.chooser, self.eos_ids, stop_below, tree)
@@ -245,9 +243,6 @@ class EagleDrafter(OwnKV, Drafter):
             self._publish(seq, state)
         return sum(count for _, _, count in fed)
 
-    def upkeep(self) -> Upkeep:
-        return self._upkeep
-
     def commit(self, seq: Drafting, num_prefix: int, path: list[int]) -> None:
         state = self._states.get(id(seq))
         if state is not None:  # draft rows are never kept: the accepted tokens are fed again with the target's states
@@ -260,8 +255,7 @@ class EagleDrafter(OwnKV, Drafter):
         rows = self._feed_held(
             [seq for seq, budget in zip(seqs, budgets, strict=True) if budget.nodes > 0], BACKLOG_ROWS
         )
-        if rows:
-            self._upkeep = Upkeep(self._upkeep.seconds + time.perf_counter() - began, self._upkeep.rows + rows)
+        self._fed_backlogs(rows, began)
         if self.tree is not None:
             return self._trees(seqs, budgets)
         return self._chains(seqs, [min(budget.nodes, budget.depth) for budget in budgets])

@@ -3,21 +3,25 @@
 The draft has its own paged KV pool and a block table per sequence (the same KV rule as the target,
 DESIGN §2). Chains: the first ragged forward feeds each sequence's verified tokens the draft has not
 seen (at least the pending one) and drafts one token; each further forward feeds the last draft of
-every sequence still drafting. Trees (``speculate.tree``): the same catch-up forward, then one draft forward
+every sequence still drafting. Trees (``speculate.tree``): the same first forward, then one draft forward
 per depth over the expanded nodes of every sequence's tree together
 (:func:`~spectoolkit.drafting.tree_model.grow_trees`). ``commit`` keeps the verified tokens and the accepted
 path's fed nodes, moved next to them; everything after is forgotten. With
 ``stop_below`` (``speculate.policy=confidence``) a chain ends after the first token whose draft
 probability is below it. When the draft pool is full a sequence simply gets no drafts this round (a tree: no
-deeper nodes).
+deeper nodes). A sequence with more than :data:`~spectoolkit.drafting.base.BACKLOG_ROWS` tokens unseen (its
+prompt, or the rounds the policy kept it from drafting) first has them fed in a forward of their own, booked as
+upkeep (:meth:`~spectoolkit.drafting.base.OwnKV.upkeep`), so what the engine measures of a draft forward is one.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import Budget, Drafter, Drafting, OwnKV
+from spectoolkit.drafting.base import BACKLOG_ROWS, Budget, Drafter, Drafting, OwnKV
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.drafting.tree_model import Feed, Growth, grow_trees
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
@@ -49,9 +53,11 @@ class ModelDrafter(OwnKV, Drafter):
         name: str = "model",
         stop_below: float | None = None,
         tree: TreeConfig | None = None,
+        vocab_ids: torch.Tensor | None = None,
     ) -> None:
         """``tree`` (enabled): trees of its kind (a static one at most ``len(branching)`` deep), within each round's
-        budget."""
+        budget. ``vocab_ids`` [n]: the target id of each of the draft's logits (a head cut to frequent tokens); None:
+        logit i is id i, for ids below ``shared_vocab_size``."""
         self.runner, self.model, self.pool = runner, runner.model, runner.pool
         self.chooser, self.allocator = chooser, allocator
         self.target_vocab_size, self.shared_vocab_size = target_vocab_size, shared_vocab_size
@@ -59,20 +65,45 @@ class ModelDrafter(OwnKV, Drafter):
         self.name = name
         self.stop_below = stop_below  # speculate.policy=confidence: stop a sequence's draft below this top probability
         self.tree = tree if tree is not None and tree.enabled else None
+        self.vocab_ids = vocab_ids
         self._states: dict[int, _DraftState] = {}
 
     def variant(self, stop_below: float | None, tree: TreeConfig | None) -> ModelDrafter:
         """Another arm's drafter on the same runner and pool (arms never run at once; each starts reset)."""
         return type(self)(self.runner, self.chooser, self.allocator, self.target_vocab_size, self.shared_vocab_size,
-                          self.eos_ids, self.name, stop_below, tree)  # fmt: skip
+                          self.eos_ids, self.name, stop_below, tree, self.vocab_ids)  # fmt: skip
 
     def _state(self, seq: Drafting) -> _DraftState:
         return self._states.setdefault(id(seq), _DraftState(self.allocator))
 
+    def backlog(self, seq: Drafting) -> int:
+        """Tokens a round drafting for ``seq`` first feeds in a forward of their own (0: none, or a few the first
+        draft forward takes along)."""
+        state = self._states.get(id(seq))
+        unseen = len(seq.tokens) - (state.num_computed if state is not None else 0)
+        return unseen - 1 if unseen > BACKLOG_ROWS else 0
+
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
+        self._catch_up([seq for seq, budget in zip(seqs, budgets, strict=True) if min(budget.nodes, budget.depth) > 0])
         if self.tree is not None:
             return self._trees(seqs, budgets)
         return self._chains(seqs, [min(budget.nodes, budget.depth) for budget in budgets])
+
+    def _catch_up(self, seqs: list[Drafting]) -> None:
+        """Feed, in one forward of its own, every sequence's unseen tokens but the pending one where it has a backlog
+        (:meth:`backlog`; not if the pool cannot hold them)."""
+        began, segments, fed = time.perf_counter(), [], []
+        for seq in seqs:
+            count, state = self.backlog(seq), self._state(seq)
+            if count and self._reserve(state.table, state.num_computed + count):
+                segments.append(Segment(state.table, seq.tokens[state.num_computed : -1], state.num_computed, []))
+                fed.append((state, count))
+        if not segments:
+            return
+        run_segments(self.runner, segments, "plain")
+        for state, count in fed:
+            state.num_computed += count
+        self._fed_backlogs(sum(count for _, count in fed), began)
 
     def _chains(self, seqs: list[Drafting], lengths: list[int]) -> list[TokenTree]:
         drafts: list[list[int]] = [[] for _ in seqs]
@@ -163,7 +194,7 @@ class ModelDrafter(OwnKV, Drafter):
         state.table.truncate(state.num_computed)
 
     def _aligned(self, logits: torch.Tensor) -> torch.Tensor:
-        return align_logits(logits, self.shared_vocab_size, self.target_vocab_size)
+        return align_logits(logits, self.shared_vocab_size, self.target_vocab_size, self.vocab_ids)
 
     def _fits(self, seq: Drafting, budget: int) -> bool:
         """Reserve draft blocks for the sequence's tokens and its drafts; False (no drafts) when full."""
@@ -178,15 +209,16 @@ class ModelDrafter(OwnKV, Drafter):
 
 def lone_drafter(
     model: torch.nn.Module, chooser, target_vocab_size: int, shared_vocab_size: int, eos_ids: frozenset[int],
-    positions: int, kv_precision: str = "auto", tree: TreeConfig | None = None,
+    positions: int, kv_precision: str = "auto", tree: TreeConfig | None = None, vocab_ids: torch.Tensor | None = None,
 ) -> ModelDrafter:  # fmt: skip
     """A drafter with a pool of its own for one sequence of up to ``positions`` tokens at a time (analytic
-    proofs and tests drive it with :class:`~spectoolkit.drafting.base.Lone`)."""
+    proofs and tests drive it with :class:`~spectoolkit.drafting.base.Lone`); ``vocab_ids``: as
+    :class:`ModelDrafter`'s."""
     blocks = -(-positions // LONE_BLOCK)
     runner = make_runner(model, make_pool(model, kv_precision, blocks * LONE_BLOCK))
     allocator = BlockAllocator(blocks, LONE_BLOCK)
     return ModelDrafter(runner, chooser, allocator, target_vocab_size, shared_vocab_size, eos_ids, "model", None,
-                        tree)  # fmt: skip
+                        tree, vocab_ids)  # fmt: skip
 
 
 def draw_next(drafter, logits: torch.Tensor, generator, drafts: list[int], probs: list, length: int) -> bool:
@@ -208,11 +240,15 @@ def unsure(logits: torch.Tensor, probs: torch.Tensor | None, stop_below: float |
     return float(top) < stop_below
 
 
-def align_logits(logits: torch.Tensor, shared: int, target: int) -> torch.Tensor:
-    """Draft logits [V_draft] -> fp32 [V_target]: ids past the ``shared`` range can never be proposed."""
+def align_logits(logits: torch.Tensor, shared: int, target: int, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Draft logits [V_draft] -> fp32 [V_target]: ids past the ``shared`` range (with ``ids`` [V_draft]: the target id
+    of each logit, ids not in it) can never be proposed."""
     logits = logits.float()
-    if logits.shape[-1] == target and shared == target:
+    if ids is None and logits.shape[-1] == target and shared == target:
         return logits
     aligned = logits.new_full((target,), float("-inf"))
-    aligned[:shared] = logits[:shared]
+    if ids is None:
+        aligned[:shared] = logits[:shared]
+    else:
+        aligned[ids] = logits
     return aligned

@@ -7,8 +7,10 @@ import copy
 import pytest
 import torch
 
-from spectoolkit.config import SamplingConfig
-from spectoolkit.drafting import Budget, Lone, ModelDrafter, TokenTree, lone_drafter
+from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.drafting import Budget, Lone, ModelDrafter, TokenTree, lone_drafter, model_drafter
+from spectoolkit.drafting.base import BACKLOG_ROWS, Upkeep
+from spectoolkit.models.float_model import keep_output_rows
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.sampling import GreedyChooser, make_chooser
@@ -27,9 +29,11 @@ def draft_model() -> torch.nn.Module:
     return tiny_llama(vocab_size=VOCAB, seed=4, scale=4.0)
 
 
-def _drafter(model: torch.nn.Module, chooser=None, shared: int = VOCAB) -> tuple[ModelDrafter, list[list[int]]]:
+def _drafter(
+    model: torch.nn.Module, chooser=None, shared: int = VOCAB, tree: TreeConfig | None = None
+) -> tuple[ModelDrafter, list[list[int]]]:
     """A greedy drafter for lone sequences whose runner records the token ids of every forward it runs."""
-    drafter = lone_drafter(model, chooser or GreedyChooser(), VOCAB, shared, EOS_IDS, POSITIONS)
+    drafter = lone_drafter(model, chooser or GreedyChooser(), VOCAB, shared, EOS_IDS, POSITIONS, tree=tree)
     assert drafter.runners() == {"draft": drafter.runner}  # guard: the runner recorded is the one it drives
     feeds: list[list[int]] = []
     original = drafter.runner.forward
@@ -68,6 +72,27 @@ def test_first_propose_feeds_the_whole_prompt(draft_model):
     assert len(proposal) == 3 and proposal.draft_probs is None
     assert feeds == [tokens, proposal.token_ids[:1], proposal.token_ids[1:2]]  # the last draft is not fed
     assert _num_computed(drafter, seq) == len(tokens) + 2
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_a_backlog_is_fed_apart_and_booked_as_upkeep(draft_model, tree, monkeypatch):
+    """A prompt longer than BACKLOG_ROWS is fed, but its pending token, in a forward of its own before the first
+    draft forward (which then feeds one token, as every later one does); the rows and seconds are the drafter's
+    upkeep, its backlog says how many, and the drafts equal those of a drafter that feeds the prompt along."""
+    config = TreeConfig(kind="static", branching=(2, 1, 1), max_nodes=4) if tree else None
+    drafter, feeds = _drafter(draft_model, tree=config)
+    long = Lone([(5 * i + 3) % VOCAB for i in range(3 * BACKLOG_ROWS)] + [PENDING])
+    assert drafter.backlog(long) == len(long.tokens) - 1 and drafter.backlog(Lone(PROMPT + [PENDING])) == 0
+    assert drafter.upkeep() == Upkeep()
+    (proposal,) = drafter.propose([long], [Budget(3, 3)])
+    assert feeds[0] == long.tokens[:-1] and feeds[1] == long.tokens[-1:]
+    assert drafter.upkeep().rows == len(long.tokens) - 1 and drafter.upkeep().seconds > 0
+    assert drafter.backlog(long) == 0
+    monkeypatch.setattr(model_drafter, "BACKLOG_ROWS", len(long.tokens))
+    along, feeds = _drafter(draft_model, tree=config)
+    (expected,) = along.propose([Lone(list(long.tokens))], [Budget(3, 3)])
+    assert feeds[0] == long.tokens and along.upkeep() == Upkeep()  # control: the prompt went along
+    assert proposal.token_ids == expected.token_ids and proposal.parents == expected.parents
 
 
 @pytest.mark.parametrize("forget", ["release", "reset"])
@@ -188,3 +213,27 @@ def test_ids_past_the_shared_vocab_are_never_proposed(draft_model):
             assert (proposal.draft_probs[:, shared:] == 0).all()
     raw = lone_sequence(boosted).forward(PROMPT + [PENDING], last_only=True)  # [V]
     assert int(torch.argmax(raw)) >= shared  # guard: the mask is what keeps them out
+
+
+def test_a_head_cut_to_frequent_tokens_drafts_the_best_of_them(draft_model):
+    """draft.head_vocab: the cut head's logits are the kept rows' logits; the drafter proposes only kept ids, greedy
+    the best of them, and when sampling q is the kept tokens' distribution scattered into the target vocabulary."""
+    kept = torch.tensor(sorted({*range(1, VOCAB, 3), EOS}))
+    cut = copy.deepcopy(draft_model)
+    keep_output_rows(cut, kept)
+    tokens = PROMPT + [PENDING]
+    raw = lone_sequence(draft_model).forward(tokens, last_only=True)  # [V]
+    assert int(torch.argmax(raw)) not in kept.tolist()  # guard: the whole head would propose another token
+    assert torch.equal(lone_sequence(cut).forward(tokens, last_only=True), raw[kept])
+    for chooser in (GreedyChooser(), make_chooser(SamplingConfig(temperature=1.0))):
+        drafter = lone_drafter(cut, chooser, VOCAB, VOCAB, EOS_IDS, POSITIONS, vocab_ids=kept)
+        proposal = _propose(drafter, Lone(list(tokens), torch.Generator().manual_seed(2)), 5)
+        assert set(proposal.token_ids) <= set(kept.tolist())
+        if proposal.draft_probs is None:
+            assert proposal.token_ids[0] == int(kept[torch.argmax(raw[kept])])
+        else:
+            outside = torch.ones(VOCAB, dtype=torch.bool)
+            outside[kept] = False
+            assert proposal.draft_probs.shape == (len(proposal), VOCAB)
+            assert (proposal.draft_probs[:, outside] == 0).all()
+            assert torch.allclose(proposal.draft_probs[0, kept], torch.softmax(raw[kept], dim=-1), atol=1e-6)

@@ -441,10 +441,14 @@ def test_model_trees_grow_depth_by_depth_across_the_batch(target, draft, batch, 
     drafter = _drafter("model", draft, tree, num_blocks=400)
     inner = drafter.inner
     forwards: list[list[int]] = []  # per propose: the tree segments of each draft forward (0: the catch-up)
+    backlogs: list[int] = []  # rows of the forwards that feed a backlog apart (no logits: upkeep, not drafting)
     forward, propose = inner.runner.forward, inner.propose
 
     def counted_forward(step):
-        forwards[-1].append(sum(visible is not None for visible in step.visible))
+        if len(step.logit_rows) == 0:
+            backlogs.append(len(step.token_ids))
+        else:
+            forwards[-1].append(sum(visible is not None for visible in step.visible))
         return forward(step)
 
     def counted_propose(seqs, budgets):
@@ -462,6 +466,7 @@ def test_model_trees_grow_depth_by_depth_across_the_batch(target, draft, batch, 
     assert all(calls[0] == 0 for calls in forwards if calls)  # the catch-up is a causal chain per sequence
     together = max(max(calls[1:], default=0) for calls in forwards)
     assert together <= 1 if concurrency == 1 else together > 1, together  # several sequences' trees in one forward
+    assert sum(backlogs) == inner.upkeep().rows
     assert helpers.all_free(eng) and drafter.kv_bytes() == 0
 
 
