@@ -104,6 +104,8 @@ class DraftConfig:
     suffix_cache_tokens: int = 65536  # kind=suffix: earlier outputs kept in the global trie (0: none)
     eagle_path: str | None = None  # kind=eagle/hybrid: a trained head's directory (None: train the default one, cached)
     hybrid_with: str = "eagle"  # kind=hybrid: suffix decoding beside eagle (the head) or model (the draft model)
+    head_vocab: int | None = None  # draft model (float, rtn-*): its lm_head keeps the head_vocab tokens most frequent
+    # in calibration text, so a draft step computes that many logits (FR-Spec); it never proposes the others. None: all
 
     def __post_init__(self) -> None:
         _one_of("draft.kind", self.kind, DRAFT_KINDS)
@@ -118,6 +120,8 @@ class DraftConfig:
             _one_of("draft.precision", self.precision, MODEL_PRECISIONS)
             _check_activations("draft.activations", self.activations, self.precision)
         _check_group_size("draft.group_size", self.group_size)
+        _require(self.head_vocab is None or (_number(self.head_vocab, int) and self.head_vocab >= 1),
+                 f"draft.head_vocab={self.head_vocab} must be a token count >= 1 (e.g. 32768) or null")  # fmt: skip
         _require(1 <= self.ngram_min <= self.ngram_max, "draft.ngram_min must be >= 1 and <= draft.ngram_max")
         _require(self.skip_every >= 2, f"draft.skip_every={self.skip_every} must be >= 2 (2: every other layer)")
         _require(
@@ -138,8 +142,10 @@ class DraftConfig:
 
     @property
     def model_name(self) -> str:
-        """The drafter's name for a draft model: ``model-rtn-int4`` (``+qhead``: its lm_head quantized too)."""
-        return f"model-{self.precision}" + ("+qhead" if self.quantize_head else "")
+        """The drafter's name for a draft model: ``model-rtn-int4`` (``+qhead``: its lm_head quantized too; ``+v32768``:
+        its head kept to that many tokens)."""
+        vocab = f"+v{self.head_vocab}" if self.head_vocab is not None else ""
+        return f"model-{self.precision}" + ("+qhead" if self.quantize_head else "") + vocab
 
 
 @dataclass(frozen=True)

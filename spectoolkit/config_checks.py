@@ -27,11 +27,12 @@ from typing import Any, Literal
 
 from spectoolkit.config import MAX_TREE_NODES, RunConfig, drafter_kinds
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.precisions import QUANT_PRECISIONS
+from spectoolkit.precisions import FLOAT_PRECISIONS, QUANT_PRECISIONS
 
 Entry = Literal["run", "serve"]  # python -m spectoolkit | python -m spectoolkit.serve
 GROUPWISE = ("rtn-int8", "rtn-int4", "int4")  # precisions that quantize in groups of group_size (quant backends)
 HEAD_QUANTIZING = ("rtn-int8", "rtn-int4")  # draft models whose lm_head draft.quantize_head can quantize
+HEAD_PRUNING = (*FLOAT_PRECISIONS, *HEAD_QUANTIZING)  # draft models whose lm_head draft.head_vocab can cut
 HYDRA_GROUPS = ("experiment", "hydra")  # undotted override keys that choose files, besides the config sections
 SERVE_LOAD = ("enabled", "rate", "requests_per_level", "warmup_requests", "slo_ttft_ms", "slo_tpot_ms", "step_log")
 SERVE_ENGINE = ("concurrency", "max_num_tokens", "max_num_seqs", "max_kv_tokens", "block_size", "spec_max_batch",
@@ -191,6 +192,10 @@ RULES: tuple[Rule, ...] = (
     # the drafter's own keys
     *_rows(("draft.precision", "draft.quantize_head", "model.draft_path"), lambda c, e: _drafts_with_model(c),
            _NO_DRAFT_MODEL, "choose one with +draft=<precision>"),
+    Rule("draft.head_vocab", lambda c, e: _drafts_with_model(c), _NO_DRAFT_MODEL, "choose one with +draft=<precision>"),
+    Rule("draft.head_vocab", lambda c, e: c.draft.precision in HEAD_PRUNING,
+         "on a {cfg.draft.precision} draft model (its lm_head comes quantized by its own backend)",
+         "use a float or rtn-* draft (+draft=bf16, +draft=rtn-int4)"),
     Rule("draft.quantize_head", lambda c, e: c.draft.precision in HEAD_QUANTIZING or not c.draft.quantize_head,
          "on a {cfg.draft.precision} draft model (only rtn-* quantize their lm_head)",
          "use +draft=rtn-int8 or +draft=rtn-int4"),

@@ -27,3 +27,21 @@ def load_float_model(location: str, precision: str, device: torch.device):
         ) from None
     model.to(device).eval()
     return model
+
+
+def keep_output_rows(model: torch.nn.Module, token_ids: torch.Tensor) -> None:
+    """Cut ``model``'s output projection to the rows of ``token_ids`` [n] (ascending target ids): its logits are then
+    those n tokens' (a draft that only proposes them computes n/V of the head). The new head is untied from the
+    input embeddings, which stay whole."""
+    head = model.get_output_embeddings()
+    ids = token_ids.to(head.weight.device)
+    if len(ids) and int(ids.max()) >= head.out_features:
+        raise SpecToolkitError(f"token id {int(ids.max())} is past the draft's {head.out_features} output rows")
+    kept = torch.nn.Linear(head.in_features, len(ids), bias=head.bias is not None, device=ids.device,
+                           dtype=head.weight.dtype)  # fmt: skip
+    with torch.no_grad():
+        kept.weight.copy_(head.weight[ids])
+        if head.bias is not None:
+            kept.bias.copy_(head.bias[ids])
+    model.config.get_text_config().tie_word_embeddings = False
+    model.set_output_embeddings(kept.eval())

@@ -16,13 +16,18 @@ _BACKEND_MODULES = {
 }  # fmt: skip
 
 
-HEAD_QUANTIZING = ("rtn-int8", "rtn-int4")  # backends that can quantize the output projection too
+HEAD_QUANTIZING = ("rtn-int8", "rtn-int4")  # backends that can quantize (or cut) the output projection too
 
 
-def load_quantized(path: str, precision: str, device, group_size: int, quantize_head: bool = False) -> torch.nn.Module:
+def load_quantized(
+    path: str, precision: str, device, group_size: int, quantize_head: bool = False,
+    head_rows: torch.Tensor | None = None,
+) -> torch.nn.Module:  # fmt: skip
     """Load ``path`` quantized to ``precision`` with its backend (imported only when used); ``quantize_head``
-    quantizes ``lm_head`` too (RTN backends only: the caller checks)."""
+    quantizes ``lm_head`` too, ``head_rows`` (target ids) keeps only those rows of it (RTN backends only: the caller
+    checks)."""
     module = import_module(f"spectoolkit.quant.{_BACKEND_MODULES[precision]}")
-    if quantize_head:
-        return module.load_quantized(path, precision, device, group_size, quantize_lm_head=True)
+    if quantize_head or head_rows is not None:
+        return module.load_quantized(path, precision, device, group_size, quantize_lm_head=quantize_head,
+                                     head_rows=head_rows)  # fmt: skip
     return module.load_quantized(path, precision, device, group_size)

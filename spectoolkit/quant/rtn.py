@@ -260,18 +260,25 @@ def quantize_model_rtn(model: nn.Module, cfg: RtnConfig, skip: tuple[str, ...] =
 
 
 def load_quantized(
-    path: str | None, precision: str, device, group_size: int, *, quantize_lm_head: bool = False
+    path: str | None,
+    precision: str,
+    device,
+    group_size: int,
+    *,
+    quantize_lm_head: bool = False,
+    head_rows: torch.Tensor | None = None,
 ) -> nn.Module:
     """Load ``path`` (None: the embedded model) and RTN-quantize its linears (``rtn-int8``/``rtn-int4``).
 
     The checkpoint is loaded at :data:`BASE_PRECISION` (fp32: a bf16 base measured no faster on the
     CPU and adds error outside the linears) with the fp32 CPU GEMM path for layers left in float;
     quantized layers compute in bf16 on the CPU (module docstring). ``quantize_lm_head`` also
-    quantizes the output projection (see :func:`quantize_model_rtn` for why it is off by default).
+    quantizes the output projection (see :func:`quantize_model_rtn` for why it is off by default); ``head_rows``
+    (target ids) cuts it to those rows first (:func:`~spectoolkit.models.float_model.keep_output_rows`).
     """
     # Here, not at the top: the model modules import transformers, which
     # ``import spectoolkit.quant.rtn`` (the kernels' tests, the CPU linears) does not need.
-    from spectoolkit.models.float_model import load_float_model
+    from spectoolkit.models.float_model import keep_output_rows, load_float_model
     from spectoolkit.models.paths import resolve_device, resolve_path
 
     if precision not in PRECISION_BITS:
@@ -279,5 +286,7 @@ def load_quantized(
     cfg = RtnConfig(PRECISION_BITS[precision], group_size)
     device = resolve_device(device) if isinstance(device, str) else device
     model = load_float_model(resolve_path(path), BASE_PRECISION, device)
+    if head_rows is not None:
+        keep_output_rows(model, head_rows)
     quantize_model_rtn(model, cfg, skip=() if quantize_lm_head else ("lm_head",))
     return model

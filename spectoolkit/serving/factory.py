@@ -65,4 +65,5 @@ def batched_drafter(cfg: RunConfig, models, slots: int):
     allocator = BlockAllocator(blocks, cfg.serve.block_size)
     name, chooser = draft_model_name(cfg.draft, draft.model, target.model), make_chooser(cfg.sampling)
     runner = make_runner(draft.model, pool, cfg.runtime.compiled)
-    return ModelDrafter(runner, chooser, allocator, target.vocab_size, shared, models.eos_ids, name, None, tree)
+    return ModelDrafter(runner, chooser, allocator, target.vocab_size, shared, models.eos_ids, name, None, tree,
+                        draft.vocab_ids)  # fmt: skip

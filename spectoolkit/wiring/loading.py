@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spectoolkit.config_checks import HEAD_PRUNING
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.kernels.kernel_choice import choose_kernels
-from spectoolkit.models.float_model import DTYPES, load_float_model
+from spectoolkit.models.eagle3_head import draft_vocabulary
+from spectoolkit.models.float_model import DTYPES, keep_output_rows, load_float_model
 from spectoolkit.models.paths import resolve_path
 from spectoolkit.precisions import precision_label, resolve_activations
 from spectoolkit.quant import QUANT_PRECISIONS
@@ -35,6 +37,7 @@ class LoadedModel:
     kernels: dict[str, str] = field(default_factory=dict)  # linear kind/shape -> "packed" or its kernel variant
     shared: bool = False  # its weights are another loaded model's (a layer-skip draft): no extra bytes
     activations: str = "float"  # "int8": its integer layers run integer dot products (precisions.ACTIVATIONS)
+    vocab_ids: torch.Tensor | None = None  # the target id of each output row, where its head was cut; None: row i is i
 
     @property
     def label(self) -> str:
@@ -61,6 +64,17 @@ class LoadedModel:
         return total
 
 
+def frequent_tokens(tokenizer, size: int, vocab_size: int, keep: frozenset[int]) -> torch.Tensor:
+    """The ``size`` token ids most frequent in the workload calibration text (the texts GPTQ calibrates on: ShareGPT
+    chats and HumanEval solutions, disjoint from the prompts runs read; ties: the smaller id), with ``keep`` (the end
+    ids) added, ascending: what a draft head cut to ``draft.head_vocab`` tokens keeps (FR-Spec's frequency ranking)."""
+    from spectoolkit.quant.gptq import MAX_CALIBRATION_SAMPLES, calibration_texts
+
+    texts = calibration_texts(MAX_CALIBRATION_SAMPLES)
+    ids = draft_vocabulary([tokenizer(text)["input_ids"] for text in texts], min(size, vocab_size), vocab_size)
+    return torch.tensor(sorted(set(ids.tolist()) | {token for token in keep if token < vocab_size}))
+
+
 def load_tokenizer(path: str | None):
     """The tokenizer of ``path`` (see :func:`~spectoolkit.models.paths.resolve_path`)."""
     from transformers import AutoTokenizer
@@ -81,6 +95,7 @@ def load_model(
     widths: tuple[int, ...] = (1, 5),
     quantize_head: bool = False,
     activations: str | None = None,
+    head_rows: torch.Tensor | None = None,
 ) -> LoadedModel:
     """Load ``path`` at ``precision`` onto ``device``, in eval mode.
 
@@ -95,6 +110,9 @@ def load_model(
     ``quantize_head``: quantize the output projection too (``rtn-int8``/``rtn-int4`` only). ``activations``:
     ``int8`` runs every integer layer with integer dot products (packed whatever ``kernels`` says: only our kernel
     computes them), ``float`` or None the precision's default (:func:`~spectoolkit.precisions.resolve_activations`).
+    ``head_rows`` (ascending token ids; float and ``rtn-*`` only): the output projection keeps only those rows, cut
+    before it is quantized (:func:`~spectoolkit.models.float_model.keep_output_rows`); the model's logits are then
+    those tokens' (``vocab_ids``).
     """
     if quantize_head and precision not in HEAD_QUANTIZING:
         raise SpecToolkitError(
@@ -103,11 +121,15 @@ def load_model(
         )
     if precision not in DTYPES and precision not in QUANT_PRECISIONS:
         raise SpecToolkitError(f"precision '{precision}' is not one of {', '.join((*DTYPES, *QUANT_PRECISIONS))}")
+    if head_rows is not None and precision not in HEAD_PRUNING:
+        raise SpecToolkitError(f"a draft head cut to fewer tokens needs a float or rtn-* draft, not '{precision}'")
     location = resolve_path(path)
     if precision in QUANT_PRECISIONS:
-        model = load_quantized(location, precision, device, group_size, quantize_head)
+        model = load_quantized(location, precision, device, group_size, quantize_head, head_rows)
     else:
         model = load_float_model(location, precision, device)
+        if head_rows is not None:
+            keep_output_rows(model, head_rows)
     activations = resolve_activations(precision, activations)
     if activations == "int8" and torch.device(device).type != "cpu":
         raise SpecToolkitError(f"int8 activations run on our CPU kernels, not on {torch.device(device).type}: use "
@@ -118,4 +140,4 @@ def load_model(
     if kernels is not None:
         chosen |= choose_kernels(model, kernels, widths, step=model_step(model))
     vocab = model.get_output_embeddings().out_features
-    return LoadedModel(model, location, precision, vocab, chosen, activations=activations)
+    return LoadedModel(model, location, precision, vocab, chosen, activations=activations, vocab_ids=head_rows)

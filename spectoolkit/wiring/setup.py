@@ -24,7 +24,7 @@ from spectoolkit.models.layer_skip import kept_layers, layer_skip_model
 from spectoolkit.policy import DraftLengthPolicy, make_policy
 from spectoolkit.precisions import QUANT_PRECISIONS
 from spectoolkit.serving.one import Engine
-from spectoolkit.wiring.loading import LoadedModel, load_model, load_tokenizer
+from spectoolkit.wiring.loading import LoadedModel, frequent_tokens, load_model, load_tokenizer
 from spectoolkit.wiring.one_engine import OneEngines
 
 
@@ -165,7 +165,7 @@ def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
                         activations=cfg.target.activations)  # fmt: skip
     eos_ids = eos_ids_of(tokenizer, target.model)
     model_drafts = "model" in drafter_kinds(cfg)  # +draft=<precision>, or the hybrid with draft.hybrid_with=model
-    draft, warnings = _load_draft(cfg, target, device) if model_drafts else (None, [])
+    draft, warnings = _load_draft(cfg, target, device, tokenizer, eos_ids) if model_drafts else (None, [])
     if cfg.draft.kind == "skip":
         draft = skip_draft(cfg, target)
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
@@ -277,9 +277,10 @@ _ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": 
              "drafters": _drafters}  # fmt: skip
 
 
-def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
+def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device, tokenizer, eos_ids: frozenset[int]):
     """Load the draft model (``kind=model``, or the hybrid's with ``hybrid_with=model``: the same model at the same
-    precision); a different checkpoint must pass the compat check first."""
+    precision), its head cut to ``draft.head_vocab`` frequent tokens if asked; a different checkpoint must pass the
+    compat check first."""
     draft_path = cfg.model.draft_path or cfg.model.target_path
     warnings = []
     if cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path:
@@ -287,8 +288,10 @@ def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device):
         if not report.compatible:
             raise SpecToolkitError(report.message())
         warnings = report.warnings
+    vocab = cfg.draft.head_vocab
+    rows = frequent_tokens(tokenizer, vocab, target.vocab_size, eos_ids) if vocab is not None else None
     draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, _kernel_mode(cfg), (1, 2),
-                       cfg.draft.quantize_head, cfg.draft.activations)  # fmt: skip
+                       cfg.draft.quantize_head, cfg.draft.activations, rows)  # fmt: skip
     return draft, warnings
 
 

@@ -274,7 +274,8 @@ def test_the_factory_pairs_suffix_decoding_with_the_loaded_draft_model(target):
     cfg = RunConfig(draft=DraftConfig(kind="hybrid", hybrid_with="model"))
     draft = helpers.noisy_target(0.2, seed=5)
     models = SimpleNamespace(
-        target=SimpleNamespace(model=target, vocab_size=VOCAB), draft=SimpleNamespace(model=draft, vocab_size=VOCAB),
+        target=SimpleNamespace(model=target, vocab_size=VOCAB),
+        draft=SimpleNamespace(model=draft, vocab_size=VOCAB, vocab_ids=None),
         eos_ids=EOS_IDS,
     )  # fmt: skip
     drafter = batched_drafter(cfg, models, 64 * cfg.serve.block_size)

@@ -10,7 +10,7 @@ from spectoolkit.kernels.cpu_linear import PackedLinear, fully_packed
 from spectoolkit.kernels.kernel_choice import BY_NAME, ChunkedForward, linear_layers
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.tiny import save_tiny_llama
-from spectoolkit.wiring.loading import load_model
+from spectoolkit.wiring.loading import frequent_tokens, load_model, load_tokenizer
 
 
 def test_resolve_path_errors(tmp_path, monkeypatch):
@@ -89,3 +89,33 @@ def test_int8_activation_logits_are_the_same_bits_on_every_path(tmp_path, monkey
     for path, (five, one) in logits.items():
         assert torch.equal(five, first[0]) and torch.equal(one, first[1]), path
         assert torch.equal(one[0, 0], five[0, 0]), path  # a row alone is the row in company
+
+
+@pytest.mark.parametrize("precision", ["fp32", "rtn-int4"])
+def test_a_draft_head_cut_to_some_tokens_computes_their_logits(tmp_path, precision):
+    """draft.head_vocab: the head keeps the given rows, cut before it is quantized (rtn-* with its head quantized
+    too), and the logits are the whole head's at those ids (fp32: the same bits); gguf refuses."""
+    directory = save_tiny_llama(tmp_path / "tiny", vocab_size=96)
+    rows = torch.tensor([2, 5, 7, 40, 95])
+    whole = load_model(str(directory), precision, torch.device("cpu"), quantize_head=precision != "fp32")
+    cut = load_model(str(directory), precision, torch.device("cpu"), quantize_head=precision != "fp32", head_rows=rows)
+    assert cut.vocab_size == len(rows) and torch.equal(cut.vocab_ids, rows) and whole.vocab_ids is None
+    assert cut.weight_bytes() < whole.weight_bytes()
+    ids = torch.tensor([[1, 9, 33, 4, 60]])
+    full, kept = whole.model(input_ids=ids).logits[0, -1], cut.model(input_ids=ids).logits[0, -1]
+    assert kept.shape == (len(rows),)
+    assert torch.equal(kept, full[rows]) if precision == "fp32" else torch.allclose(kept, full[rows], atol=0.05)
+    with pytest.raises(SpecToolkitError, match="float or rtn"):
+        load_model(str(directory), "gguf", torch.device("cpu"), head_rows=rows)
+
+
+def test_frequent_tokens_rank_the_calibration_text():
+    """The head's rows: ascending ids, the end ids kept, the most frequent calibration tokens in (a space-led word
+    and newlines in ShareGPT and code are), ids never seen in a small vocabulary only to fill up."""
+    tokenizer = load_tokenizer(None)
+    eos = frozenset({tokenizer.eos_token_id})
+    ids = frequent_tokens(tokenizer, 512, len(tokenizer), eos)
+    assert ids.tolist() == sorted(set(ids.tolist())) and tokenizer.eos_token_id in ids.tolist()
+    assert len(ids) in (512, 513)
+    common = tokenizer(" the\n")["input_ids"]
+    assert set(common) <= set(ids.tolist())
