@@ -9,10 +9,13 @@ test asserts *which* k is chosen the costs are pinned to a seeded curve (tiny-mo
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from spectoolkit.drafting import ModelDrafter, NgramDrafter
+from spectoolkit.drafting.base import BACKLOG_ROWS
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
@@ -168,3 +171,31 @@ def test_fixed_policy_allocates_in_running_order(target, batch, references):
     assert helpers.outputs(done) == {str(i): references[str(i)] for i in range(3)}
     assert plans[1] == {"0": 4, "1": 2, "2": 0}  # the first decode step: all three may draft γ
     assert all(sum(plan.values()) <= 6 for plan in plans)
+
+
+def test_a_draft_models_catch_up_is_priced_apart_from_its_draft_forwards(target, batch, references):
+    """A prompt longer than BACKLOG_ROWS is fed to the draft model in a forward of its own (made slow here): the
+    policy hears of it per row (``observe_catch_up``) and its draft time holds draft forwards only. (Booked as a
+    draft forward, one prompt's catch-up made drafting look too dear to ever start again: on the pair the adaptive
+    policy stopped drafting after its first round.)"""
+    policy = AdaptivePolicy(GAMMA, 0.9, 8)
+    drafter = _model_drafter(helpers.noisy_target(0.2, seed=5))
+    forward = drafter.runner.forward
+
+    def slow_catch_up(step):
+        if len(step.logit_rows) == 0:  # a backlog's forward: no logits wanted
+            time.sleep(0.2)
+        return forward(step)
+
+    drafter.runner.forward = slow_catch_up
+    caught_up, draft_seconds = [], []
+    observe_catch_up, observe_step = policy.observe_catch_up, policy.observe_step
+    policy.observe_catch_up = lambda rows, seconds: caught_up.append((rows, seconds)) or observe_catch_up(rows, seconds)
+    policy.observe_step = lambda *args: draft_seconds.append(args[3]) or observe_step(*args)
+    eng = _engine(target, drafter, policy)
+    done = helpers.run(eng, helpers.requests(batch, MAX_NEW))
+    assert helpers.outputs(done) == references
+    assert caught_up and sum(rows for rows, _ in caught_up) == drafter.upkeep().rows
+    assert sum(rows for rows, _ in caught_up) >= sum(len(p) for p in batch if len(p) >= BACKLOG_ROWS)
+    assert all(seconds >= 0.2 for _, seconds in caught_up)
+    assert draft_seconds and max(draft_seconds) < 0.1 and policy.draft_cost.per_forward < 0.05
