@@ -140,6 +140,12 @@ class OwnKV:
     def upkeep(self) -> Upkeep:
         return self._upkeep
 
+    @staticmethod
+    def _backlog(unfed: int) -> int:
+        """The rows a round feeds apart for a sequence holding ``unfed`` (all but the last, the round's first draft
+        row), if more than :data:`BACKLOG_ROWS`; else 0 (the draft forward takes them along)."""
+        return unfed - 1 if unfed > BACKLOG_ROWS else 0
+
     def _fed_backlogs(self, rows: int, began: float) -> None:
         """``rows`` backlog rows were fed since ``began`` (``time.perf_counter``): book them as upkeep."""
         if rows:

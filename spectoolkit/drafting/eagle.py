@@ -217,7 +217,7 @@ class EagleDrafter(OwnKV, Drafter):
         """Rows a round drafting for ``seq`` first feeds in a forward of its own (0: none, or a few the draft forward
         takes along)."""
         state = self._states.get(id(seq))
-        return state.pending - 1 if state is not None and state.pending > BACKLOG_ROWS else 0
+        return self._backlog(state.pending) if state is not None else 0
 
     def _feed_held(self, seqs: list[Drafting], more_than: int) -> int:
         """Feed, in one head forward, every sequence of ``seqs`` holding more than ``more_than`` rows: its rows whose

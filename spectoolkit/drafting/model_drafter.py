@@ -21,7 +21,7 @@ import time
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import BACKLOG_ROWS, Budget, Drafter, Drafting, OwnKV
+from spectoolkit.drafting.base import Budget, Drafter, Drafting, OwnKV
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.drafting.tree_model import Feed, Growth, grow_trees
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
@@ -80,8 +80,7 @@ class ModelDrafter(OwnKV, Drafter):
         """Tokens a round drafting for ``seq`` first feeds in a forward of their own (0: none, or a few the first
         draft forward takes along)."""
         state = self._states.get(id(seq))
-        unseen = len(seq.tokens) - (state.num_computed if state is not None else 0)
-        return unseen - 1 if unseen > BACKLOG_ROWS else 0
+        return self._backlog(len(seq.tokens) - (state.num_computed if state is not None else 0))
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
         self._catch_up([seq for seq, budget in zip(seqs, budgets, strict=True) if min(budget.nodes, budget.depth) > 0])

@@ -14,8 +14,9 @@ from spectoolkit.errors import SpecToolkitError, first_line
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def load_float_model(location: str, precision: str, device: torch.device):
-    """The HF causal LM at ``location`` in fp32/bf16/fp16 on ``device`` (eval)."""
+def load_float_model(location: str, precision: str, device: torch.device, head_rows: torch.Tensor | None = None):
+    """The HF causal LM at ``location`` in fp32/bf16/fp16 on ``device`` (eval); with ``head_rows`` (ascending token
+    ids) its output projection cut to those rows (:func:`keep_output_rows`), before any backend quantizes it."""
     from transformers import AutoModelForCausalLM
 
     try:
@@ -26,6 +27,8 @@ def load_float_model(location: str, precision: str, device: torch.device):
             "(offline: pass a local directory with model.target_path=DIR / model.draft_path=DIR)"
         ) from None
     model.to(device).eval()
+    if head_rows is not None:
+        keep_output_rows(model, head_rows)
     return model
 
 

@@ -274,19 +274,17 @@ def load_quantized(
     CPU and adds error outside the linears) with the fp32 CPU GEMM path for layers left in float;
     quantized layers compute in bf16 on the CPU (module docstring). ``quantize_lm_head`` also
     quantizes the output projection (see :func:`quantize_model_rtn` for why it is off by default); ``head_rows``
-    (target ids) cuts it to those rows first (:func:`~spectoolkit.models.float_model.keep_output_rows`).
+    (target ids) cuts it to those rows first (:func:`~spectoolkit.models.float_model.load_float_model`).
     """
     # Here, not at the top: the model modules import transformers, which
     # ``import spectoolkit.quant.rtn`` (the kernels' tests, the CPU linears) does not need.
-    from spectoolkit.models.float_model import keep_output_rows, load_float_model
+    from spectoolkit.models.float_model import load_float_model
     from spectoolkit.models.paths import resolve_device, resolve_path
 
     if precision not in PRECISION_BITS:
         raise SpecToolkitError(f"precision '{precision}' is not an RTN precision ({', '.join(PRECISION_BITS)})")
     cfg = RtnConfig(PRECISION_BITS[precision], group_size)
     device = resolve_device(device) if isinstance(device, str) else device
-    model = load_float_model(resolve_path(path), BASE_PRECISION, device)
-    if head_rows is not None:
-        keep_output_rows(model, head_rows)
+    model = load_float_model(resolve_path(path), BASE_PRECISION, device, head_rows)
     quantize_model_rtn(model, cfg, skip=() if quantize_lm_head else ("lm_head",))
     return model

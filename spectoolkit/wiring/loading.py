@@ -16,7 +16,7 @@ from spectoolkit.config_checks import HEAD_PRUNING
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.eagle3_head import draft_vocabulary
-from spectoolkit.models.float_model import DTYPES, keep_output_rows, load_float_model
+from spectoolkit.models.float_model import DTYPES, load_float_model
 from spectoolkit.models.paths import resolve_path
 from spectoolkit.precisions import precision_label, resolve_activations
 from spectoolkit.quant import QUANT_PRECISIONS
@@ -111,7 +111,7 @@ def load_model(
     ``int8`` runs every integer layer with integer dot products (packed whatever ``kernels`` says: only our kernel
     computes them), ``float`` or None the precision's default (:func:`~spectoolkit.precisions.resolve_activations`).
     ``head_rows`` (ascending token ids; float and ``rtn-*`` only): the output projection keeps only those rows, cut
-    before it is quantized (:func:`~spectoolkit.models.float_model.keep_output_rows`); the model's logits are then
+    before it is quantized (:func:`~spectoolkit.models.float_model.load_float_model`); the model's logits are then
     those tokens' (``vocab_ids``).
     """
     if quantize_head and precision not in HEAD_QUANTIZING:
@@ -127,9 +127,7 @@ def load_model(
     if precision in QUANT_PRECISIONS:
         model = load_quantized(location, precision, device, group_size, quantize_head, head_rows)
     else:
-        model = load_float_model(location, precision, device)
-        if head_rows is not None:
-            keep_output_rows(model, head_rows)
+        model = load_float_model(location, precision, device, head_rows)
     activations = resolve_activations(precision, activations)
     if activations == "int8" and torch.device(device).type != "cpu":
         raise SpecToolkitError(f"int8 activations run on our CPU kernels, not on {torch.device(device).type}: use "

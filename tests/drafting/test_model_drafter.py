@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spectoolkit.config import SamplingConfig, TreeConfig
-from spectoolkit.drafting import Budget, Lone, ModelDrafter, TokenTree, lone_drafter, model_drafter
+from spectoolkit.drafting import Budget, Lone, ModelDrafter, TokenTree, base, lone_drafter
 from spectoolkit.drafting.base import BACKLOG_ROWS, Upkeep
 from spectoolkit.models.float_model import keep_output_rows
 from spectoolkit.models.tiny import tiny_llama
@@ -88,7 +88,7 @@ def test_a_backlog_is_fed_apart_and_booked_as_upkeep(draft_model, tree, monkeypa
     assert feeds[0] == long.tokens[:-1] and feeds[1] == long.tokens[-1:]
     assert drafter.upkeep().rows == len(long.tokens) - 1 and drafter.upkeep().seconds > 0
     assert drafter.backlog(long) == 0
-    monkeypatch.setattr(model_drafter, "BACKLOG_ROWS", len(long.tokens))
+    monkeypatch.setattr(base, "BACKLOG_ROWS", len(long.tokens))
     along, feeds = _drafter(draft_model, tree=config)
     (expected,) = along.propose([Lone(list(long.tokens))], [Budget(3, 3)])
     assert feeds[0] == long.tokens and along.upkeep() == Upkeep()  # control: the prompt went along
