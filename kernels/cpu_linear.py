@@ -22,6 +22,10 @@ for quantized weights, per group g, ``block = fma(x[m, k], q[n, k], block)`` ove
 ``acc = fma(block, scale, acc)`` (int4: then ``acc = fma(sum of x over the group, zero, acc)``). The
 dequantized weight is ``q * scale`` (int8), ``(u - 8) * scale + zero`` (int4, as the canonical format) and
 ``NF4[u] * absmax`` (nf4).
+
+A GGUF format held at its own size (:mod:`spectoolkit.kernels.formats`, issue 55) is a third layout, for int8
+activations only: ``data`` uint8 [P, K/B, REC] records with the file's codes and scales, ``fmt`` its name, scales
+and zeros empty; :func:`widen` gives the wide layout of the same weight (the same bits through the kernel).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from spectoolkit.kernels import cpu_ops
+from spectoolkit.kernels import cpu_ops, formats
 from spectoolkit.kernels.rtn_format import QuantizedWeight, unpack_int4
 
 PANEL = 16
@@ -56,9 +60,12 @@ class PackedWeight:
     out_features: int  # N
     in_features: int  # K
     group: int
+    fmt: str = ""  # a format of :mod:`~spectoolkit.kernels.formats` ("Q4_K"), or "" for the wide layouts
 
     @property
     def kind(self) -> str:
+        if self.fmt:
+            return self.fmt
         if self.data.dtype == torch.uint8:
             return "int4" if self.zeros.numel() else "nf4"
         return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8"}[self.data.dtype]
@@ -66,7 +73,7 @@ class PackedWeight:
     @property
     def activations(self) -> str:
         """ "int8": the integer-activation layout; "float": the panels (x stays fp32)."""
-        return "int8" if self.data.dim() == 4 else "float"
+        return "int8" if self.data.dim() == 4 or self.fmt else "float"
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.zeros))
@@ -132,13 +139,37 @@ def linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = No
     cpu_ops.load()
     rows = x.reshape(-1, x.shape[-1]).float()  # [M, K]
     out = torch.ops.spectoolkit.linear(
-        rows, packed.data, packed.scales, packed.zeros, bias, packed.out_features, packed.group, isa
+        rows, packed.data, packed.scales, packed.zeros, bias, packed.out_features, packed.group, isa, format_id(packed)
     )  # [M, N] fp32
     return out.to(x.dtype).reshape(*x.shape[:-1], packed.out_features)
 
 
+def format_id(packed: PackedWeight) -> int:
+    """The kernel's ``fmt`` argument for ``packed`` (0: the wide layouts)."""
+    return formats.FORMAT_IDS[packed.fmt] if packed.fmt else 0
+
+
+def widen(packed: PackedWeight) -> PackedWeight:
+    """A format's records -> the wide int8-activation layout of the same weight (what it was packed as before
+    issue 55); the wide layouts as they are."""
+    if not packed.fmt:
+        return packed
+    kind, data, scales, zeros, group = formats.wide_parts(packed.data, packed.fmt, packed.out_features)
+    return PackedWeight(data, scales, _EMPTY if zeros is None else zeros, packed.out_features, packed.in_features,
+                        group)  # fmt: skip
+
+
+def float_layout(packed: PackedWeight) -> PackedWeight:
+    """``packed`` for float activations: the wide panels (a format without a wide kind: its fp32 weight)."""
+    if packed.fmt and packed.fmt not in formats.WIDE_KIND:
+        return pack_float(dequantized(packed).float())
+    return _float_layout(widen(packed))
+
+
 def dequantized(packed: PackedWeight) -> torch.Tensor:
     """The weight [N, K] as fp64, from the panels (what the kernel multiplies by)."""
+    if packed.fmt:
+        return formats.dequantized(packed.data, packed.fmt, packed.out_features)
     data = _float_layout(packed).data
     if packed.kind in ("int4", "nf4"):
         codes = torch.stack([data & 15, data >> 4], dim=2).flatten(1, 2)  # [P, K, 16] u
@@ -159,6 +190,8 @@ QBLOCK = 32  # activation elements per int8 scale (csrc QBLOCK)
 
 def int8_activations_why(packed: PackedWeight) -> str | None:
     """Why ``packed`` cannot run with int8 activations (None: it can)."""
+    if packed.fmt:
+        return None
     if packed.kind not in ("int8", "int4"):
         return f"{packed.kind} weights are not integer codes"
     if packed.in_features % QBLOCK:
@@ -187,6 +220,7 @@ def to_int8_activations(packed: PackedWeight) -> PackedWeight:
 
 def _float_layout(packed: PackedWeight) -> PackedWeight:
     """``packed`` in the panels of float activations (the inverse of :func:`to_int8_activations`)."""
+    packed = widen(packed)
     if packed.activations == "float":
         return packed
     data = packed.data
@@ -232,6 +266,7 @@ class PackedLinear(nn.Module):
         cpu_ops.load()
         self.in_features, self.out_features = packed.in_features, packed.out_features
         self.group, self.kind, self.source = packed.group, packed.kind, source
+        self.fmt, self.fmt_id = packed.fmt, format_id(packed)
         self.register_buffer("data", packed.data)
         self.register_buffer("scales", packed.scales)
         self.register_buffer("zeros", packed.zeros)
@@ -240,7 +275,9 @@ class PackedLinear(nn.Module):
 
     @property
     def packed(self) -> PackedWeight:
-        return PackedWeight(self.data, self.scales, self.zeros, self.out_features, self.in_features, self.group)
+        return PackedWeight(
+            self.data, self.scales, self.zeros, self.out_features, self.in_features, self.group, self.fmt
+        )
 
     @property
     def activations(self) -> str:
@@ -249,15 +286,16 @@ class PackedLinear(nn.Module):
 
     def set_packed(self, packed: PackedWeight) -> None:
         """Hold ``packed`` (the same weight in another layout, e.g. :func:`to_int8_activations`) from now on."""
-        if (packed.out_features, packed.in_features, packed.group) != (self.out_features, self.in_features, self.group):
+        if (packed.out_features, packed.in_features) != (self.out_features, self.in_features):
             raise ValueError("set_packed takes the same weight in another layout")
         self.data, self.scales, self.zeros = packed.data, packed.scales, packed.zeros
+        self.group, self.kind, self.fmt, self.fmt_id = packed.group, packed.kind, packed.fmt, format_id(packed)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs [..., K] -> [..., N] in the input dtype."""
         rows = inputs.reshape(-1, self.in_features).float()  # [M, K]
         out = torch.ops.spectoolkit.linear(
-            rows, self.data, self.scales, self.zeros, self.bias, self.out_features, self.group, self.isa
+            rows, self.data, self.scales, self.zeros, self.bias, self.out_features, self.group, self.isa, self.fmt_id
         )  # [M, N] fp32
         return out.to(inputs.dtype).view(*inputs.shape[:-1], self.out_features)
 

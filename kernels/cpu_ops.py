@@ -92,7 +92,7 @@ def kernel_paths() -> dict[str, str]:
     return {"int8-activation linear": name, "float linear, attention, norms": VNNI_BASE.get(name, name)}
 
 
-def _fake_linear(x, w, scales, zeros, bias, n, group, isa=-1) -> torch.Tensor:
+def _fake_linear(x, w, scales, zeros, bias, n, group, isa=-1, fmt=0) -> torch.Tensor:
     """x [M, K] -> [M, n] fp32, for tracing."""
     return x.new_empty((x.shape[0], n), dtype=torch.float32)
 

@@ -16,7 +16,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from spectoolkit.kernels.cpu_linear import PANEL, PackedLinear, PackedWeight, int8_activations_why, to_int8_activations
+from spectoolkit.kernels.cpu_linear import (
+    PANEL,
+    PackedLinear,
+    PackedWeight,
+    float_layout,
+    int8_activations_why,
+    to_int8_activations,
+)
 
 Converter = Callable[[nn.Module], "PackedLinear | str"]  # a leaf linear -> its packed twin, or why it keeps its path
 
@@ -52,6 +59,8 @@ def pack_model(model: nn.Module, convert: Converter, activations: str = "float")
 def _with_activations(layer: PackedLinear, activations: str) -> str:
     """Re-lay ``layer`` for int8 activations when asked and it can; what it then runs (pack_model's report)."""
     if activations != "int8":
+        if layer.packed.fmt:  # a format at its own size runs int8 activations only: the wide panels of its weight
+            layer.set_packed(float_layout(layer.packed))
         return "packed"
     why = int8_activations_why(layer.packed)
     if why is not None:
@@ -70,8 +79,8 @@ def _fuse(parent: nn.Module, name: str, parts: tuple[str, ...]) -> None:
         return
     first = layers[0]
     same = all(
-        (layer.kind, layer.group, layer.in_features, layer.data.dim())
-        == (first.kind, first.group, first.in_features, first.data.dim())
+        (layer.kind, layer.group, layer.in_features, layer.data.dim(), layer.fmt)
+        == (first.kind, first.group, first.in_features, first.data.dim(), first.fmt)
         for layer in layers
     )
     if not same or any(layer.out_features % PANEL for layer in layers[:-1]):
@@ -81,7 +90,7 @@ def _fuse(parent: nn.Module, name: str, parts: tuple[str, ...]) -> None:
     fields = [torch.cat([getattr(layer, field) for layer in layers]) for field in ("data", "scales", "zeros")]
     out_features = sum(layer.out_features for layer in layers)
     bias = None if first.bias is None else torch.cat([layer.bias for layer in layers])
-    packed = PackedWeight(*fields, out_features, first.in_features, first.group)
+    packed = PackedWeight(*fields, out_features, first.in_features, first.group, first.fmt)
     fused = PackedLinear(packed, bias, f"{first.source} fused {'+'.join(parts)}")
     fused.splits = [layer.out_features for layer in layers]
     panel = 0

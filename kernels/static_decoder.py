@@ -163,7 +163,7 @@ def _linear_args(modules: list[nn.Module]) -> tuple[list[torch.Tensor], list[int
     for m in modules:
         bias = m.bias if m.bias is not None else torch.empty(0)
         tensors += [m.data, m.scales, m.zeros, bias]
-        meta += [m.out_features, m.group]
+        meta += [m.out_features, m.group, m.fmt_id]
     return tensors, meta
 
 

@@ -7,6 +7,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
+#include <cpuid.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
@@ -40,6 +41,32 @@ struct Q8Rows {
   const int32_t* s;  // [M, K / S] sum of the codes over each weight sub-block of S elements
   const float* sd;   // [M, K / S] d of the sub-block's activation block times float(s)
   int64_t K, S;
+};
+
+// The integer-activation weight formats (issue 55). WIDE: codes in whole int8 quads or int4 nibbles with fp32
+// scales/zeros [P, G, 16] (today's rtn/GPTQ layouts). The others hold a GGUF block type at its own bits per weight:
+// data uint8 [P, K/B, REC], one record per panel and block of B elements, each field laid [..][16 columns]:
+//   Q8_0  (B 32)  d f16 [16] | quads int8 [8][16][4]                                      = 34 bytes/column
+//   Q4_0  (B 32)  d | nibbles [4][16][4]                                                  = 18
+//   Q4_1  (B 32)  d | m f16 [16] | nibbles                                                = 20
+//   Q5_0  (B 32)  d | high-bit plane u32 [16] | nibbles                                   = 22
+//   Q4_K  (B 256) d | dmin f16 [16] | the file's 12 scale bytes as 3 LE words [3][16] | nibbles [32][16][4] = 144
+//   Q5_K  (B 256) as Q4_K | high-bit planes u32 [8][16] before the nibbles              = 176
+//   Q6_K  (B 256) d | scales int8 [16][16] | 2-bit planes u32 [16][16] | nibbles         = 210
+// Nibbles as the WIDE int4 quads (byte (i, c, j): element 8i + j low, 8i + 4 + j high). A plane word holds a
+// column's high bits of one sub-block: 1-bit, element 8i + 4h + j at bit 2i + h of byte j; 2-bit (16 elements),
+// bits 2p, 2p + 1 of byte j with p = 2i + h. Codes are unsigned, w = (u - OFF) * scale (+ zero).
+enum Fmt : int { WIDE = 0, FQ8_0, FQ4_0, FQ4_1, FQ5_0, FQ4_K, FQ5_K, FQ6_K, FMT_COUNT };
+struct FmtLayout {
+  int64_t B, S, REC;  // elements per record, per sub-block (one scale), bytes per record
+  int BITS, OFF;      // code width (8: int8 quads), code offset
+  int64_t CODES, PLANE;  // byte offsets of the codes and the high-bit planes in a record
+  bool ZERO;          // an fp32 zero per sub-block (the second fma)
+};
+constexpr FmtLayout FMT[FMT_COUNT] = {
+    {0, 0, 0, 0, 0, 0, 0, false},          {32, 32, 544, 8, 0, 32, 0, false},  {32, 32, 288, 4, 8, 32, 0, true},
+    {32, 32, 320, 4, 8, 64, 0, true},      {32, 32, 352, 5, 16, 96, 32, false}, {256, 32, 2304, 4, 8, 256, 0, true},
+    {256, 32, 2816, 5, 0, 768, 256, true}, {256, 16, 3360, 6, 32, 1312, 288, false},
 };
 
 }  // namespace
@@ -121,6 +148,14 @@ using VP = __m512i;  // int16 pairs
 inline VP vi_part_zero() { return _mm512_setzero_si512(); }
 inline VP vi_part_dot(VP part, VI u, VI s) { return _mm512_add_epi16(part, _mm512_maddubs_epi16(u, s)); }
 inline VI vi_part_sum(VP part) { return _mm512_madd_epi16(part, _mm512_set1_epi16(1)); }
+inline VI vi_set1(int32_t c) { return _mm512_set1_epi32(c); }
+inline VI vi_and(VI a, VI b) { return _mm512_and_si512(a, b); }
+inline VI vi_or(VI a, VI b) { return _mm512_or_si512(a, b); }
+inline VI vi_sll(VI v, int n) { return _mm512_sll_epi32(v, _mm_cvtsi32_si128(n)); }
+inline VI vi_srl(VI v, int n) { return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n)); }
+inline V vload_h(const uint8_t* p) {  // VL fp16 -> fp32, exact
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 #include "isa_body.inc"
 #include "int_body.inc"
 }  // namespace isa_avx512
@@ -140,7 +175,7 @@ inline VI vi_part_sum(VP part) { return part; }
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace isa_avx2 {
 using V = __m256;
 constexpr int VL = 8;
@@ -208,13 +243,21 @@ using VP = __m256i;  // int16 pairs
 inline VP vi_part_zero() { return _mm256_setzero_si256(); }
 inline VP vi_part_dot(VP part, VI u, VI s) { return _mm256_add_epi16(part, _mm256_maddubs_epi16(u, s)); }
 inline VI vi_part_sum(VP part) { return _mm256_madd_epi16(part, _mm256_set1_epi16(1)); }
+inline VI vi_set1(int32_t c) { return _mm256_set1_epi32(c); }
+inline VI vi_and(VI a, VI b) { return _mm256_and_si256(a, b); }
+inline VI vi_or(VI a, VI b) { return _mm256_or_si256(a, b); }
+inline VI vi_sll(VI v, int n) { return _mm256_sll_epi32(v, _mm_cvtsi32_si128(n)); }
+inline VI vi_srl(VI v, int n) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(n)); }
+inline V vload_h(const uint8_t* p) {  // F16C: VL fp16 -> fp32, exact
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 #include "isa_body.inc"
 #include "int_body.inc"
 }  // namespace isa_avx2
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avxvnni")
+#pragma GCC target("avx2,fma,f16c,avxvnni")
 namespace isa_avx_vnni {  // AVX2's kernels, with the 4-byte dot one VEX vpdpbusd (Alder Lake, Zen 5)
 using namespace isa_avx2;
 inline VI vi_dot(VI acc, VI u, VI s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
@@ -303,6 +346,16 @@ using VP = int32_t;
 inline VP vi_part_zero() { return 0; }
 inline VP vi_part_dot(VP part, VI u, VI s) { return vi_dot(part, u, s); }
 inline VI vi_part_sum(VP part) { return part; }
+inline VI vi_set1(int32_t c) { return c; }
+inline VI vi_and(VI a, VI b) { return a & b; }
+inline VI vi_or(VI a, VI b) { return a | b; }
+inline VI vi_sll(VI v, int n) { return static_cast<VI>(static_cast<uint32_t>(v) << n); }
+inline VI vi_srl(VI v, int n) { return static_cast<VI>(static_cast<uint32_t>(v) >> n); }
+inline V vload_h(const uint8_t* p) {  // c10's fp16 -> fp32 conversion, exact
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
 #include "isa_body.inc"
 #include "int_body.inc"
 }  // namespace isa_scalar
@@ -315,7 +368,9 @@ enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2, AVX512_VNNI = 3, AVX_VNNI
 
 bool detect(int64_t isa) {
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // F16C (the fp16 scales of the GGUF formats): CPUID.1:ECX bit 29
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   switch (isa) {
@@ -351,8 +406,8 @@ int64_t resolve_isa(int64_t isa) {  // -1: the best this CPU has; a path it lack
 
 using LinearFn = void (*)(int, const float*, const void*, const float*, const float*, const float*, int64_t, int64_t,
                           int64_t, int64_t, float*, int64_t, int64_t, int64_t);
-using IntLinearFn = void (*)(int, const Q8Rows&, const uint8_t*, const float*, const float*, int64_t, int64_t, int64_t,
-                             float*, int64_t, int32_t*, int64_t, int64_t, int64_t);
+using IntLinearFn = void (*)(int, int, const Q8Rows&, const uint8_t*, const float*, const float*, int64_t, int64_t,
+                             int64_t, float*, int64_t, int32_t*, int64_t, int64_t, int64_t);
 using AttendFn = void (*)(const float*, int64_t, int64_t, int64_t, const int64_t*, const int64_t*, float, float*,
                           int64_t, int64_t, const KvRows&);
 constexpr LinearFn LINEAR[] = {isa_scalar::linear_panels, isa_avx2::linear_panels, isa_avx512::linear_panels,
@@ -508,9 +563,19 @@ std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
   return {q, d};
 }
 
-// The integer-activation layout's checks; returns (kind 0 int8 / 1 int4, sub-block S, groups G).
+// The integer-activation layout's checks; returns (kind 0 int8 / 1 int4, sub-block S, groups G). ``fmt`` > 0: a
+// GGUF format's records (FMT), kind and G unused.
 std::tuple<int, int64_t, int64_t> int_layout(const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
-                                             int64_t K, int64_t n, int64_t group) {
+                                             int64_t K, int64_t n, int64_t group, int64_t fmt) {
+  if (fmt != WIDE) {
+    TORCH_CHECK(fmt > 0 && fmt < FMT_COUNT, "spectoolkit::linear: no weight format ", fmt);
+    const FmtLayout& f = FMT[fmt];
+    const int64_t P = w.size(0);
+    TORCH_CHECK(w.dim() == 3 && w.scalar_type() == at::kByte && w.is_contiguous() && K % f.B == 0 &&
+                    w.size(1) == K / f.B && w.size(2) == f.REC && n <= P * PANEL && n > (P - 1) * PANEL,
+                "spectoolkit::linear: format ", fmt, " weights are uint8 [P, K/", f.B, ", ", f.REC, "] for x [M, K]");
+    return {0, f.S, 0};
+  }
   TORCH_CHECK(w.dim() == 4 && w.size(2) == PANEL && w.size(3) == 4 && w.is_contiguous(),
               "spectoolkit::linear: integer-activation weights are [P, K/4 or K/8, 16, 4]");
   const int kind = w.scalar_type() == at::kChar ? 0 : 1;
@@ -531,9 +596,9 @@ std::tuple<int, int64_t, int64_t> int_layout(const at::Tensor& w, const at::Tens
 // x [M, K] fp32 @ integer-activation weights -> [M, P*16] fp32 (int_body.inc), or with ``sums`` the exact
 // sub-block sums [M, K/S, P*16] int32.
 at::Tensor int_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
-                      int64_t n, int64_t group, int64_t isa, bool sums) {
+                      int64_t n, int64_t group, int64_t isa, bool sums, int64_t fmt) {
   const int64_t M = x.size(0), K = x.size(1), P = w.size(0);
-  const auto [kind, S, G] = int_layout(w, scales, zeros, K, n, group);
+  const auto [kind, S, G] = int_layout(w, scales, zeros, K, n, group, fmt);
   Q8Buffers buf;
   quantize_rows(x.data_ptr<float>(), M, K, S, buf);
   auto out = sums ? at::empty({M, K / S, P * PANEL}, x.options().dtype(at::kInt)) : at::empty({M, P * PANEL}, x.options());
@@ -541,19 +606,19 @@ at::Tensor int_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   int32_t* sp = sums ? out.data_ptr<int32_t>() : nullptr;
   const IntLinearFn fn = INT_LINEAR[resolve_isa(isa)];
   const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
-  const float* zp = kind == 1 ? zeros.data_ptr<float>() : nullptr;
-  const float* scp = scales.data_ptr<float>();
+  const float* zp = fmt == WIDE && kind == 1 ? zeros.data_ptr<float>() : nullptr;
+  const float* scp = fmt == WIDE ? scales.data_ptr<float>() : nullptr;
   at::parallel_for(0, P, 1, [&, kind = kind, G = G](int64_t p0, int64_t p1) {
-    fn(kind, buf.rows, wp, scp, zp, M, G, group, op, P * PANEL, sp, P * PANEL, p0, p1);
+    fn(kind, static_cast<int>(fmt), buf.rows, wp, scp, zp, M, G, group, op, P * PANEL, sp, P * PANEL, p0, p1);
   });
   return out;
 }
 
 // x [M, K] fp32 -> the exact int32 sub-block sums of the integer-activation linear [M, K/S, P*16] (tests).
 at::Tensor int_sums(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
-                    int64_t n, int64_t group, int64_t isa) {
+                    int64_t n, int64_t group, int64_t isa, int64_t fmt) {
   check_fp32(x, "int_sums x");
-  return int_linear(x, w, scales, zeros, n, group, isa, true);
+  return int_linear(x, w, scales, zeros, n, group, isa, true, fmt);
 }
 
 // ---- the linear ------------------------------------------------------------------------------------
@@ -575,12 +640,14 @@ at::Tensor with_bias(at::Tensor out, const c10::optional<at::Tensor>& bias, int6
 
 // x [M, K] fp32 @ packed weight -> [M, n] fp32 (+ bias). Packed (kernels/cpu.py): fp32/bf16 [P, K, 16];
 // int8 [P, K, 16] codes; int4 (uint8) [P, K/2, 16] bytes; scales/zeros fp32 [P, G, 16] (quantized only).
+// ``fmt`` > 0: a GGUF format's records (FMT), int8 activations.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
-                  const c10::optional<at::Tensor>& bias, int64_t n, int64_t group, int64_t isa) {
+                  const c10::optional<at::Tensor>& bias, int64_t n, int64_t group, int64_t isa, int64_t fmt) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "spectoolkit::linear: x is fp32 [M, K]");
   const auto xc = x.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1), P = w.size(0);
-  if (w.dim() == 4) return with_bias(int_linear(xc, w, scales, zeros, n, group, isa, false), bias, n, P);
+  if (w.dim() == 4 || fmt != WIDE)
+    return with_bias(int_linear(xc, w, scales, zeros, n, group, isa, false, fmt), bias, n, P);
   TORCH_CHECK(w.dim() == 3 && w.size(2) == PANEL && w.is_contiguous(), "spectoolkit::linear: packed w [P, K, 16]");
   int kind = 0;
   switch (w.scalar_type()) {
@@ -762,7 +829,8 @@ bool isa_available(int64_t isa) { return isa_runs(isa); }
 }  // namespace
 
 TORCH_LIBRARY(spectoolkit, m) {
-  m.def("linear(Tensor x, Tensor w, Tensor scales, Tensor zeros, Tensor? bias, int n, int group, int isa=-1) -> Tensor");
+  m.def("linear(Tensor x, Tensor w, Tensor scales, Tensor zeros, Tensor? bias, int n, int group, int isa=-1, "
+        "int fmt=0) -> Tensor");
   m.def("paged_attention(Tensor q, Tensor k_new, Tensor v_new, Tensor k_scale_new, Tensor v_scale_new, "
         "Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
         "Tensor starts, float scale, int isa=-1) -> Tensor");
@@ -776,7 +844,7 @@ TORCH_LIBRARY(spectoolkit, m) {
         "Tensor starts, float scale, Tensor norm_w, float eps, Tensor[] linears, int[] meta, int isa=-1) -> Tensor");
   m.def("kv_encode(Tensor rows, Tensor store, bool scaled) -> (Tensor, Tensor)");
   m.def("quantize_activations(Tensor x) -> (Tensor, Tensor)");
-  m.def("int_sums(Tensor x, Tensor w, Tensor scales, Tensor zeros, int n, int group, int isa=-1) -> Tensor");
+  m.def("int_sums(Tensor x, Tensor w, Tensor scales, Tensor zeros, int n, int group, int isa=-1, int fmt=0) -> Tensor");
   m.def("cpu_isa() -> int", &cpu_isa);
   m.def("isa_available(int isa) -> bool", &isa_available);
 }

@@ -146,6 +146,6 @@ def test_the_layer_ops_refuse_a_wrong_linear_list():
     dec = StaticDecoder(model, isa=-1)
     args = dec.layer_args[0]
     cos, sin = dec.rope.rows(torch.arange(1))
-    with pytest.raises(RuntimeError, match="4 tensors and 2 ints"):
+    with pytest.raises(RuntimeError, match="4 tensors and 3 ints"):
         ops.attn_in(dec.embed(torch.tensor([1])), args.norm_in, args.eps_in, args.qkv[:3], args.qkv_meta, cos, sin,
                     dec.num_heads, dec.kv_heads, dec.head_dim, args.q_norm, args.k_norm, args.qk_eps)  # fmt: skip

@@ -1,0 +1,222 @@
+"""Weight formats held at their own size: a GGUF block type's codes and scales in the kernel's records (issue 55).
+
+The wide layouts (:mod:`spectoolkit.kernels.cpu_linear`) hold every code in a whole nibble or byte and every
+scale and zero as fp32: 1.2-1.6x the bytes of a GGUF file's tensor. A format here keeps the file's bits per weight:
+``data`` uint8 [P, K/B, REC], one record per panel of 16 output columns and block of B elements, its fields each
+laid [...][16 columns] (csrc/ops.cpp ``FMT`` lists them):
+
+| format | B   | record (per column)                                                          | bytes |
+|--------|-----|------------------------------------------------------------------------------|-------|
+| Q8_0   | 32  | d fp16, int8 codes in quads                                                  | 34    |
+| Q4_0   | 32  | d, 4-bit codes                                                               | 18    |
+| Q4_1   | 32  | d, m fp16, 4-bit codes                                                       | 20    |
+| Q5_0   | 32  | d, the high bits (one uint32), low 4-bit codes                               | 22    |
+| Q4_K   | 256 | d, dmin fp16, the file's 12 bytes of 6-bit scales/mins (3 words), 4-bit codes | 144   |
+| Q5_K   | 256 | as Q4_K, then 8 words of high bits, then the low 4-bit codes                 | 176   |
+| Q6_K   | 256 | d, 16 int8 scales, 16 words of 2-bit high parts, low 4-bit codes             | 210   |
+
+The kernel computes each sub-block's fp32 scale (and zero) from these fields as gguf's dequantization does, so the
+integer sums and the fp32 epilogue are those of the wide layout the same tensor had before: :func:`decode` is that
+computation in torch, :func:`widen` the wide layout back (the tests compare both ways, and the kernel's bits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PANEL = 16
+
+
+@dataclass(frozen=True)
+class Format:
+    """One format's record (csrc ``FmtLayout``); ``fields`` the header's per-column fields in order: (name, count,
+    bytes each)."""
+
+    name: str
+    block: int  # elements per record (B)
+    sub: int  # elements per scale (S)
+    bits: int  # code width (8: int8 codes in quads)
+    offset: int  # w = (u - offset) * scale (+ zero)
+    fields: tuple[tuple[str, int, int], ...]
+    zero: bool  # a zero per sub-block
+
+    @property
+    def header_bytes(self) -> int:
+        return sum(count * size for _, count, size in self.fields) * PANEL
+
+    @property
+    def plane_bytes(self) -> int:  # one uint32 per column and sub-block holding its codes' bits above the 4th
+        return self.block // self.sub * 4 * PANEL if self.bits in (5, 6) else 0
+
+    @property
+    def record_bytes(self) -> int:
+        return self.header_bytes + self.plane_bytes + self.code_bytes
+
+    @property
+    def code_bytes(self) -> int:
+        return self.block * PANEL if self.bits == 8 else self.block * PANEL // 2
+
+
+_D = ("d", 1, 2)
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("Q8_0", 32, 32, 8, 0, (_D,), False),
+        Format("Q4_0", 32, 32, 4, 8, (_D,), True),
+        Format("Q4_1", 32, 32, 4, 8, (_D, ("m", 1, 2)), True),
+        Format("Q5_0", 32, 32, 5, 16, (_D,), False),
+        Format("Q4_K", 256, 32, 4, 8, (_D, ("dmin", 1, 2), ("words", 3, 4)), True),
+        Format("Q5_K", 256, 32, 5, 0, (_D, ("dmin", 1, 2), ("words", 3, 4)), True),
+        Format("Q6_K", 256, 16, 6, 32, (_D, ("sc", 16, 1)), False),
+    )
+}
+FORMAT_IDS = {name: index + 1 for index, name in enumerate(FORMATS)}  # csrc Fmt; 0 is the wide layouts
+# The wide layout each format had before it kept its own size (Q5_K had none: its zero does not fit int8 codes).
+WIDE_KIND = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q5_0": "int8", "Q4_K": "int4", "Q6_K": "int8"}
+
+
+def _columns_last(values: torch.Tensor, count: int) -> torch.Tensor:
+    """[N, ...] per output column -> [P, ..., 16], the last panel padded with zeros."""
+    pad = -count % PANEL
+    if pad:
+        values = torch.cat([values, values.new_zeros(pad, *values.shape[1:])])
+    panels = values.reshape(-1, PANEL, *values.shape[1:])
+    return panels.movedim(1, -1).contiguous()
+
+
+def _bytes(values: torch.Tensor, records: int) -> torch.Tensor:
+    """[P, R, ...] any dtype -> uint8 [P, R, bytes]."""
+    return values.contiguous().view(torch.uint8).reshape(values.shape[0], records, -1)
+
+
+def records(name: str, codes: torch.Tensor, fields: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A weight [N, K] in format ``name`` -> data uint8 [P, K/B, REC].
+
+    ``codes`` [N, K]: int8 q (Q8_0) or unsigned codes u in [0, 2^bits); ``fields`` each [N, K/B, count] (fp16 d,
+    m, dmin as int16/uint16 bits; ``words`` int32; ``sc`` int8)."""
+    fmt = FORMATS[name]
+    count, columns = codes.shape
+    blocks = columns // fmt.block
+    parts = [
+        _bytes(_columns_last(fields[field].reshape(count, blocks, -1), count), blocks) for field, _, _ in fmt.fields
+    ]
+    panels = _columns_last(codes.reshape(count, blocks, fmt.block), count)  # [P, R, B, 16]
+    P = panels.shape[0]
+    if fmt.bits == 8:  # quads: byte (t, c, j) = code 4t + j
+        quads = panels.view(torch.int8).reshape(P, blocks, -1, 4, PANEL).transpose(-1, -2)
+        parts.append(_bytes(quads, blocks))
+    else:
+        if fmt.bits in (5, 6):
+            high = (panels >> 4).to(torch.int32).reshape(P, blocks, fmt.block // fmt.sub, -1, 4, PANEL)  # e = 4p + j
+            step = 1 if fmt.bits == 5 else 2  # bits per element in a plane
+            shifts = torch.arange(high.shape[3], dtype=torch.int32).view(-1, 1, 1) * step
+            planes = (high << shifts).sum(dim=3, dtype=torch.int32)  # [P, R, NS, 4 (byte j), 16]
+            words = planes[..., 0, :] | (planes[..., 1, :] << 8) | (planes[..., 2, :] << 16) | (planes[..., 3, :] << 24)
+            parts.append(_bytes(words.to(torch.int32), blocks))
+        low = (panels & 15).reshape(P, blocks, -1, 2, 4, PANEL)  # element 8i + 4h + j
+        nibbles = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).transpose(-1, -2)  # [P, R, B/8, 16, 4]
+        parts.append(_bytes(nibbles.to(torch.uint8), blocks))
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def _field(data: torch.Tensor, fmt: Format, field: str) -> torch.Tensor:
+    """The header field ``field`` of every record: [P, R, count, 16] in its dtype."""
+    at = 0
+    for name, count, size in fmt.fields:
+        if name == field:
+            raw = data[..., at : at + count * size * PANEL].contiguous()
+            dtype = {2: torch.float16, 4: torch.int32, 1: torch.int8}[size]
+            return raw.view(dtype).reshape(*data.shape[:2], count, PANEL)
+        at += count * size * PANEL
+    raise KeyError(field)
+
+
+def codes_of(data: torch.Tensor, name: str) -> torch.Tensor:
+    """The unsigned codes u (int8 q for Q8_0) of format ``name``'s records: int16 [P, K, 16]."""
+    fmt = FORMATS[name]
+    P, R, _ = data.shape
+    start = fmt.header_bytes + fmt.plane_bytes
+    raw = data[..., start:].contiguous()
+    if fmt.bits == 8:
+        quads = raw.view(torch.int8).reshape(P, R, -1, PANEL, 4).transpose(-1, -2)  # [P, R, B/4, 4 (j), 16]
+        return quads.reshape(P, -1, PANEL).to(torch.int16)
+    nib = raw.reshape(P, R, -1, PANEL, 4).transpose(-1, -2).to(torch.int16)  # [P, R, B/8, 4 (j), 16]
+    codes = torch.stack([nib & 15, nib >> 4], dim=3).reshape(P, R, fmt.block, PANEL)  # element 8i + 4h + j
+    if fmt.bits in (5, 6):
+        words = data[..., fmt.header_bytes : start].contiguous().view(torch.int32).reshape(P, R, -1, 1, PANEL)
+        step = 1 if fmt.bits == 5 else 2
+        per = 8 // step  # elements per byte of a word
+        shifts = torch.arange(4 * per, dtype=torch.int32).view(1, 1, 1, per, 4)  # element e = 4p + j
+        byte, part = shifts % 4, shifts // 4
+        high = (words.unsqueeze(3) >> (8 * byte + step * part).unsqueeze(-1)) & ((1 << step) - 1)
+        codes = codes | (high.reshape(P, R, fmt.block, PANEL).to(torch.int16) << 4)
+    return codes.reshape(P, -1, PANEL)
+
+
+def decode(data: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Records -> (codes int16 [P, K, 16], scale fp32 [P, K/S, 16], zero fp32 [P, K/S, 16] or None), the scale and
+    zero computed in fp32 as the kernel does (csrc int_body.inc ``fmt_params``): the weight is
+    ``(u - offset) * scale (+ zero)``."""
+    fmt = FORMATS[name]
+    P, R, _ = data.shape
+    d = _field(data, fmt, "d").float()  # [P, R, 1, 16]
+    zero = None
+    if name in ("Q8_0", "Q5_0"):
+        scale = d
+    elif name == "Q4_0":
+        scale, zero = d, torch.zeros_like(d)
+    elif name == "Q4_1":
+        scale, zero = d, _field(data, fmt, "m").float() + 8 * d
+    elif name == "Q6_K":
+        scale = d * _field(data, fmt, "sc").float()  # [P, R, 16, 16]
+    else:
+        w0, w1, w2 = (_field(data, fmt, "words")[:, :, i] for i in range(3))  # [P, R, 16]
+        sc, mn = [], []
+        for j in range(8):
+            sh = 8 * (j & 3)
+            if j < 4:
+                sc.append((w0 >> sh) & 63)
+                mn.append((w1 >> sh) & 63)
+            else:
+                sc.append(((w2 >> sh) & 15) | ((w0 >> (sh + 2)) & 48))
+                mn.append(((w2 >> (sh + 4)) & 15) | ((w1 >> (sh + 2)) & 48))
+        scale = d * torch.stack(sc, dim=2).float()
+        dm = _field(data, fmt, "dmin").float() * torch.stack(mn, dim=2).float()
+        zero = 8 * scale - dm if name == "Q4_K" else -dm
+    scale = scale.expand(P, R, fmt.block // fmt.sub, PANEL).reshape(P, -1, PANEL)
+    if zero is not None:
+        zero = zero.expand(P, R, fmt.block // fmt.sub, PANEL).reshape(P, -1, PANEL)
+    return codes_of(data, name), scale.contiguous(), None if zero is None else zero.contiguous()
+
+
+def dequantized(data: torch.Tensor, name: str, out_features: int) -> torch.Tensor:
+    """The weight [N, K] as fp64 (what the kernel multiplies by)."""
+    fmt = FORMATS[name]
+    codes, scale, zero = decode(data, name)
+    weight = (codes.double() - fmt.offset) * scale.double().repeat_interleave(fmt.sub, dim=1)
+    if zero is not None:
+        weight = weight + zero.double().repeat_interleave(fmt.sub, dim=1)
+    return weight.transpose(1, 2).reshape(-1, codes.shape[1])[:out_features]
+
+
+def wide_parts(
+    data: torch.Tensor, name: str, out_features: int
+) -> tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """The wide int8-activation layout the same weight had before (issue 47's): (kind, data, scales, zeros, group),
+    data int8 [P, K/4, 16, 4] (q = u - offset; 0 in padded columns) or uint8 nibbles [P, K/8, 16, 4]; scales/zeros
+    fp32 [P, G, 16]."""
+    kind = WIDE_KIND.get(name)
+    if kind is None:
+        raise ValueError(f"{name} has no wide layout (its codes do not fit the wide int8/int4 kinds)")
+    fmt = FORMATS[name]
+    codes, scale, zero = decode(data, name)
+    P = codes.shape[0]
+    if kind == "int8":
+        q = (codes - fmt.offset).to(torch.int8)  # [P, K, 16]
+        q[-1, :, out_features - (P - 1) * PANEL :] = 0
+        return kind, q.view(P, -1, 4, PANEL).transpose(2, 3).contiguous(), scale, None, fmt.sub
+    u = codes.to(torch.uint8).view(P, -1, 2, 4, PANEL)
+    nibbles = (u[:, :, 0] | (u[:, :, 1] << 4)).transpose(2, 3).contiguous()
+    return kind, nibbles, scale, zero, fmt.sub
