@@ -20,6 +20,11 @@ always in fp32 (terms whose exponents lie far apart): a tensor with one such blo
 (:func:`unpackable` says why) and keeps a float path. Where every zero is exact, the packed weight is the exact
 value whose fp32 rounding gguf computes (gguf rounds its one sum once), so the packed weight rounded to fp32
 equals ``gguf.quants.dequantize`` bit for bit; the tests check this per type and on the real files.
+
+That table is the wide layout (:func:`to_packed`), 1.2-1.6x the file's bytes. What a run loads is
+:func:`to_compact`: the same codes and the file's own scale fields in the kernel's records at the file's size
+(:mod:`spectoolkit.kernels.formats`; Q5_K too, as ``u * d·sc_j - dmin·m_j``), from which the kernel computes the
+very scales and zeros above.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import gguf
 import numpy as np
 import torch
 
+from spectoolkit.kernels import formats
 from spectoolkit.kernels.cpu_linear import PackedWeight, pack_int4_codes, pack_int8_codes
 
 Type = gguf.GGMLQuantizationType
@@ -65,13 +71,14 @@ def gguf_type_name(tensor: GgufTensor) -> str:
 def unpackable(tensor: GgufTensor) -> str | None:
     """Why ``tensor`` cannot become our kernel's panels with exactly gguf's weights (None: it can)."""
     name, layout = gguf_type_name(tensor), _LAYOUTS.get(Type(tensor.tensor_type))
-    if layout is None:
+    params = layout.params if layout is not None else _q5_k_params if name == "Q5_K" else None
+    if params is None:
         if name in ("F32", "F16", "BF16"):
             return f"gguf {name} is a float tensor, not a quantized one"
         return f"gguf {name} has no exact kernel kind (we take {', '.join(PACKED_TYPES)})"
     if len(tensor.shape) != 2:
         return f"gguf {name} tensor of {len(tensor.shape)} dimensions, not a weight [N, K]"
-    scales, zeros = layout.params(_blocks(tensor))
+    scales, zeros = params(_blocks(tensor))
     if not np.isfinite(scales).all() or (zeros is not None and not np.isfinite(zeros).all()):
         return f"gguf {name}: a scale or minimum is not finite"
     if zeros is None:
@@ -112,6 +119,45 @@ def to_packed(tensor: GgufTensor, rows: torch.Tensor | None = None) -> PackedWei
     if zeros is None:
         return pack_int8_codes(codes, scales, layout.group)
     return pack_int4_codes(codes, scales, zeros, layout.group)
+
+
+def to_compact(tensor: GgufTensor, rows: torch.Tensor | None = None) -> PackedWeight:
+    """A tensor :func:`unpackable` accepts -> the kernel's records at the file's size (:mod:`spectoolkit.kernels.
+    formats`), the same weight as :func:`to_packed`'s; ``rows`` as there."""
+    why = unpackable(tensor)
+    if why is not None:
+        raise ValueError(why)
+    name, blocks = gguf_type_name(tensor), _blocks(tensor)
+    order = np.arange(blocks.shape[0]) if rows is None else rows.numpy()
+    columns, parts = int(tensor.shape[0]), []
+    for start in range(0, len(order), _ROW_CHUNK):  # a multiple of 16 rows: whole panels
+        part = blocks[order[start : start + _ROW_CHUNK]]  # [R, B, S]
+        codes = torch.from_numpy(np.ascontiguousarray(_UNSIGNED[name](part)))
+        fields = {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in _fields(name, part).items()}
+        parts.append(formats.records(name, codes, fields))
+    data = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return PackedWeight(data, _EMPTY, _EMPTY, len(order), columns, formats.FORMATS[name].sub, name)
+
+
+_EMPTY = torch.empty(0)
+
+
+def _fields(name: str, blocks: np.ndarray) -> dict[str, np.ndarray]:
+    """A format's header fields of every block, each [R, B, count] (fp16 as int16 bits, the 12 K-quant scale bytes
+    as 3 little-endian int32 words, Q6_K's scales int8)."""
+
+    def raw(at: int, size: int, dtype: str) -> np.ndarray:
+        return np.ascontiguousarray(blocks[..., at : at + size]).view(np.dtype(dtype))
+
+    if name == "Q6_K":
+        return {"d": raw(208, 2, "<i2"), "sc": raw(192, 16, "i1")}
+    out = {"d": raw(0, 2, "<i2")}
+    if name == "Q4_1":
+        out["m"] = raw(2, 2, "<i2")
+    if name in ("Q4_K", "Q5_K"):
+        out["dmin"] = raw(2, 2, "<i2")
+        out["words"] = raw(4, 12, "<i4")
+    return out
 
 
 def dequantized_fp32(tensor: GgufTensor, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -203,6 +249,18 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
     return ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
 
 
+def _q5_k_params(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # d, dmin, scales [12], qh [32], qs [128]
+    sc, mins = _q4_k_scales(blocks)
+    return _per_group(_fp16(blocks, 0)[..., None] * sc), _per_group(-_fp16(blocks, 2)[..., None] * mins)
+
+
+def _q5_k(blocks: np.ndarray) -> np.ndarray:
+    """u in [0, 32): the low nibbles as Q4_K's (from byte 48), bit 4 of sub-block i's element e is bit i of qh[e]."""
+    rows = blocks.shape[0]
+    high = (blocks[..., None, 16:48] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [R, B, 8, 32]
+    return _nibbles(blocks[..., 48:], 32) | (high.reshape(rows, -1) << 4)
+
+
 def _d_params(blocks: np.ndarray) -> tuple[np.ndarray, None]:  # Q8_0, Q5_0: scale d
     return _fp16(blocks, 0), None
 
@@ -225,4 +283,14 @@ _LAYOUTS: dict[Type, _Layout] = {
     Type.Q4_K: _Layout("int4", 32, _q4_k_params, _q4_k),
     Type.Q6_K: _Layout("int8", 16, _q6_k_params, _q6_k),
 }
-PACKED_TYPES: tuple[str, ...] = tuple(qtype.name for qtype in _LAYOUTS)
+PACKED_TYPES: tuple[str, ...] = (*(qtype.name for qtype in _LAYOUTS), "Q5_K")
+# Unsigned codes u per format (w = (u - offset) * scale + ...; Q8_0 keeps its int8 q), for the records.
+_UNSIGNED: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Q8_0": _q8_0,
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "Q5_0": lambda blocks: (_q5_0(blocks).astype(np.int16) + 16).astype(np.uint8),
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": lambda blocks: (_q6_k(blocks).astype(np.int16) + 32).astype(np.uint8),
+}

@@ -78,7 +78,7 @@ def pack_gguf_linears(model: nn.Module, reader: gguf.GGUFReader) -> dict[str, st
             floating = PackedLinear(pack_float(module.weight), module.bias, f"{kind} kept float ({why})")
             setattr(model.get_submodule(parent) if parent else model, leaf, floating)
             continue
-        packed = gguf_codes.to_packed(tensor, rows)
+        packed = gguf_codes.to_compact(tensor, rows)
         if (packed.out_features, packed.in_features) != (module.out_features, module.in_features):
             raise SpecToolkitError(
                 f"gguf tensor {tensor.name} is {packed.out_features}x{packed.in_features}, but {name} is "
