@@ -232,6 +232,8 @@ class ArmMemory:
     draft_kv_bytes: int | None = None
     total_bytes: int | None = None
     delta_bytes: int | None = None
+    target_streamed_bytes: int | None = None  # weights a decode step reads (linears and head)
+    draft_streamed_bytes: int | None = None
 
 
 @dataclass
@@ -243,6 +245,10 @@ class Memory:
     target_kv_bytes: int | None = None
     draft_kv_bytes: int | None = None
     memory_delta_bytes: int | None = None
+    target_streamed_bytes: int | None = None  # weights a target decode step reads (linears and head)
+    draft_streamed_bytes: int | None = None
+    stream_bandwidth_gbs: float | None = None  # read bandwidth measured in the run's process (CPU)
+    target_step_floor_ms: float | None = None  # target_streamed_bytes / stream_bandwidth_gbs
     arms: dict[str, ArmMemory] = field(default_factory=dict)
 
 

@@ -63,6 +63,24 @@ class LoadedModel:
             total += scale_bytes(self.model)
         return total
 
+    def streamed_bytes(self) -> int:
+        """Bytes of weights one decode step reads: every linear layer's, packed or not, the output head included (the
+        input embedding gives one row a token, not counted); 0 when ``shared``."""
+        if self.shared:
+            return 0
+        seen: set[int] = set()
+        total = 0
+        for module in self.model.modules():
+            if not hasattr(module, "in_features") or any(module.children()):
+                continue
+            for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                if tensor.numel() and tensor.data_ptr() not in seen:
+                    seen.add(tensor.data_ptr())
+                    total += tensor.numel() * tensor.element_size()
+        if self.precision in ("int8", "nf4"):
+            total += scale_bytes(self.model)
+        return total
+
 
 def frequent_tokens(tokenizer, size: int, vocab_size: int, keep: frozenset[int]) -> torch.Tensor:
     """The ``size`` token ids most frequent in the workload calibration text (the texts GPTQ calibrates on: ShareGPT

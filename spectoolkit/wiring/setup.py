@@ -54,7 +54,11 @@ class Arm:
             "draft_weight_bytes": self.draft.weight_bytes() if self.draft else 0,
             **self.engine.kv_bytes(),
         }
-        return {**parts, "total_bytes": sum(parts.values())}
+        streamed = {
+            "target_streamed_bytes": self.target.streamed_bytes(),
+            "draft_streamed_bytes": self.draft.streamed_bytes() if self.draft else 0,
+        }
+        return {**parts, "total_bytes": sum(parts.values()), **streamed}
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import time
 from typing import Any
 
 import torch
@@ -59,19 +60,38 @@ def host_rss_bytes() -> int | None:
         return None
 
 
-def memory(arm_set: ArmSet) -> dict[str, Any]:
+def read_bandwidth_gbs(mib: int = 512, repeats: int = 3) -> float:
+    """GB/s of one pass reading a ``mib`` MiB fp32 buffer on this process's threads (best of ``repeats``, after one
+    untimed pass): the rate a decode step's weight stream can reach here, measured in the process that runs it."""
+    buffer = torch.ones(mib * 2**18)
+    buffer.sum()
+    best = min(_timed(buffer.sum) for _ in range(repeats))
+    return buffer.numel() * 4 / best / 1e9
+
+
+def _timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def memory(arm_set: ArmSet, bandwidth_gbs: float | None = None) -> dict[str, Any]:
     """Per-arm footprints and each arm's delta against the baseline; top-level keys: the primary arm.
 
     On CPU these are the bytes the arm holds (weights + allocated KV); on an accelerator the
-    records also carry the measured ``gpu_mem_peak`` per request.
+    records also carry the measured ``gpu_mem_peak`` per request. Beside them, the bytes of weights a decode step
+    streams (target, draft) and, with the measured read ``bandwidth_gbs``, the target step's floor in ms.
     """
     by_arm = {arm.name: arm.memory() for arm in arm_set.arms}
     base_total = by_arm[arm_set.baseline.name]["total_bytes"]
     for footprint in by_arm.values():
         footprint["delta_bytes"] = footprint["total_bytes"] - base_total
     primary = by_arm[arm_set.primary or arm_set.baseline.name]
-    keys = ("target_weight_bytes", "draft_weight_bytes", "target_kv_bytes", "draft_kv_bytes")
-    return {**{key: primary[key] for key in keys}, "memory_delta_bytes": primary["delta_bytes"], "arms": by_arm}
+    keys = ("target_weight_bytes", "draft_weight_bytes", "target_kv_bytes", "draft_kv_bytes", "target_streamed_bytes",
+            "draft_streamed_bytes")  # fmt: skip
+    floor = None if not bandwidth_gbs else primary["target_streamed_bytes"] / (bandwidth_gbs * 1e6)
+    return {**{key: primary[key] for key in keys}, "memory_delta_bytes": primary["delta_bytes"],
+            "stream_bandwidth_gbs": bandwidth_gbs, "target_step_floor_ms": floor, "arms": by_arm}  # fmt: skip
 
 
 def _compat(cfg: RunConfig, facts: RunFacts) -> dict[str, Any]:
@@ -151,7 +171,7 @@ def run_conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
         "workload": dataclasses.asdict(cfg.workload),
         "bench": dataclasses.asdict(cfg.bench),
         "serve": dataclasses.asdict(cfg.serve),  # serve.slo_tpot_ms: the TPOT rule of alerts.yml
-        "memory": memory(arm_set),
+        "memory": memory(arm_set, read_bandwidth_gbs() if models.device.type == "cpu" else None),
         "compat_warnings": facts.compat_warnings,
         "warnings": config_warnings(cfg),  # what the run does less than its settings say, by design (tree_chain cuts)
     }

@@ -296,13 +296,33 @@ def _gpu_peaks(records: Records) -> dict[str, float]:
     return peaks
 
 
+def _stream_floor(summary: Summary) -> list[str]:
+    """T₁ against its bandwidth floor: the target's streamed bytes at the read bandwidth measured in the run."""
+    memory, base = summary.conditions.memory, summary.arms.get(BASELINE)
+    if memory.target_step_floor_ms is None:
+        return []
+    measured = ""
+    if base is not None and base.net_throughput:
+        per_token = 1000 / base.net_throughput
+        measured = (f" The baseline took {per_token:.1f} ms per output token (prefill included), "
+                    f"{per_token / memory.target_step_floor_ms:.2f}× that floor.")  # fmt: skip
+    return [
+        f"A target decode step streams {_mib(memory.target_streamed_bytes)} of weights; at the read bandwidth "
+        f"measured in this process ({memory.stream_bandwidth_gbs:.1f} GB/s) that is a floor of "
+        f"{memory.target_step_floor_ms:.1f} ms per step.{measured}",
+        "",
+    ]
+
+
 def _memory_section(summary: Summary, records: Records, plots: dict[str, Path]) -> list[str]:
     memory = summary.conditions.memory
     parts = {"target_weight_bytes": "target weights", "draft_weight_bytes": "draft weights",
              "target_kv_bytes": "target KV cache", "draft_kv_bytes": "draft KV cache"}  # fmt: skip
     rows = [[label, _mib(getattr(memory, key))] for key, label in parts.items()]
     rows.append(["memory delta (primary arm − baseline)", _mib(memory.memory_delta_bytes, "+")])
-    lines = ["## Memory", "", *md_table(["part", "size"], rows)]
+    rows.append(["target weights streamed per decode step", _mib(memory.target_streamed_bytes)])
+    rows.append(["draft weights streamed per draft step", _mib(memory.draft_streamed_bytes)])
+    lines = ["## Memory", "", *md_table(["part", "size"], rows), *_stream_floor(summary)]
     if memory.arms:
         rows = [[arm, _mib(m.total_bytes), _mib(m.delta_bytes, "+")] for arm, m in memory.arms.items()]
         lines += md_table(["arm", "weights + KV", "delta vs baseline"], rows)
