@@ -7,6 +7,11 @@ Each model runs :func:`~spectoolkit.runtime.lone.model_step` (one forward of w t
 eager runner, rolled back after: what a decode step, w = 1, or a verify window costs). Models and widths are
 interleaved per repeat, the first repeat is warm-up, and the median is printed in ms and in units of the first
 model's decode step (T₁). Run it alone: two 2-thread processes wreck each other's numbers.
+
+Per model it also prints the bytes a decode step streams (linears and head) against the GGUF file's bytes of the same
+tensors, and T₁ against streamed bytes / the read bandwidth measured between repeats in this process (the floor).
+``--layouts compact wide`` loads each model twice, the second with every GGUF format widened back to the wide
+int8-activation layout of before issue 55, interleaved in the same repeats.
 """
 
 from __future__ import annotations
@@ -14,12 +19,41 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
+from spectoolkit.bench.protocol.conditions import read_bandwidth_gbs
+from spectoolkit.embedded import gguf_source
+from spectoolkit.kernels.cpu_linear import PackedLinear, to_int8_activations, widen
 from spectoolkit.pair import PAIR
+from spectoolkit.quant.gguf_native import TensorReader
 from spectoolkit.runtime.lone import model_step
 from spectoolkit.wiring.loading import load_model
+
+
+def file_bytes(path: str) -> int:
+    """Bytes of the GGUF tensors a decode step reads: every 2-D one but the input embedding (the head when tied)."""
+    reader = TensorReader(gguf_source(Path(path)))
+    names = {tensor.name for tensor in reader.tensors}
+    tied = "output.weight" not in names
+    return sum(
+        int(tensor.n_bytes)
+        for tensor in reader.tensors
+        if len(tensor.shape) == 2 and (tensor.name != "token_embd.weight" or tied)
+    )
+
+
+def widened(model: torch.nn.Module) -> None:
+    """Every format at its own size back to the wide int8-activation layout (the fused calls too)."""
+    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    for module in model.modules():
+        for name in ("qkv_fused", "gate_up_fused"):
+            if isinstance(module.__dict__.get(name), PackedLinear):
+                layers.append(module.__dict__[name])
+    for layer in layers:
+        if layer.fmt:
+            layer.set_packed(to_int8_activations(widen(layer.packed)))
 
 
 def main() -> None:
@@ -28,25 +62,41 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=[model.name for model in PAIR], help="pair names or embedded")
     parser.add_argument("--widths", nargs="+", type=int, default=[1, 2, 4, 5, 8, 9])
     parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--layouts", nargs="+", choices=("compact", "wide"), default=["compact"])
     args = parser.parse_args()
     cpu = torch.device("cpu")
-    steps = {}
+    steps, streamed = {}, {}
     for name in args.models:
         path = None if name == "embedded" else name
-        steps[name] = model_step(load_model(path, "gguf", cpu, activations=args.activations).model)
+        for layout in args.layouts:
+            loaded = load_model(path, "gguf", cpu, activations=args.activations)
+            if layout == "wide":
+                widened(loaded.model)
+            key = f"{name}[{layout}]" if len(args.layouts) > 1 else name
+            steps[key], streamed[key] = model_step(loaded.model), loaded.streamed_bytes()
+            print(f"{key}: streams {streamed[key] / 1e6:.1f} MB a step; the GGUF file's tensors "
+                  f"{file_bytes(loaded.path) / 1e6:.1f} MB ({streamed[key] / file_bytes(loaded.path):.3f}x)")
+    names = list(steps)
     times: dict[tuple[str, int], list[float]] = {(name, w): [] for name in steps for w in args.widths}
+    bandwidth: list[float] = []
     for repeat in range(args.repeats + 1):  # repeat 0 warms up
+        if repeat:
+            bandwidth.append(read_bandwidth_gbs(repeats=1))
         for name, step in steps.items():
             for width in args.widths:
                 began = time.perf_counter()
                 step(width)
                 if repeat:
                     times[name, width].append(time.perf_counter() - began)
-    t1 = statistics.median(times[args.models[0], args.widths[0]])
+    t1 = statistics.median(times[names[0], args.widths[0]])
+    gbs = statistics.median(bandwidth)
+    print(f"read bandwidth (median of {len(bandwidth)}, between repeats): {gbs:.1f} GB/s")
     for name in steps:
         medians = {w: statistics.median(times[name, w]) for w in args.widths}
         cells = [f"V({w})={seconds * 1e3:.1f}ms/{seconds / t1:.2f}T1" for w, seconds in medians.items()]
-        print(name, args.activations, " ".join(cells))
+        floor = streamed[name] / (gbs * 1e9)
+        print(name, args.activations, " ".join(cells), f"| floor {floor * 1e3:.1f}ms, V(1)/floor "
+              f"{medians[args.widths[0]] / floor:.2f}")
 
 
 if __name__ == "__main__":
