@@ -43,7 +43,6 @@ The cost is k small calls instead of one per verify forward (and per prefill tok
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 
@@ -51,6 +50,7 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.kernels.kernel_choice import MAX_CHUNKED_ROWS
+from spectoolkit.kernels.layer_wrapper import LayerWrapper, leaf_linears, replace_module
 from spectoolkit.models.paths import resolve_path
 
 BNB_KINDS = ("int8", "nf4")
@@ -133,39 +133,31 @@ def load_bnb(path: str | None, config: BnbConfig, device: torch.device) -> torch
 
 
 def use_rowwise_int8(model: torch.nn.Module) -> int:
-    """Give every ``Linear8bitLt`` of ``model`` the per-row forward of :func:`rowwise_linear8bit_class`.
+    """Hold every ``Linear8bitLt`` of ``model`` in a :class:`RowwiseLinear8bitLt` (idempotent).
 
-    The modules keep their weights and state (only their class changes); returns how many changed.
+    The bitsandbytes layers keep their weights, state and class; returns how many were wrapped.
     """
-    rowwise_cls = rowwise_linear8bit_class()
+    import bitsandbytes as bnb
+
     count = 0
-    for module in model.modules():
-        if isinstance(module, rowwise_cls.__base__) and not isinstance(module, rowwise_cls):
-            module.__class__ = rowwise_cls
+    for name, module in leaf_linears(model):
+        if isinstance(module, bnb.nn.Linear8bitLt):
+            replace_module(model, name, RowwiseLinear8bitLt(module))
             count += 1
     return count
 
 
-@functools.cache
-def rowwise_linear8bit_class() -> type:
-    """``RowwiseLinear8bitLt``: LLM.int8 with outlier columns chosen per input row.
+class RowwiseLinear8bitLt(LayerWrapper):
+    """LLM.int8 with outlier columns chosen per input row: each input row is one standard call of the
+    bitsandbytes ``Linear8bitLt`` it holds (child ``layer``), so rows never share outlier columns."""
 
-    Built on first use, so importing this module does not need bitsandbytes.
-    """
-    import bitsandbytes as bnb
-
-    class RowwiseLinear8bitLt(bnb.nn.Linear8bitLt):
-        """Each input row is one standard ``Linear8bitLt`` call: rows never share outlier columns."""
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-            rows = x.reshape(-1, x.shape[-1])  # [n, in]
-            row_forward = super().forward  # bound here: a comprehension is its own scope for super()
-            if rows.shape[0] == 1 or rows.shape[0] > MAX_CHUNKED_ROWS:  # decode step, or a prefill
-                return row_forward(x)
-            out = torch.cat([row_forward(row) for row in rows.split(1)])  # [n, out]
-            return out.reshape(*x.shape[:-1], out.shape[-1])
-
-    return RowwiseLinear8bitLt
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        rows = x.reshape(-1, x.shape[-1])  # [n, in]
+        row_forward = self.layer.forward
+        if rows.shape[0] == 1 or rows.shape[0] > MAX_CHUNKED_ROWS:  # decode step, or a prefill
+            return row_forward(x)
+        out = torch.cat([row_forward(row) for row in rows.split(1)])  # [n, out]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def _import_bitsandbytes() -> None:
