@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spectoolkit.embedded import embedded_dir
-from spectoolkit.errors import SpecToolkitError, first_line
+from spectoolkit.errors import SpecToolkitError, first_line, run_cli
 from spectoolkit.pair import gguf_checkpoint
 
 if TYPE_CHECKING:
@@ -320,13 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors: argparse already printed them
         return exc.code if isinstance(exc.code, int) else 1
-    try:
+
+    def work() -> int:
         report = check_pair(args.target, args.draft)
-    except SpecToolkitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(report.message(), file=sys.stdout if report.compatible else sys.stderr)
-    return 0 if report.compatible else 1
+        print(report.message(), file=sys.stdout if report.compatible else sys.stderr)
+        return 0 if report.compatible else 1
+
+    return run_cli(work)
 
 
 if __name__ == "__main__":
