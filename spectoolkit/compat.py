@@ -260,14 +260,23 @@ def _text(text: str | None, limit: int = 60) -> str:
 
 
 def check_pair(target: str, draft: str) -> CompatReport:
-    """Load both tokenizers and configs (local dir, hub id or ``embedded``) and compare them."""
-    target_tokenizer, target_vocab_size = _load(target, "target")
-    draft_tokenizer, draft_vocab_size = _load(draft, "draft")
+    """Load both tokenizers and configs (local dir, .gguf file, hub id or ``embedded``) and compare them."""
+    return _check(_resolve(target, "target"), _resolve(draft, "draft"), target, draft)
+
+
+def check_resolved(target: str, draft: str) -> CompatReport:
+    """:func:`check_pair` of two locations a run already resolved (:mod:`spectoolkit.wiring.resolve`)."""
+    return _check(target, draft, target, draft)
+
+
+def _check(target_source: str, draft_source: str, target: str, draft: str) -> CompatReport:
+    target_tokenizer, target_vocab_size = _load(target_source, target, "target")
+    draft_tokenizer, draft_vocab_size = _load(draft_source, draft, "draft")
     return check_compat(target_tokenizer, draft_tokenizer, target_vocab_size, draft_vocab_size)
 
 
-def _load(spec: str, role: str) -> tuple[Tokenizer, int]:
-    source = _resolve(spec, role)
+def _load(source: str, spec: str, role: str) -> tuple[Tokenizer, int]:
+    """The tokenizer and vocabulary size at ``source`` (``spec`` resolved; errors name ``spec``)."""
     from transformers import AutoConfig, AutoTokenizer
 
     # Loading reads user files (or the hub); whatever fails there is a user problem, not a bug.
