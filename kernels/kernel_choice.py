@@ -22,6 +22,9 @@ invariant variant wins, the reference on ties (within :data:`TIE_MARGIN`). Calls
 keep the layer's plain forward. Choices are cached per machine fingerprint (CPU model, cores, torch
 version, threads, device) in ``<cache>/kernels/<fingerprint>.json``: a choice made on one machine
 is never reused on another. ``runtime.kernels=reference`` skips the measurement.
+
+A chosen layer is held by a :class:`ChunkedLinear` (:mod:`spectoolkit.kernels.layer_wrapper`): the library's
+module is never patched, its parameters and ``state_dict`` keys stay what they were.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import torch
 from torch import nn
 
 from spectoolkit.kernels.cpu_linear import PackedLinear
+from spectoolkit.kernels.layer_wrapper import LayerWrapper, leaf_linears, replace_module
 
 # Calls with at most this many rows (verify windows up to γ = 32) run row-invariantly, in linears and (in
 # chosen mode) attention alike; longer calls are prefills, which every arm makes identically, so they keep
@@ -71,72 +75,97 @@ def _gemm(layer: nn.Linear, rows: torch.Tensor) -> torch.Tensor:
     return out + layer.bias if layer.bias is not None else out
 
 
-class ChunkedForward:
-    """A layer's forward run on chunks of ``variant.chunk`` rows (the last one padded); see the module docstring."""
+def run_variant(
+    layer: nn.Module, variant: Variant, inputs: torch.Tensor, mode: str = "chosen", gemm_from: int | None = None
+) -> torch.Tensor:
+    """inputs [..., K] -> [..., N] through the library ``layer``, rows run as the step's row ``mode`` says
+    (:data:`~spectoolkit.runtime.step.ROW_MODES`): ``"chosen"`` as in the module docstring; ``"plain"`` the
+    layer's own forward for any row count (a batched step: one call for all rows; ``W @ Xᵀ`` from ``gemm_from``
+    rows, :mod:`spectoolkit.kernels.batched_kernels`); ``"invariant"`` the chosen chunks for every row count,
+    prefills included (no row's result depends on the others)."""
+    if mode == "plain":
+        rows = inputs.reshape(-1, inputs.shape[-1])  # [M, K]
+        if gemm_from is not None and rows.shape[0] >= gemm_from:
+            out = _gemm(layer, rows).contiguous()  # [M, N]
+            return out.reshape(*inputs.shape[:-1], out.shape[-1])
+        return layer.forward(inputs)
+    rows = inputs.reshape(-1, inputs.shape[-1])  # [M, K]
+    count, chunk = rows.shape[0], variant.chunk
+    if count == 0 or (count > MAX_CHUNKED_ROWS and mode != "invariant") or (count == chunk and not variant.gemm):
+        return layer.forward(inputs)
+    if count == 1:  # a decode step: the row repeated to a whole chunk (contiguous, not a stride-0 view)
+        part = rows.repeat(chunk, 1)  # [chunk, K]
+        out = (_gemm(layer, part) if variant.gemm else layer.forward(part))[:1]  # [1, N]
+        return out.reshape(*inputs.shape[:-1], out.shape[-1])
+    pieces = []
+    for start in range(0, count, chunk):
+        part = rows[start : start + chunk]  # [m, K], m <= chunk
+        kept = part.shape[0]
+        if kept < chunk:  # contiguous copies: a stride-0 expand may take another kernel path
+            part = torch.cat([part, part[-1:].repeat(chunk - kept, 1)])
+        out = _gemm(layer, part) if variant.gemm else layer.forward(part)
+        pieces.append(out[:kept])
+    out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # [M, N]
+    return out.reshape(*inputs.shape[:-1], out.shape[-1])
+
+
+class ChunkedLinear(LayerWrapper):
+    """A library linear (child ``layer``, untouched) run as ``variant``; see the module docstring."""
 
     def __init__(self, layer: nn.Module, variant: Variant) -> None:
-        self.layer_forward = type(layer).forward.__get__(layer)  # the class's own forward, not this one
-        self.layer = layer
+        super().__init__(layer)
         self.variant = variant
         self.gemm_from: int | None = None  # plain mode: W @ Xᵀ from this many rows (kernels.batched_kernels)
 
-    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """inputs [..., K] -> [..., N] in ``"chosen"`` mode (the layer called as a module)."""
-        return self.run(inputs, "chosen")
+        return run_variant(self.layer, self.variant, inputs, "chosen", self.gemm_from)
 
     def run(self, inputs: torch.Tensor, mode: str) -> torch.Tensor:
-        """inputs [..., K] -> [..., N], rows run as the step's row ``mode`` says
-        (:data:`~spectoolkit.runtime.step.ROW_MODES`): ``"chosen"`` as in the module docstring; ``"plain"``
-        the layer's own forward for any row count (a batched step: one call for all rows); ``"invariant"``
-        the chosen chunks for every row count, prefills included (no row's result depends on the others)."""
-        if mode == "plain":
-            rows = inputs.reshape(-1, inputs.shape[-1])  # [M, K]
-            if self.gemm_from is not None and rows.shape[0] >= self.gemm_from:
-                out = _gemm(self.layer, rows).contiguous()  # [M, N]
-                return out.reshape(*inputs.shape[:-1], out.shape[-1])
-            return self.layer_forward(inputs)
-        rows = inputs.reshape(-1, inputs.shape[-1])  # [M, K]
-        count, chunk = rows.shape[0], self.variant.chunk
-        if (
-            count == 0
-            or (count > MAX_CHUNKED_ROWS and mode != "invariant")
-            or (count == chunk and not self.variant.gemm)
-        ):
-            return self.layer_forward(inputs)
-        if count == 1:  # a decode step: the row repeated to a whole chunk (contiguous, not a stride-0 view)
-            part = rows.repeat(chunk, 1)  # [chunk, K]
-            out = (_gemm(self.layer, part) if self.variant.gemm else self.layer_forward(part))[:1]  # [1, N]
-            return out.reshape(*inputs.shape[:-1], out.shape[-1])
-        pieces = []
-        for start in range(0, count, chunk):
-            part = rows[start : start + chunk]  # [m, K], m <= chunk
-            kept = part.shape[0]
-            if kept < chunk:  # contiguous copies: a stride-0 expand may take another kernel path
-                part = torch.cat([part, part[-1:].repeat(chunk - kept, 1)])
-            out = _gemm(self.layer, part) if self.variant.gemm else self.layer_forward(part)
-            pieces.append(out[:kept])
-        out = torch.cat(pieces) if len(pieces) > 1 else pieces[0]  # [M, N]
-        return out.reshape(*inputs.shape[:-1], out.shape[-1])
+        """inputs [..., K] -> [..., N] in row ``mode`` (:func:`run_variant`)."""
+        return run_variant(self.layer, self.variant, inputs, mode, self.gemm_from)
 
 
-def install(layer: nn.Module, variant: Variant) -> None:
-    """Run ``layer`` as ``variant`` from now on (an instance attribute; the module keeps its parameters)."""
-    layer.forward = ChunkedForward(layer, variant)
+def library_layer(layer: nn.Module) -> nn.Module:
+    """The library's layer: the one a :class:`ChunkedLinear` holds, else ``layer`` itself."""
+    return layer.layer if isinstance(layer, ChunkedLinear) else layer
+
+
+def install(layer: nn.Module, variant: Variant) -> ChunkedLinear:
+    """``layer`` run as ``variant`` from now on: a wrapper's variant set, or a new :class:`ChunkedLinear` holding a
+    plain layer (which the caller puts in the model: :func:`wrap_linears`). The layer itself is never changed."""
+    if isinstance(layer, ChunkedLinear):
+        layer.variant = variant
+        return layer
+    return ChunkedLinear(layer, variant)
 
 
 def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The layers to choose kernels for: plain ``nn.Linear`` and quantized linears (any module with
-    ``in_features``/``out_features`` and no child modules); bitsandbytes int8 layers keep their own
-    row-wise forward (:mod:`spectoolkit.quant.bnb`)."""
+    ``in_features``/``out_features`` and no child modules), or the :class:`ChunkedLinear` holding one; our packed
+    kernel and other wrappers (bitsandbytes int8 runs its own row-wise forward, :mod:`spectoolkit.quant.bnb`)
+    are left alone."""
     layers = []
-    for name, module in model.named_modules():
-        if type(module).__name__ == "RowwiseLinear8bitLt" or any(True for _ in module.children()):
-            continue
+    for name, module in leaf_linears(model):
         if isinstance(module, PackedLinear):  # our kernel: row-invariant by construction
             continue
-        if isinstance(module, nn.Linear) or (hasattr(module, "in_features") and hasattr(module, "out_features")):
+        if isinstance(module, LayerWrapper) and not isinstance(module, ChunkedLinear):
+            continue
+        if isinstance(module, nn.Linear) or hasattr(module, "out_features"):
             layers.append((name, module))
     return layers
+
+
+def wrap_linears(model: nn.Module, variant: Variant | None = None) -> list[tuple[str, ChunkedLinear]]:
+    """Every layer of :func:`linear_layers` held by a :class:`ChunkedLinear` in ``model`` (plain layers wrapped as
+    ``variant``, the reference by default; wrappers kept as they are); returns them by name."""
+    wrapped = []
+    for name, layer in linear_layers(model):
+        if not isinstance(layer, ChunkedLinear):
+            layer = ChunkedLinear(layer, variant or REFERENCE)
+            replace_module(model, name, layer)
+        wrapped.append((name, layer))
+    return wrapped
 
 
 def _activation_dtype(model: nn.Module) -> torch.dtype:
@@ -146,12 +175,14 @@ def _activation_dtype(model: nn.Module) -> torch.dtype:
 
 def shape_key(layer: nn.Module, dtype: torch.dtype, widths: tuple[int, ...]) -> str:
     """What identifies a choice: layer class, shape, activation dtype, bias, the widths it was timed at."""
+    layer = library_layer(layer)
     bias = getattr(layer, "bias", None) is not None
     return f"{type(layer).__name__}:{layer.in_features}x{layer.out_features}:{dtype}:bias={bias}:w={widths}"
 
 
 def candidates(layer: nn.Module, dtype: torch.dtype) -> list[Variant]:
     """Variants that apply: W @ Xᵀ only for a plain fp32 ``nn.Linear`` on the CPU."""
+    layer = library_layer(layer)
     plain_fp32 = type(layer) is nn.Linear and layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu"
     return [variant for variant in VARIANTS if not variant.gemm or plain_fp32]
 
@@ -164,8 +195,7 @@ def _device(layer: nn.Module) -> torch.device:
 
 
 def _run(layer: nn.Module, variant: Variant, rows: torch.Tensor) -> torch.Tensor:
-    forward = ChunkedForward(layer, variant)
-    return forward(rows)
+    return run_variant(library_layer(layer), variant, rows)
 
 
 @torch.inference_mode()
@@ -182,6 +212,14 @@ def row_invariant(
             if not torch.equal(together[index], _run(layer, variant, rows[index : index + 1])[0]):
                 return False
     return True
+
+
+def _set_variant(layers: list[nn.Module], variant: Variant) -> None:
+    """Run the model's wrapped ``layers`` as ``variant`` (a whole-step timing needs them in the model)."""
+    for layer in layers:
+        if not isinstance(layer, ChunkedLinear):
+            raise TypeError(f"timing whole steps needs the model's ChunkedLinear wrappers, not {type(layer).__name__}")
+        layer.variant = variant
 
 
 def one_call(variant: Variant, rows: int, function: Callable[[], object]) -> float:
@@ -222,8 +260,7 @@ def measure(
     for repeat in range(repeats + 1):  # pass 0 warms every shape up
         for variant in variants if repeat % 2 else variants[::-1]:
             if step is not None:
-                for layer in layers:
-                    install(layer, variant)
+                _set_variant(layers, variant)
             for index, width in enumerate(widths):
                 elapsed = timer(variant, width, calls[variant, index])
                 if repeat:
@@ -251,8 +288,7 @@ def choose_variant(
         promising = [v for v in invariant if times[v][0] <= 1.5 * times[REFERENCE][0]]
         promising = sorted(promising, key=lambda v: times[v][1])[:2]
         times = measure(layers, [REFERENCE, *promising], dtype, widths, timer, step, repeats=5)
-        for layer in layers:
-            install(layer, REFERENCE)
+        _set_variant(layers, REFERENCE)
         invariant = promising
     decode_limit, verify_limit = (1 + TIE_MARGIN) * times[REFERENCE][0], (1 - TIE_MARGIN) * times[REFERENCE][1]
     fit = [v for v in invariant if times[v][0] <= decode_limit and times[v][1] < verify_limit]
@@ -342,26 +378,26 @@ def choose_kernels(
     timer: Timer = one_call,
     step: Callable[[int], object] | None = None,
 ) -> dict[str, str]:
-    """Install a kernel variant on every linear layer of ``model``; returns shape key -> variant name.
+    """Run every linear layer of ``model`` as a kernel variant (each held by a :class:`ChunkedLinear`,
+    :func:`wrap_linears`); returns shape key -> variant name.
 
     ``mode="reference"`` installs the reference everywhere; ``"auto"`` reads each shape's choice from
     ``cache`` (by default the machine's cache file) or measures it (:func:`choose_variant`; ``step(w)``
     runs one model forward of width w, e.g. :func:`~spectoolkit.runtime.lone.model_step`). Shapes are measured
     largest first, the others on their current variant.
     """
-    layers = linear_layers(model)
+    layers = wrap_linears(model)
     if not layers:
         return {}
     dtype = _activation_dtype(model)
     if mode == "auto" and cache is None:
         cache = default_cache(_device(layers[0][1]))
-    groups: dict[str, list[nn.Module]] = {}
+    groups: dict[str, list[ChunkedLinear]] = {}
     for _, layer in layers:
         groups.setdefault(shape_key(layer, dtype, widths), []).append(layer)
     chosen = {key: REFERENCE if mode == "reference" else cache.get(key) for key in groups}
     for key, group in groups.items():
-        for layer in group:
-            install(layer, chosen[key] or REFERENCE)
+        _set_variant(group, chosen[key] or REFERENCE)
     by_size = sorted(
         groups, key=lambda key: -len(groups[key]) * groups[key][0].in_features * groups[key][0].out_features
     )
@@ -369,6 +405,5 @@ def choose_kernels(
         if chosen[key] is None:
             chosen[key] = choose_variant(groups[key], dtype, widths, timer, step)
             cache.put(key, chosen[key])
-            for layer in groups[key]:
-                install(layer, chosen[key])
+            _set_variant(groups[key], chosen[key])
     return {key: variant.name for key, variant in chosen.items()}

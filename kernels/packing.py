@@ -1,6 +1,7 @@
 """Pack a model's linears once, at load, into our CPU kernel's panels (DESIGN §7), and fuse sibling calls.
 
-:func:`pack_model` walks the model's leaf linears; ``convert`` (the weight formats' own code, e.g.
+:func:`pack_model` walks the model's leaf linears (a wrapper, :mod:`spectoolkit.kernels.layer_wrapper`, counts as
+one); ``convert`` (the weight formats' own code, e.g.
 :func:`spectoolkit.quant.packing.convert`) turns each into a :class:`~spectoolkit.kernels.cpu_linear.PackedLinear`
 or says why it keeps its own path. With int8 activations (issue 47) every packed int8/int4 layer is re-laid for
 the integer dot products (:func:`~spectoolkit.kernels.cpu_linear.to_int8_activations`); a layer that cannot take
@@ -24,6 +25,8 @@ from spectoolkit.kernels.cpu_linear import (
     int8_activations_why,
     to_int8_activations,
 )
+from spectoolkit.kernels.kernel_choice import library_layer
+from spectoolkit.kernels.layer_wrapper import leaf_linears, replace_module
 
 Converter = Callable[[nn.Module], "PackedLinear | str"]  # a leaf linear -> its packed twin, or why it keeps its path
 
@@ -34,17 +37,15 @@ def pack_model(model: nn.Module, convert: Converter, activations: str = "float")
     ``{"<source> <N>x<K>": "packed" | "packed, int8 activations" | "packed, float activations: <why>" |
     "own path: <why>"}``."""
     report: dict[str, str] = {}
-    for name, module in list(model.named_modules()):
-        if not hasattr(module, "in_features") or any(module.children()):
-            continue
+    for name, module in leaf_linears(model):
+        module = library_layer(module)  # a layer run as a measured variant is packed itself, its wrapper dropped
         shape = f"{module.out_features}x{module.in_features}"
         if not isinstance(module, PackedLinear):
             packed = convert(module)
             if isinstance(packed, str):
                 report[f"{type(module).__name__} {shape}"] = f"own path: {packed}"
                 continue
-            parent, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, leaf, packed)
+            replace_module(model, name, packed)
             module = packed
         report[f"{module.source} {shape}"] = _with_activations(module, activations)
     for layer in getattr(getattr(model, "model", None), "layers", []):

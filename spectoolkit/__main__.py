@@ -16,7 +16,7 @@ from omegaconf.errors import MissingMandatoryValue
 from spectoolkit.bench.sweep.jobs import COMPLETE, config_hash, end_job, finished_before, start_job
 from spectoolkit.config import RunConfig, run_config_from_dict
 from spectoolkit.config_checks import Entry, check_config, override_keys
-from spectoolkit.errors import SpecToolkitError
+from spectoolkit.errors import SpecToolkitError, run_cli
 from spectoolkit.path_checks import check_run_paths
 
 
@@ -50,12 +50,12 @@ def checked(config: RunConfig, entry: Entry) -> RunConfig:
 @hydra.main(version_base=None, config_path="pkg://spectoolkit.conf", config_name="config")
 def _app(cfg: DictConfig) -> None:
     _quiet_transformers()
-    try:
-        values = _resolved(cfg)
-        config = checked(run_config_from_dict(values), "run")
-    except SpecToolkitError as exc:
-        _fail(str(exc))
-        return
+    run_cli(lambda: _run(cfg), exit=not _in_multirun())  # a sweep goes on with its other jobs (job.json: failed)
+
+
+def _run(cfg: DictConfig) -> None:
+    values = _resolved(cfg)
+    config = checked(run_config_from_dict(values), "run")
     text = _run_job(config, values)
     if text is not None:
         print(text)
@@ -75,8 +75,7 @@ def _run_job(config, values: dict) -> str | None:
         text = _eval_job(config) if config.eval.kind != "none" else _bench_job(config)
     except SpecToolkitError as exc:
         end_job(out_dir, job, "failed", str(exc))
-        _fail(str(exc))
-        return None
+        raise
     except KeyboardInterrupt:
         end_job(out_dir, job, "interrupted")
         print("interrupted: finished records and summary.json (complete: false) were kept", file=sys.stderr)
@@ -100,13 +99,6 @@ def _bench_job(config) -> str:
     from spectoolkit.bench.protocol.table import format_summary
 
     return format_summary(run(config))
-
-
-def _fail(message: str) -> None:
-    """One clear line for a user mistake; a sweep goes on with its other jobs (job.json: failed)."""
-    print(f"error: {message}", file=sys.stderr)
-    if not _in_multirun():
-        sys.exit(1)
 
 
 def _in_multirun() -> bool:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spectoolkit.embedded import embedded_dir
-from spectoolkit.errors import SpecToolkitError, first_line
+from spectoolkit.errors import SpecToolkitError, first_line, run_cli
 from spectoolkit.pair import gguf_checkpoint
 
 if TYPE_CHECKING:
@@ -260,14 +260,23 @@ def _text(text: str | None, limit: int = 60) -> str:
 
 
 def check_pair(target: str, draft: str) -> CompatReport:
-    """Load both tokenizers and configs (local dir, hub id or ``embedded``) and compare them."""
-    target_tokenizer, target_vocab_size = _load(target, "target")
-    draft_tokenizer, draft_vocab_size = _load(draft, "draft")
+    """Load both tokenizers and configs (local dir, .gguf file, hub id or ``embedded``) and compare them."""
+    return _check(_resolve(target, "target"), _resolve(draft, "draft"), target, draft)
+
+
+def check_resolved(target: str, draft: str) -> CompatReport:
+    """:func:`check_pair` of two locations a run already resolved (:mod:`spectoolkit.wiring.resolve`)."""
+    return _check(target, draft, target, draft)
+
+
+def _check(target_source: str, draft_source: str, target: str, draft: str) -> CompatReport:
+    target_tokenizer, target_vocab_size = _load(target_source, target, "target")
+    draft_tokenizer, draft_vocab_size = _load(draft_source, draft, "draft")
     return check_compat(target_tokenizer, draft_tokenizer, target_vocab_size, draft_vocab_size)
 
 
-def _load(spec: str, role: str) -> tuple[Tokenizer, int]:
-    source = _resolve(spec, role)
+def _load(source: str, spec: str, role: str) -> tuple[Tokenizer, int]:
+    """The tokenizer and vocabulary size at ``source`` (``spec`` resolved; errors name ``spec``)."""
     from transformers import AutoConfig, AutoTokenizer
 
     # Loading reads user files (or the hub); whatever fails there is a user problem, not a bug.
@@ -320,13 +329,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors: argparse already printed them
         return exc.code if isinstance(exc.code, int) else 1
-    try:
+
+    def work() -> int:
         report = check_pair(args.target, args.draft)
-    except SpecToolkitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(report.message(), file=sys.stdout if report.compatible else sys.stderr)
-    return 0 if report.compatible else 1
+        print(report.message(), file=sys.stdout if report.compatible else sys.stderr)
+        return 0 if report.compatible else 1
+
+    return run_cli(work)
 
 
 if __name__ == "__main__":

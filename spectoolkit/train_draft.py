@@ -11,13 +11,12 @@ It prints the head's directory; ``+draft=eagle draft.eagle_path=DIR`` drafts wit
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
-from spectoolkit.errors import SpecToolkitError
+from spectoolkit.errors import run_cli
 
 if TYPE_CHECKING:
     from spectoolkit.config import RunConfig
@@ -31,16 +30,15 @@ def _app(cfg: DictConfig) -> None:
     from spectoolkit.training.job import train_config_from_dict, train_draft
 
     _quiet_transformers()
-    try:
+
+    def work() -> None:
         values = _resolved(cfg)
         train_cfg = train_config_from_dict(values.pop("train", None))
         run_cfg = run_config_from_dict(values)
         check_train_paths(run_cfg, train_cfg)
-        path = train_draft(run_cfg, train_cfg)
-    except SpecToolkitError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    print(path)
+        print(train_draft(run_cfg, train_cfg))
+
+    run_cli(work, exit=True)
 
 
 def check_train_paths(run_cfg: RunConfig, train_cfg: TrainConfig) -> None:

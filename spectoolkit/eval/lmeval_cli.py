@@ -19,7 +19,7 @@ import sys
 from argparse import Namespace
 from typing import Any
 
-from spectoolkit.errors import SpecToolkitError, first_line
+from spectoolkit.errors import run_cli
 
 SUBCOMMANDS = ("run", "ls", "validate")
 
@@ -73,14 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = lm_eval_argv(list(sys.argv[1:] if argv is None else argv), str(TASKS_DIR))
     setup_logging()
     parser = HarnessCLI()
-    try:
+
+    def work() -> None:
         args = parser.parse_args()  # reads sys.argv, as in cli_evaluate
         prefer_auto_device(args, MODEL_NAME)
         parser.execute(args)
-    except SpecToolkitError as exc:
-        print(f"error: {first_line(exc)}", file=sys.stderr)
-        return 1
-    return 0
+
+    return run_cli(work)
 
 
 if __name__ == "__main__":

@@ -20,14 +20,15 @@ def quant_quality(cfg: RunConfig, models: LoadedModels) -> dict[str, Any] | None
     if not enabled:
         return None
     texts = held_texts(models.tokenizer, cfg.workload, qq.num_texts, qq.max_tokens)
-    reference = load_model(cfg.model.target_path, qq.reference, models.device).model
+    source = models.target.checkpoint  # resolved once, by the run (wiring.resolve)
+    reference = load_model(source, qq.reference, models.device).model
     result = measure(models.target.model, reference, texts)
     del reference
     target = models.target
     section = {"reference": qq.reference, "quantized": target.label, "activations": target.activations, **result}
     if target.activations == "int8":  # what the integer dot products cost, apart from the weights' quantization
         group = cfg.target.group_size
-        float_rows = load_model(cfg.model.target_path, target.precision, models.device, group, activations="float")
+        float_rows = load_model(source, target.precision, models.device, group, activations="float")
         section["int8_activations_vs_float"] = measure(target.model, float_rows.model, texts)
         del float_rows
     return section

@@ -10,6 +10,7 @@ importing the loader that chooses them (:mod:`spectoolkit.wiring.loading`).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,6 +19,24 @@ from spectoolkit.embedded import GGUF_SUFFIX, embedded_dir, gguf_path, gguf_sour
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.pair import PAIR_MODELS, gguf_checkpoint, pair_gguf
 from spectoolkit.path_checks import WEIGHT_SUFFIXES, is_hub_id
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A model spec resolved once (:func:`resolve_checkpoint`): what the config names, and where it loads from."""
+
+    spec: str | None  # as configured: a directory, hub id, .gguf file, `make pair` name; None = the embedded model
+    location: str  # a loadable local directory or cached hub id (:func:`resolve_path`)
+
+
+def resolve_checkpoint(spec: str | None) -> Checkpoint:
+    """``spec`` resolved to the :class:`Checkpoint` a run loads (a GGUF file converted once, a hub id checked)."""
+    return Checkpoint(spec, resolve_path(spec))
+
+
+def location_of(model: Checkpoint | str | None) -> str:
+    """Where ``model`` loads from: a resolved checkpoint's location as it is, a spec resolved here."""
+    return model.location if isinstance(model, Checkpoint) else resolve_path(model)
 
 
 def resolve_path(path: str | None) -> str:
@@ -91,9 +110,9 @@ def check_hub_model(repo_id: str) -> None:
         raise SpecToolkitError(message) from None
 
 
-def local_dir(path: str | None) -> Path:
+def local_dir(path: Checkpoint | str | None) -> Path:
     """The local directory of ``path``: itself, the embedded model, or a hub id's cached snapshot."""
-    location = resolve_path(path)
+    location = location_of(path)
     if Path(location).is_dir():
         return Path(location)
     from huggingface_hub import snapshot_download

@@ -43,7 +43,6 @@ The cost is k small calls instead of one per verify forward (and per prefill tok
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 
@@ -51,7 +50,8 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.kernels.kernel_choice import MAX_CHUNKED_ROWS
-from spectoolkit.models.paths import resolve_path
+from spectoolkit.kernels.layer_wrapper import LayerWrapper, leaf_linears, replace_module
+from spectoolkit.models.paths import Checkpoint, location_of
 
 BNB_KINDS = ("int8", "nf4")
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -95,7 +95,9 @@ class BnbConfig:
         )
 
 
-def load_quantized(path: str | None, precision: str, device: torch.device, group_size: int) -> torch.nn.Module:
+def load_quantized(
+    path: Checkpoint | str | None, precision: str, device: torch.device, group_size: int
+) -> torch.nn.Module:
     """Load ``path`` with bitsandbytes ``precision`` (``int8`` | ``nf4``) onto ``device``, in eval mode.
 
     ``group_size`` is ignored: bitsandbytes fixes its own blocking (per row for int8, 64 for nf4).
@@ -104,12 +106,13 @@ def load_quantized(path: str | None, precision: str, device: torch.device, group
     return load_bnb(path, BnbConfig(kind=precision), device)
 
 
-def load_bnb(path: str | None, config: BnbConfig, device: torch.device) -> torch.nn.Module:
-    """Load ``path`` (see :func:`spectoolkit.models.paths.resolve_path`) quantized as ``config``."""
+def load_bnb(path: Checkpoint | str | None, config: BnbConfig, device: torch.device) -> torch.nn.Module:
+    """Load ``path`` (a resolved checkpoint, or a spec: :func:`spectoolkit.models.paths.resolve_path`) quantized as
+    ``config``."""
     from transformers import AutoModelForCausalLM
 
     _import_bitsandbytes()
-    location = resolve_path(path)
+    location = location_of(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             location,
@@ -133,39 +136,31 @@ def load_bnb(path: str | None, config: BnbConfig, device: torch.device) -> torch
 
 
 def use_rowwise_int8(model: torch.nn.Module) -> int:
-    """Give every ``Linear8bitLt`` of ``model`` the per-row forward of :func:`rowwise_linear8bit_class`.
+    """Hold every ``Linear8bitLt`` of ``model`` in a :class:`RowwiseLinear8bitLt` (idempotent).
 
-    The modules keep their weights and state (only their class changes); returns how many changed.
+    The bitsandbytes layers keep their weights, state and class; returns how many were wrapped.
     """
-    rowwise_cls = rowwise_linear8bit_class()
+    import bitsandbytes as bnb
+
     count = 0
-    for module in model.modules():
-        if isinstance(module, rowwise_cls.__base__) and not isinstance(module, rowwise_cls):
-            module.__class__ = rowwise_cls
+    for name, module in leaf_linears(model):
+        if isinstance(module, bnb.nn.Linear8bitLt):
+            replace_module(model, name, RowwiseLinear8bitLt(module))
             count += 1
     return count
 
 
-@functools.cache
-def rowwise_linear8bit_class() -> type:
-    """``RowwiseLinear8bitLt``: LLM.int8 with outlier columns chosen per input row.
+class RowwiseLinear8bitLt(LayerWrapper):
+    """LLM.int8 with outlier columns chosen per input row: each input row is one standard call of the
+    bitsandbytes ``Linear8bitLt`` it holds (child ``layer``), so rows never share outlier columns."""
 
-    Built on first use, so importing this module does not need bitsandbytes.
-    """
-    import bitsandbytes as bnb
-
-    class RowwiseLinear8bitLt(bnb.nn.Linear8bitLt):
-        """Each input row is one standard ``Linear8bitLt`` call: rows never share outlier columns."""
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-            rows = x.reshape(-1, x.shape[-1])  # [n, in]
-            row_forward = super().forward  # bound here: a comprehension is its own scope for super()
-            if rows.shape[0] == 1 or rows.shape[0] > MAX_CHUNKED_ROWS:  # decode step, or a prefill
-                return row_forward(x)
-            out = torch.cat([row_forward(row) for row in rows.split(1)])  # [n, out]
-            return out.reshape(*x.shape[:-1], out.shape[-1])
-
-    return RowwiseLinear8bitLt
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        rows = x.reshape(-1, x.shape[-1])  # [n, in]
+        row_forward = self.layer.forward
+        if rows.shape[0] == 1 or rows.shape[0] > MAX_CHUNKED_ROWS:  # decode step, or a prefill
+            return row_forward(x)
+        out = torch.cat([row_forward(row) for row in rows.split(1)])  # [n, out]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 def _import_bitsandbytes() -> None:

@@ -43,7 +43,7 @@ import torch
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.paths import checkpoint_identity, local_dir, resolve_device
+from spectoolkit.models.paths import Checkpoint, checkpoint_identity, local_dir, resolve_device
 from spectoolkit.workloads.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, iter_humaneval_tasks, package_data_file
 from spectoolkit.workloads.prompts import load_workload
 
@@ -122,7 +122,7 @@ def is_gptq_checkpoint(directory: Path) -> bool:
     return _quantization_config(directory).get("quant_method") == "gptq"
 
 
-def quantized_checkpoint(path: str | None, cfg: GptqConfig) -> Path:
+def quantized_checkpoint(path: Checkpoint | str | None, cfg: GptqConfig) -> Path:
     """A GPTQ checkpoint directory for ``path`` (None: the embedded model), quantizing on first use.
 
     A GPTQ checkpoint (directory or cached hub id) is returned as is. A float checkpoint is
@@ -140,7 +140,7 @@ def quantized_checkpoint(path: str | None, cfg: GptqConfig) -> Path:
     return cached_directory(target, "quantize_config.json", lambda tmp: _quantize(source, cfg, tmp))
 
 
-def load_quantized(path: str | None, precision: str, device, group_size: int) -> torch.nn.Module:
+def load_quantized(path: Checkpoint | str | None, precision: str, device, group_size: int) -> torch.nn.Module:
     """GPTQ ``precision`` (``int4``) model of ``path`` on ``device``: a transformers causal LM, eval mode.
 
     A GPTQ checkpoint is loaded as is (its own ``group_size`` applies); a float checkpoint is

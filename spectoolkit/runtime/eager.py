@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from spectoolkit.kernels import cpu_ops
-from spectoolkit.kernels.kernel_choice import ChunkedForward
+from spectoolkit.kernels.kernel_choice import ChunkedLinear
 from spectoolkit.kernels.static_decoder import StaticDecoder, check_decoder, exact_decoder_reason, rotate_half
 from spectoolkit.runtime.attention import (
     flat_key_slots,
@@ -38,9 +38,8 @@ from spectoolkit.runtime.step import StepBatch
 
 def run_linear(module: nn.Module, x: torch.Tensor, mode: str) -> torch.Tensor:
     """x [..., K] -> [..., N] through ``module``, its chosen variant run in row ``mode`` when it has one."""
-    chunked = module.__dict__.get("forward")
-    if isinstance(chunked, ChunkedForward):
-        return chunked.run(x, mode)
+    if isinstance(module, ChunkedLinear):
+        return module.run(x, mode)
     return module(x)
 
 

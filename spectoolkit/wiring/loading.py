@@ -1,9 +1,11 @@
 """Load causal LMs and tokenizers from a local directory, a hub id, or the embedded default.
 
-``path=None`` means the embedded SmolLM2-135M-Instruct; locations are resolved by
-:mod:`spectoolkit.models.paths` (a missing model is a clear :class:`SpecToolkitError`, never a
-traceback). :func:`load_model` chooses between the float loader (:mod:`spectoolkit.models.float_model`)
-and the quantization backends (:func:`spectoolkit.quant.registry.load_quantized`), none of which imports this module.
+A model is given as a :class:`~spectoolkit.models.paths.Checkpoint` a run resolved once
+(:mod:`spectoolkit.wiring.resolve`), or, from plain Python, as a spec resolved here by
+:mod:`spectoolkit.models.paths` (``None`` means the embedded SmolLM2-135M-Instruct; a missing model is a clear
+:class:`SpecToolkitError`, never a traceback). :func:`load_model` chooses between the float loader
+(:mod:`spectoolkit.models.float_model`) and the quantization backends
+(:func:`spectoolkit.quant.registry.load_quantized`), none of which imports this module.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.eagle3_head import draft_vocabulary
 from spectoolkit.models.float_model import DTYPES, load_float_model
-from spectoolkit.models.paths import resolve_path
+from spectoolkit.models.paths import Checkpoint, location_of, resolve_checkpoint
 from spectoolkit.precisions import precision_label, resolve_activations
 from spectoolkit.quant import QUANT_PRECISIONS
 from spectoolkit.quant.bnb_scales import scale_bytes
@@ -38,6 +40,7 @@ class LoadedModel:
     shared: bool = False  # its weights are another loaded model's (a layer-skip draft): no extra bytes
     activations: str = "float"  # "int8": its integer layers run integer dot products (precisions.ACTIVATIONS)
     vocab_ids: torch.Tensor | None = None  # the target id of each output row, where its head was cut; None: row i is i
+    checkpoint: Checkpoint | None = None  # what it was loaded from (``path`` is its location)
 
     @property
     def label(self) -> str:
@@ -93,11 +96,11 @@ def frequent_tokens(tokenizer, size: int, vocab_size: int, keep: frozenset[int])
     return torch.tensor(sorted(set(ids.tolist()) | {token for token in keep if token < vocab_size}))
 
 
-def load_tokenizer(path: str | None):
-    """The tokenizer of ``path`` (see :func:`~spectoolkit.models.paths.resolve_path`)."""
+def load_tokenizer(model: Checkpoint | str | None):
+    """The tokenizer of ``model`` (a resolved checkpoint, or a spec: :func:`~spectoolkit.models.paths.resolve_path`)."""
     from transformers import AutoTokenizer
 
-    location = resolve_path(path)
+    location = location_of(model)
     try:
         return AutoTokenizer.from_pretrained(location)
     except (OSError, ValueError) as exc:
@@ -105,7 +108,7 @@ def load_tokenizer(path: str | None):
 
 
 def load_model(
-    path: str | None,
+    model: Checkpoint | str | None,
     precision: str,
     device: torch.device,
     group_size: int = 64,
@@ -115,7 +118,7 @@ def load_model(
     activations: str | None = None,
     head_rows: torch.Tensor | None = None,
 ) -> LoadedModel:
-    """Load ``path`` at ``precision`` onto ``device``, in eval mode.
+    """Load ``model`` (a resolved checkpoint, or a spec resolved here) at ``precision`` onto ``device``, in eval mode.
 
     Float precisions (fp32/bf16/fp16) load directly; quantized ones (int8, nf4, int4, rtn-int8, rtn-int4, and
     gguf: a GGUF checkpoint's own quantization, always on our kernel) go through their backend in
@@ -141,9 +144,10 @@ def load_model(
         raise SpecToolkitError(f"precision '{precision}' is not one of {', '.join((*DTYPES, *QUANT_PRECISIONS))}")
     if head_rows is not None and precision not in HEAD_PRUNING:
         raise SpecToolkitError(f"a draft head cut to fewer tokens needs a float or rtn-* draft, not '{precision}'")
-    location = resolve_path(path)
+    checkpoint = model if isinstance(model, Checkpoint) else resolve_checkpoint(model)
+    location = checkpoint.location
     if precision in QUANT_PRECISIONS:
-        model = load_quantized(location, precision, device, group_size, quantize_head, head_rows)
+        model = load_quantized(checkpoint, precision, device, group_size, quantize_head, head_rows)
     else:
         model = load_float_model(location, precision, device, head_rows)
     activations = resolve_activations(precision, activations)
@@ -156,4 +160,5 @@ def load_model(
     if kernels is not None:
         chosen |= choose_kernels(model, kernels, widths, step=model_step(model))
     vocab = model.get_output_embeddings().out_features
-    return LoadedModel(model, location, precision, vocab, chosen, activations=activations, vocab_ids=head_rows)
+    return LoadedModel(model, location, precision, vocab, chosen, activations=activations, vocab_ids=head_rows,
+                       checkpoint=checkpoint)  # fmt: skip

@@ -1,7 +1,8 @@
 """Build what a run needs from its config: models, the compat check, drafter, verifier, engines.
 
-Data flows one way (DESIGN §4): config → loaded models → compat check → engines. Each variant
-(drafter kind, verifier) is chosen here once; the decode loops never branch on config strings.
+Data flows one way (DESIGN §4): config → resolved checkpoints and choices (:mod:`spectoolkit.wiring.resolve`, once,
+first) → loaded models → compat check → engines. Each variant (drafter kind, verifier) is chosen here once; the
+decode loops never branch on config strings.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ from typing import Any
 
 import torch
 
-from spectoolkit.compat import check_pair
-from spectoolkit.config import ARM_DRAFTERS, RunConfig, TreeConfig, drafter_kinds
+from spectoolkit.compat import check_resolved
+from spectoolkit.config import ARM_DRAFTERS, RunConfig, TreeConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.verifier import make_verifier
-from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.layer_skip import kept_layers, layer_skip_model
 from spectoolkit.policy import DraftLengthPolicy, make_policy
 from spectoolkit.precisions import QUANT_PRECISIONS
 from spectoolkit.serving.one import Engine
 from spectoolkit.wiring.loading import LoadedModel, frequent_tokens, load_model, load_tokenizer
 from spectoolkit.wiring.one_engine import OneEngines
+from spectoolkit.wiring.resolve import DRAFT_WIDTHS, ResolvedRun, kernel_mode, resolve_run
 
 
 @dataclass
@@ -107,11 +108,12 @@ class RunFacts:
 
 @dataclass
 class RunSetup:
-    """What :func:`build` returns: the loaded models, the arms to measure, the run facts."""
+    """What :func:`build` returns: the loaded models, the arms to measure, the run facts, what was resolved."""
 
     models: LoadedModels
     arm_set: ArmSet
     facts: RunFacts
+    resolved: ResolvedRun | None = None
 
 
 def eos_ids_of(tokenizer, model: torch.nn.Module) -> frozenset[int]:
@@ -132,7 +134,7 @@ class _Parts:
     """What the arm builders combine: the configured target, the one engine's arm builder and the draft."""
 
     cfg: RunConfig
-    device: torch.device
+    run: ResolvedRun
     target: LoadedModel
     one: OneEngines
     draft: LoadedModel | None
@@ -161,30 +163,32 @@ class _Parts:
 
 def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
     """Load and wire everything ``cfg`` asks for; user mistakes raise SpecToolkitError. ``arms=False``: the
-    models only (a server or a serving run builds its own arms, :mod:`spectoolkit.serving.assemble`)."""
-    device = resolve_device(cfg.device)
+    models only (a server or a serving run builds its own arms, :mod:`spectoolkit.serving.assemble`).
+
+    The config is resolved first, once (:func:`~spectoolkit.wiring.resolve.resolve_run`); everything after takes
+    the resolved checkpoints and choices."""
     _check_arm_set(cfg)
-    tokenizer = load_tokenizer(cfg.model.target_path)
-    target = load_model(cfg.model.target_path, cfg.target.precision, device, cfg.target.group_size, *_kernels(cfg),
-                        activations=cfg.target.activations)  # fmt: skip
+    run = resolve_run(cfg)
+    device = run.device
+    tokenizer = load_tokenizer(run.target)
+    target = load_model(run.target, cfg.target.precision, device, cfg.target.group_size, run.kernel_mode,
+                        run.target_widths, activations=cfg.target.activations)  # fmt: skip
     eos_ids = eos_ids_of(tokenizer, target.model)
-    model_drafts = "model" in drafter_kinds(cfg)  # +draft=<precision>, or the hybrid with draft.hybrid_with=model
-    draft, warnings = _load_draft(cfg, target, device, tokenizer, eos_ids) if model_drafts else (None, [])
+    draft, warnings = _load_draft(cfg, run, target, tokenizer, eos_ids) if run.model_drafts else (None, [])
     if cfg.draft.kind == "skip":
-        draft = skip_draft(cfg, target)
+        draft = skip_draft(cfg, target, run.kernel_mode)
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
     models = LoadedModels(device, tokenizer, target, draft, eos_ids, max_positions)
     verifier = make_verifier(cfg.sampling, device)
     if not arms:
-        return RunSetup(models, ArmSet([], None), RunFacts("none", warnings))
+        return RunSetup(models, ArmSet([], None), RunFacts("none", warnings), run)
     one = OneEngines(cfg, models, verifier)
     drafter = one.drafter() if cfg.draft.kind != "none" else None
-    arms, primary = _ARM_SETS[cfg.bench.arms](_Parts(cfg, device, target, one, draft))
+    arms, primary = _ARM_SETS[cfg.bench.arms](_Parts(cfg, run, target, one, draft))
     if cfg.runtime.compiled:  # every graph the arms can use, compiled before anything is measured
-        one.warm_compiled(_verify_sizes(cfg), cfg.bench.arms == "tree_chain")
-    separate_draft = bool(cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path)
-    facts = RunFacts(drafter.name if drafter else "none", warnings, separate_draft and model_drafts)
-    return RunSetup(models, ArmSet(arms, primary), facts)
+        one.warm_compiled(run.verify_sizes, cfg.bench.arms == "tree_chain")
+    facts = RunFacts(drafter.name if drafter else "none", warnings, run.separate_draft and run.model_drafts)
+    return RunSetup(models, ArmSet(arms, primary), facts, run)
 
 
 def _check_arm_set(cfg: RunConfig) -> None:
@@ -234,9 +238,9 @@ def _gamma_sweep(parts: _Parts) -> tuple[list[Arm], str | None]:
 
 def _four_groups(parts: _Parts) -> tuple[list[Arm], str | None]:
     """Baseline (reference precision), quantization only, speculation only, both (DESIGN §3)."""
-    cfg = parts.cfg
+    cfg, run = parts.cfg, parts.run
     ref_precision, quant = cfg.bench.reference_precision, parts.target.label
-    reference = load_model(cfg.model.target_path, ref_precision, parts.device, 64, *_kernels(cfg))
+    reference = load_model(run.target, ref_precision, run.device, 64, run.kernel_mode, run.target_widths)
     arms = [
         parts.target_alone("baseline", reference, ref_precision),
         parts.target_alone("quant", parts.target, quant),
@@ -281,60 +285,39 @@ _ARM_SETS = {"standard": _standard, "gamma_sweep": _gamma_sweep, "four_groups": 
              "drafters": _drafters}  # fmt: skip
 
 
-def _load_draft(cfg: RunConfig, target: LoadedModel, device: torch.device, tokenizer, eos_ids: frozenset[int]):
+def _load_draft(cfg: RunConfig, run: ResolvedRun, target: LoadedModel, tokenizer, eos_ids: frozenset[int]):
     """Load the draft model (``kind=model``, or the hybrid's with ``hybrid_with=model``: the same model at the same
     precision), its head cut to ``draft.head_vocab`` frequent tokens if asked; a different checkpoint must pass the
     compat check first."""
-    draft_path = cfg.model.draft_path or cfg.model.target_path
     warnings = []
-    if cfg.model.draft_path and cfg.model.draft_path != cfg.model.target_path:
-        report = check_pair(target.path, resolve_path(draft_path))
+    if run.separate_draft:
+        report = check_resolved(run.target.location, run.draft.location)
         if not report.compatible:
             raise SpecToolkitError(report.message())
         warnings = report.warnings
     vocab = cfg.draft.head_vocab
     rows = frequent_tokens(tokenizer, vocab, target.vocab_size, eos_ids) if vocab is not None else None
-    draft = load_model(draft_path, cfg.draft.precision, device, cfg.draft.group_size, _kernel_mode(cfg), (1, 2),
+    draft = load_model(run.draft, cfg.draft.precision, run.device, cfg.draft.group_size, run.kernel_mode, DRAFT_WIDTHS,
                        cfg.draft.quantize_head, cfg.draft.activations, rows)  # fmt: skip
     return draft, warnings
 
 
-def skip_draft(cfg: RunConfig, target: LoadedModel) -> LoadedModel:
+def skip_draft(cfg: RunConfig, target: LoadedModel, kernels: str | None = None) -> LoadedModel:
     """The layer-skip self-draft of ``target`` (:mod:`spectoolkit.models.layer_skip`): its weights, shared,
-    or with ``draft.skip_precision`` the same layers of a quantized copy (bytes of its own)."""
+    or with ``draft.skip_precision`` the same layers of a quantized copy (bytes of its own, its linears run as
+    ``kernels`` says: the run's resolved kernel mode, by default ``cfg``'s)."""
     total = target.model.config.get_text_config().num_hidden_layers
     keep = kept_layers(total, cfg.draft.layers, cfg.draft.skip_every)
     precision = cfg.draft.skip_precision
     if precision is None:
         model = layer_skip_model(target.model, keep)
         return LoadedModel(model, target.path, target.precision, target.vocab_size, target.kernels, shared=True,
-                           activations=target.activations)  # fmt: skip
-    copy = load_model(target.path, precision, target.device, cfg.draft.group_size, _kernel_mode(cfg), (1, 2))
+                           activations=target.activations, checkpoint=target.checkpoint)  # fmt: skip
+    source = target.checkpoint or target.path
+    kernels = kernels if kernels is not None else kernel_mode(cfg)
+    copy = load_model(source, precision, target.device, cfg.draft.group_size, kernels, DRAFT_WIDTHS)
     return LoadedModel(layer_skip_model(copy.model, keep), target.path, precision, copy.vocab_size, copy.kernels,
-                       activations=copy.activations)  # fmt: skip
-
-
-def _kernels(cfg: RunConfig) -> tuple[str | None, tuple[int, int]]:
-    """:func:`_kernel_mode` and the widths a target's kernels are timed at: a decode step and the widest verify."""
-    return _kernel_mode(cfg), (1, _max_gamma(cfg) + 1)
-
-
-def _kernel_mode(cfg: RunConfig) -> str | None:
-    """``runtime.kernels`` for :func:`load_model`; None under ``runtime.compile`` (the compiled steps bring
-    their own row-invariant kernels)."""
-    return None if cfg.runtime.compiled else cfg.runtime.kernels
-
-
-def _max_gamma(cfg: RunConfig) -> int:
-    """The most drafted tokens one verify forward scores (a tree's node budget included)."""
-    return max(_verify_sizes(cfg)) - 1
-
-
-def _verify_sizes(cfg: RunConfig) -> tuple[int, ...]:
-    """Rows of the verify forwards the run's arms make: γ + 1 per drafting arm, max_nodes + 1 for a tree."""
-    gammas = cfg.bench.gammas if cfg.bench.arms in ("gamma_sweep", "tree_chain") else (cfg.speculate.gamma,)
-    tree = cfg.speculate.tree.max_nodes if cfg.speculate.tree.enabled else 0
-    return tuple(sorted({g + 1 for g in gammas} | ({tree + 1} if tree else set())))
+                       activations=copy.activations, checkpoint=copy.checkpoint)  # fmt: skip
 
 
 def freeze_heap() -> None:

@@ -26,7 +26,7 @@ def test_cached_choices_are_installed_without_measuring(tmp_path, monkeypatch) -
     measured = []
     monkeypatch.setattr(batched_kernels, "measure_gemm_from", lambda layers: measured.append(layers) or None)
     chosen = choose_batched_kernels(model, path)
-    assert chosen[key] == 4 and model.model.layers[1].self_attn.q_proj.forward.gemm_from == 4
+    assert chosen[key] == 4 and model.model.layers[1].self_attn.q_proj.gemm_from == 4
     assert measured and all(batched_key(layers[0]) != key for layers in measured)  # only the other shapes
     assert set(json.loads(path.read_text())) == set(chosen)  # the new measurements were written back
 
@@ -51,8 +51,8 @@ def test_the_measured_threshold_is_a_measured_row_count_or_none() -> None:
 def test_plain_rows_through_w_xt_match_f_linear_and_are_contiguous() -> None:
     model = _model()
     layer = model.model.layers[0].mlp.up_proj
-    layer.forward.gemm_from = 2
+    layer.gemm_from = 2
     rows = torch.randn(1, 5, layer.in_features)
-    out = layer.forward.run(rows, "plain")
+    out = layer.run(rows, "plain")
     assert out.is_contiguous() and out.shape == (1, 5, layer.out_features)
     torch.testing.assert_close(out, torch.nn.functional.linear(rows, layer.weight), rtol=1e-5, atol=1e-5)

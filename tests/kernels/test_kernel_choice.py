@@ -87,7 +87,7 @@ def test_reference_mode_measures_nothing():
     model = nn.Sequential(nn.Linear(64, 48))
     chosen = kc.choose_kernels(model, "reference", timer=lambda v, r, f: pytest.fail("reference mode timed"))
     assert set(chosen.values()) == {"rows1"}
-    assert isinstance(model[0].forward, kc.ChunkedForward)
+    assert isinstance(model[0], kc.ChunkedLinear) and type(model[0].layer) is nn.Linear
 
 
 def test_an_unreadable_cache_is_measured_again(tmp_path: Path):
@@ -99,8 +99,7 @@ def test_an_unreadable_cache_is_measured_again(tmp_path: Path):
 
 
 def test_prefills_keep_the_plain_forward():
-    layer = _layer()
-    kc.install(layer, kc.BY_NAME["rows2"])
+    layer = kc.install(_layer(), kc.BY_NAME["rows2"])
     inputs = torch.randn(kc.MAX_CHUNKED_ROWS + 1, 64)
     assert torch.equal(layer(inputs), nn.functional.linear(inputs, layer.weight, layer.bias))
 
@@ -150,4 +149,4 @@ def test_whole_model_steps_decide_when_a_step_is_given():
     chosen = kc.choose_kernels(model, "auto", cache=kc.ChoiceCache(None), timer=timer, step=step)
     assert set(chosen.values()) == {"rows2"}
     assert set(widths_seen) == {1, 5}  # a decode step and the verify width, as whole model forwards
-    assert all(layer.forward.variant.name == "rows2" for _, layer in kc.linear_layers(model))
+    assert all(layer.variant.name == "rows2" for _, layer in kc.linear_layers(model))

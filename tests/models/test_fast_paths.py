@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from spectoolkit.kernels.kernel_choice import (
     BY_NAME,
     ChoiceCache,
-    ChunkedForward,
+    ChunkedLinear,
     choose_kernels,
     install,
     linear_layers,
@@ -35,8 +35,7 @@ def test_kernel_variants_match_f_linear(rows, bias, name):
     layer = torch.nn.Linear(96, 160, bias=bias)
     inputs = torch.randn(1, rows, 96)
     expected = F.linear(inputs, layer.weight, layer.bias)
-    install(layer, BY_NAME[name])
-    got = layer(inputs)
+    got = install(layer, BY_NAME[name])(inputs)
     assert got.shape == expected.shape
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -44,17 +43,18 @@ def test_kernel_variants_match_f_linear(rows, bias, name):
 def test_kernel_choice_keeps_tied_parameters():
     model = tiny_llama(vocab_size=64)
     model.lm_head.weight = model.model.embed_tokens.weight  # tie
-    before = {name: p.data_ptr() for name, p in model.named_parameters()}
+    before = {name: t.data_ptr() for name, t in model.state_dict().items()}
     chosen = choose_kernels(model, "auto", cache=ChoiceCache(None))
-    assert chosen and all(isinstance(m.forward, ChunkedForward) for _, m in linear_layers(model))
-    assert {name: p.data_ptr() for name, p in model.named_parameters()} == before
+    assert chosen and all(isinstance(m, ChunkedLinear) for _, m in linear_layers(model))
+    assert {name: t.data_ptr() for name, t in model.state_dict().items()} == before  # same keys, same tensors
     assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.layer.weight is model.model.embed_tokens.weight
 
 
 def test_kernel_variant_model_logits_match_reference():
     reference, fast = tiny_llama(vocab_size=128, seed=3), tiny_llama(vocab_size=128, seed=3)
-    for _, layer in linear_layers(fast):
-        install(layer, BY_NAME["gemm8"])
+    for name, layer in linear_layers(fast):
+        fast.set_submodule(name, install(layer, BY_NAME["gemm8"]))
     ids = torch.arange(3, 40)[None]
     with torch.no_grad():
         torch.testing.assert_close(fast(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-5)

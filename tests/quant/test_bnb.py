@@ -11,7 +11,7 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.kernel_choice import choose_kernels
-from spectoolkit.quant.bnb import BnbConfig, load_bnb, load_quantized, rowwise_linear8bit_class
+from spectoolkit.quant.bnb import BnbConfig, RowwiseLinear8bitLt, load_bnb, load_quantized
 from spectoolkit.quant.bnb_scales import scale_bytes
 from spectoolkit.runtime.lone import lone_sequence
 
@@ -115,7 +115,7 @@ def test_lone_sequence_forwards_of_1_and_5_tokens(
 
 
 def _first_int8_linear(model: torch.nn.Module) -> torch.nn.Module:
-    return next(m for m in model.modules() if isinstance(m, bnb.nn.Linear8bitLt))
+    return next(m for m in model.modules() if isinstance(m, (RowwiseLinear8bitLt, bnb.nn.Linear8bitLt)))
 
 
 @pytest.fixture(scope="module")
@@ -137,14 +137,14 @@ def test_int8_outlier_in_one_row_leaves_the_others_alone(
 ) -> None:
     """Per-row outlier columns: a k-token verify forward gives exactly what k decode steps give."""
     layer = _first_int8_linear(int8_model)
-    assert isinstance(layer, rowwise_linear8bit_class())
+    assert isinstance(layer, RowwiseLinear8bitLt) and type(layer.layer) is bnb.nn.Linear8bitLt
     reference = fp32_model.model.layers[0].self_attn.q_proj  # the same projection in fp32
     inputs = torch.randn(1, 5, HIDDEN, generator=torch.Generator().manual_seed(2)).clamp(-3, 3)  # [1, 5, K]
     inputs[0, 0, 7] = 20.0  # above the 6.0 threshold: an outlier column of row 0 only
     with torch.inference_mode():
         batch = layer(inputs)  # [1, 5, N]
         rows = torch.cat([layer(inputs[:, i : i + 1]) for i in range(5)], dim=1)  # [1, 5, N]
-        stock = bnb.nn.Linear8bitLt.forward(layer, inputs)  # bitsandbytes' own: outlier columns over all rows
+        stock = layer.layer(inputs)  # bitsandbytes' own: outlier columns over all rows
         exact = reference(inputs)  # [1, 5, N]
     assert torch.equal(batch, rows)
     scale = exact.abs().max()

@@ -7,7 +7,7 @@ import torch
 
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.cpu_linear import PackedLinear, fully_packed
-from spectoolkit.kernels.kernel_choice import BY_NAME, ChunkedForward, linear_layers
+from spectoolkit.kernels.kernel_choice import BY_NAME, ChunkedLinear, linear_layers
 from spectoolkit.models import resolve_device, resolve_path
 from spectoolkit.models.tiny import save_tiny_llama
 from spectoolkit.wiring.loading import frequent_tokens, load_model, load_tokenizer
@@ -34,7 +34,7 @@ def test_load_tiny_checkpoint_at_each_precision(tmp_path):
             kept = {kind: why for kind, why in loaded.kernels.items() if why.startswith("own path")}
             assert kept and set(kept.values()) == {"own path: torch.float16 weights"}
             assert {why for kind, why in loaded.kernels.items() if kind not in kept} <= set(BY_NAME)
-            assert all(isinstance(m.forward, ChunkedForward) for _, m in linear_layers(loaded.model))
+            assert all(isinstance(m, ChunkedLinear) for _, m in linear_layers(loaded.model))
         else:  # every linear (the tied head too) is packed for our kernel, in the checkpoint's dtype
             assert set(loaded.kernels.values()) == {"packed"} and len(loaded.kernels) == 5
             assert fully_packed(loaded.model) and not linear_layers(loaded.model)
@@ -42,7 +42,7 @@ def test_load_tiny_checkpoint_at_each_precision(tmp_path):
     reference = load_model(str(directory), "fp32", torch.device("cpu"), kernels="reference")
     assert not fully_packed(reference.model) and set(reference.kernels.values()) == {"rows1"}
     plain = load_model(str(directory), "fp32", torch.device("cpu"), kernels=None)
-    assert not plain.kernels and not any(isinstance(m.forward, ChunkedForward) for m in plain.model.modules())
+    assert not plain.kernels and not any(isinstance(m, ChunkedLinear) for m in plain.model.modules())
 
 
 def test_int8_activations_are_part_of_the_precision(tmp_path):

@@ -94,7 +94,8 @@ def stock_baseline_check(
     spec = _assisted_arm(cfg, setup)
     began = time.perf_counter()
     try:
-        stock, description = load_stock(arm.target.path, arm.target.precision, cfg.target.group_size, device)
+        stock, description = load_stock(arm.target.checkpoint or arm.target.path, arm.target.precision,
+                                        cfg.target.group_size, device)  # fmt: skip
         assisted: dict[str, Any] = {}
         if spec is not None:
             assistant, assisted = _load_assistant(spec, cfg, device)
@@ -138,7 +139,8 @@ def _load_assistant(spec: Arm, cfg: RunConfig, device: torch.device) -> tuple[to
     assert spec.draft is not None and spec.draft_precision is not None
     info: dict[str, Any] = {"spec_arm": spec.name}
     try:
-        assistant, info["assisted"] = load_stock(spec.draft.path, spec.draft_precision, cfg.draft.group_size, device)
+        assistant, info["assisted"] = load_stock(spec.draft.checkpoint or spec.draft.path, spec.draft_precision,
+                                                   cfg.draft.group_size, device)  # fmt: skip
     except StockUnavailable as exc:
         return None, info | {"assisted_skipped": f"no stock draft: {exc}"}
     except ValueError as exc:  # a draft precision with no stock counterpart

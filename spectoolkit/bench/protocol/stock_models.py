@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from spectoolkit.models.paths import Checkpoint
+
 BNB = ("int8", "nf4")  # stock transformers loads these through BitsAndBytesConfig
 RTN = ("rtn-int8", "rtn-int4")
 GGUF = "gguf"
@@ -32,18 +34,22 @@ class StockUnavailable(Exception):
     """No stock counterpart can be loaded here (a library is absent); the message says which and why."""
 
 
-def load_stock(path: str, precision: str, group_size: int, device: torch.device) -> tuple[torch.nn.Module, str]:
-    """A fresh stock copy of checkpoint ``path`` at ``precision`` on ``device`` (eval), and how it was loaded."""
+def load_stock(
+    source: Checkpoint | str, precision: str, group_size: int, device: torch.device
+) -> tuple[torch.nn.Module, str]:
+    """A fresh stock copy of checkpoint ``source`` (the run's resolved checkpoint, or a loadable location) at
+    ``precision`` on ``device`` (eval), and how it was loaded."""
     import transformers
 
     from spectoolkit.models.float_model import DTYPES
 
+    path = source.location if isinstance(source, Checkpoint) else source
     if precision in DTYPES:
         model, how = _float(path, DTYPES[precision], device), precision
     elif precision in BNB:
         model, how = _bitsandbytes(path, precision, device)
     elif precision == "int4":
-        model, how = _gptq(path, group_size, device)
+        model, how = _gptq(source, group_size, device)
     elif precision in RTN:
         model, how = _torchao(path, precision, group_size, device)
     elif precision == GGUF:
@@ -73,7 +79,7 @@ def _bitsandbytes(path: str, precision: str, device: torch.device) -> tuple[torc
     return model, f"bitsandbytes {precision}, {bnb.compute_dtype} compute"
 
 
-def _gptq(path: str, group_size: int, device: torch.device) -> tuple[torch.nn.Module, str]:
+def _gptq(path: Checkpoint | str, group_size: int, device: torch.device) -> tuple[torch.nn.Module, str]:
     """Our cached GPTQ checkpoint of ``path`` through transformers' GPTQ loading (optimum + GPTQModel)."""
     from importlib.metadata import PackageNotFoundError, version
 
