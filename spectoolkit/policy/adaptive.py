@@ -34,7 +34,7 @@ import numpy as np
 
 from spectoolkit.policy.acceptance import AcceptanceModel, NodeAcceptance
 from spectoolkit.policy.allocate import best_lengths
-from spectoolkit.policy.costs import DraftCost, StepCurve
+from spectoolkit.policy.costs import DraftCost, ShiftedCurve, StepCosts, StepCurve
 
 MAX_PROBE_INTERVAL = 256  # the doubling stops here (or at probe_every, if that is larger)
 
@@ -55,9 +55,7 @@ class AdaptivePolicy:
         self.max_depth = max_gamma if depth is None else depth
         self.acceptance = (NodeAcceptance if tree else AcceptanceModel)(max_gamma, decay)
         self._depths: dict[int, tuple[float, float]] = {}  # trees: drafted nodes -> (depth sum, rounds)
-        self.curve = StepCurve()  # every decode step, whatever its batch
-        self.curves: dict[int, StepCurve] = {}  # by the step's sequence count
-        self.draft_cost = DraftCost()
+        self.costs = StepCosts()  # T_B(n) per batch size, a draft forward per drafting count
         self.catch_up_cost = DraftCost()  # seconds per backlog row a drafter fed before drafting
         self.probe_every = probe_every
         self._interval: dict[Hashable, int] = {}  # plain rounds before the next probe, per request
@@ -71,20 +69,21 @@ class AdaptivePolicy:
         caps = [max(0, min(cap, self.max_gamma)) for cap in caps]
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
-        curve, draft_forward = self.step_curve(len(keys)), self.draft_cost.per_forward
+        curve, by_count = self.step_curve(len(keys)), self.costs.drafts_by_count(len(keys))
+        draft_forward = by_count[-1]  # every request drafting: the catch-up's price of a draft forward
         if fixed_tokens > len(keys):  # the step carries prefill chunks: drafts are priced at what they add to it
             curve = DecodeView(curve, fixed_tokens, len(keys))
         forwards = self.forwards(max(caps, default=0))
         if backlogs is not None and rooms is not None and self.catch_up_cost.per_forward > 0:
             for i in self._not_repaid(survival, prior, backlogs, rooms, fixed_tokens, curve, draft_forward, forwards):
                 caps[i], survival[i] = 0, []
-        lengths = best_lengths(survival, fixed_tokens, budget, curve, draft_forward, forwards)
+        lengths = best_lengths(survival, fixed_tokens, budget, curve, by_count, forwards)
         spare = budget - sum(lengths)
-        if budget > 0 and self._load_bound(prior, caps, fixed_tokens, budget, curve, draft_forward, forwards):
+        if budget > 0 and self._load_bound(prior, caps, fixed_tokens, budget, curve, by_count, forwards):
             return self._probe(keys, caps, lengths, spare, MAX_PROBE_INTERVAL)
         if budget > 0 and not any(lengths):
             perfect = [[1.0] * cap for cap in caps]
-            if not any(best_lengths(perfect, fixed_tokens, budget, curve, draft_forward, forwards)):
+            if not any(best_lengths(perfect, fixed_tokens, budget, curve, by_count, forwards)):
                 return lengths  # even drafts that are always accepted would not pay: a probe cannot find a gain
         return self._probe(keys, caps, lengths, spare)
 
@@ -109,7 +108,7 @@ class AdaptivePolicy:
 
     def _load_bound(
         self, prior: np.ndarray, caps: list[int], fixed_tokens: int, budget: int, curve: StepCurve | DecodeView,
-        draft_forward: float, forwards: list[float],
+        by_count: list[float], forwards: list[float],
     ) -> bool:  # fmt: skip
         """A step of several sequences in which drafts accepted at the workload's rate would not pay (a busy CPU,
         where every verify row costs): a probe, and a draft head's catch-up over the rounds a request sat out,
@@ -117,7 +116,7 @@ class AdaptivePolicy:
         if len(caps) < 2 or not any(caps):
             return False
         typical = [self.acceptance.typical(cap, prior) for cap in caps]  # requests with the workload's acceptance
-        return not any(best_lengths(typical, fixed_tokens, budget, curve, draft_forward, forwards))
+        return not any(best_lengths(typical, fixed_tokens, budget, curve, by_count, forwards))
 
     def _probe(
         self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], spare: int, least: int = 0
@@ -161,26 +160,29 @@ class AdaptivePolicy:
         """Plain rounds ``key`` waits before its next probe."""
         return self._interval.get(key, self.probe_every)
 
-    def step_curve(self, sequences: int) -> StepCurve:
-        """T(n) for steps of ``sequences`` sequences (attention and per-sequence work differ by batch), or
-        of all steps until that batch size has been seen at two token counts."""
-        curve = self.curves.get(sequences)
-        return curve if curve is not None and curve.widths() >= 2 else self.curve
+    @property
+    def draft_cost(self) -> DraftCost:
+        """One draft forward's seconds over every step (before a drafting count has its own)."""
+        return self.costs.draft_cost
+
+    def step_curve(self, sequences: int) -> StepCurve | ShiftedCurve:
+        """T(n) for steps of ``sequences`` sequences (attention and per-sequence work differ by batch):
+        :meth:`StepCosts.target <spectoolkit.policy.costs.StepCosts.target>`."""
+        return self.costs.target(sequences)
 
     def observe_step(
-        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
-    ) -> None:
-        self.curve.observe(num_tokens, target_seconds)
-        self.curves.setdefault(sequences, StepCurve()).observe(num_tokens, target_seconds)
-        self.draft_cost.observe(draft_forwards, draft_seconds)
+        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1,
+        drafting: int | None = None,
+    ) -> None:  # fmt: skip
+        drafting = sequences if drafting is None else drafting
+        self.costs.observe(sequences, num_tokens, target_seconds, draft_forwards, draft_seconds, drafting)
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         self.catch_up_cost.observe(rows, seconds)
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Batch-1 calibration: the verify forward time by width."""
-        self.curve.seed(seconds_by_tokens)
-        self.curves.setdefault(1, StepCurve()).seed(seconds_by_tokens)
+        self.costs.seed(seconds_by_tokens)
 
     def release(self, key: Hashable) -> None:
         self.acceptance.release(key)
@@ -195,7 +197,7 @@ class DecodeView:
     ones: counting it in a step's goodput makes every draft look nearly free beside it (a 400 ms step of six
     decoding sequences and a 250-token chunk), so drafts rode along that a plain decode step would not pay for."""
 
-    def __init__(self, curve: StepCurve, fixed_tokens: int, plain_tokens: int) -> None:
+    def __init__(self, curve: StepCurve | ShiftedCurve, fixed_tokens: int, plain_tokens: int) -> None:
         self.curve = curve
         plain, fixed = curve(np.array([plain_tokens, fixed_tokens]))
         self.shift = float(plain - fixed)

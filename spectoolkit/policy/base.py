@@ -41,10 +41,12 @@ class DraftLengthPolicy(Protocol):
         tree's accepted ``path`` (node indices) and ``depth`` (its draft forwards)."""
 
     def observe_step(
-        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
-    ) -> None:
+        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1,
+        drafting: int | None = None,
+    ) -> None:  # fmt: skip
         """A decode step of ``num_tokens`` target tokens over ``sequences`` sequences (batch 1: a round);
-        its drafting took ``draft_forwards`` sequential forwards. Steps with prefill chunks are not reported."""
+        its drafting took ``draft_forwards`` sequential forwards for ``drafting`` of them (default: all). Steps with
+        prefill chunks are not reported."""
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         """The drafter fed ``rows`` backlog rows in ``seconds`` before it drafted (what ``backlogs`` cost)."""
@@ -85,8 +87,9 @@ class FixedPolicy:
         pass
 
     def observe_step(
-        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
-    ) -> None:
+        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1,
+        drafting: int | None = None,
+    ) -> None:  # fmt: skip
         pass
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:

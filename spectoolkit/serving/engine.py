@@ -185,8 +185,9 @@ class ContinuousEngine:
         (``upkeep``: the part of ``draft_time`` a drafter spent feeding backlogs, priced apart per row)."""
         tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
         forwards = max((max(proposal.depths(), default=0) for proposal in proposals), default=0)
+        drafting = sum(1 for proposal in proposals if len(proposal))  # a batched draft forward's rows
         elapsed = time.perf_counter() - started
-        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time - upkeep, len(works))
+        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time - upkeep, len(works), drafting)
 
     # ---- the parts of a step ------------------------------------------------------------------
 

@@ -269,7 +269,9 @@ def test_under_a_load_where_typical_drafts_do_not_pay_only_the_longest_interval_
     assert plain == MAX_PROBE_INTERVAL
     policy.release("a")
     _hopeless(policy, "a")
-    assert _rounds_until_probe(policy, "a") == 2
+    # Alone: probed after probe_every, or drafting at once (the prior's weight m now comes from how much requests
+    # differ: a lone step's 1 ms draft and 0.3 ms row pay even at the acceptance that a's prior leaves it).
+    assert _rounds_until_probe(policy, "a") <= 2
 
 
 @pytest.mark.parametrize(("room", "drafts"), [(3, 0), (400, GAMMA)])
