@@ -34,6 +34,7 @@ import numpy as np
 
 from spectoolkit.policy.acceptance import AcceptanceModel, NodeAcceptance
 from spectoolkit.policy.allocate import best_lengths
+from spectoolkit.policy.base import Prediction
 from spectoolkit.policy.costs import DraftCost, ShiftedCurve, StepCosts, StepCurve
 
 MAX_PROBE_INTERVAL = 256  # the doubling stops here (or at probe_every, if that is larger)
@@ -61,6 +62,7 @@ class AdaptivePolicy:
         self._interval: dict[Hashable, int] = {}  # plain rounds before the next probe, per request
         self._idle: dict[Hashable, int] = {}  # plain rounds in a row, per request
         self._probing: set[Hashable] = set()
+        self._prediction: Prediction | None = None
 
     def choose(
         self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int,
@@ -80,12 +82,37 @@ class AdaptivePolicy:
         lengths = best_lengths(survival, fixed_tokens, budget, curve, by_count, forwards)
         spare = budget - sum(lengths)
         if budget > 0 and self._load_bound(prior, caps, fixed_tokens, budget, curve, by_count, forwards):
-            return self._probe(keys, caps, lengths, spare, MAX_PROBE_INTERVAL)
-        if budget > 0 and not any(lengths):
-            perfect = [[1.0] * cap for cap in caps]
-            if not any(best_lengths(perfect, fixed_tokens, budget, curve, by_count, forwards)):
-                return lengths  # even drafts that are always accepted would not pay: a probe cannot find a gain
-        return self._probe(keys, caps, lengths, spare)
+            lengths = self._probe(keys, caps, lengths, spare, MAX_PROBE_INTERVAL)
+        elif (
+            budget > 0
+            and not any(lengths)
+            and not any(best_lengths([[1.0] * cap for cap in caps], fixed_tokens, budget, curve, by_count, forwards))
+        ):
+            pass  # even drafts that are always accepted would not pay: a probe cannot find a gain
+        else:
+            lengths = self._probe(keys, caps, lengths, spare)
+        self._predict(keys, lengths, fixed_tokens, curve, by_count, forwards)
+        return lengths
+
+    def _predict(
+        self, keys: Sequence[Hashable], lengths: list[int], fixed_tokens: int,
+        curve: StepCurve | ShiftedCurve | DecodeView, by_count: list[float], forwards: list[float],
+    ) -> None:  # fmt: skip
+        """Keep what the chosen ``lengths`` are expected to give (a probe's token at the request's own estimate)."""
+        prior = self.acceptance.workload_acceptance()
+        survival = [self.acceptance.survival(key, k, prior) for key, k in zip(keys, lengths, strict=True)]
+        deepest = max(lengths, default=0)
+        drafting = sum(1 for k in lengths if k)
+        self._prediction = Prediction(
+            tokens=float(sum(1.0 + sum(s) for s in survival)),
+            target_seconds=float(curve(np.array([fixed_tokens + sum(lengths)]))[0]),
+            draft_seconds=by_count[drafting] * forwards[deepest] if deepest else 0.0,
+            survival=[[round(x, 4) for x in s] for s in survival],
+            prior_strength=self.acceptance.prior_strength(),
+        )
+
+    def prediction(self) -> Prediction | None:
+        return self._prediction
 
     def _not_repaid(
         self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], fixed_tokens: int,

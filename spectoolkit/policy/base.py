@@ -17,7 +17,19 @@ times (``observe_step``). The choice never looks at the round it decides, so ver
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a policy expected of the step it planned, to log beside what the step measured (issue 57)."""
+
+    tokens: float  # Σ_i E_i(k_i): the decoding requests' expected emitted tokens
+    target_seconds: float  # T_B(n) of the step's tokens, on the curve the policy used
+    draft_seconds: float  # one draft forward at the step's drafting count × the forwards of its deepest draft
+    survival: list[list[float]]  # per request (the step's order): S_1..S_k_i, its acceptance estimate by position
+    prior_strength: float  # m: the pseudo-rounds of the workload's prior in each request's estimate
 
 
 class DraftLengthPolicy(Protocol):
@@ -50,6 +62,9 @@ class DraftLengthPolicy(Protocol):
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         """The drafter fed ``rows`` backlog rows in ``seconds`` before it drafted (what ``backlogs`` cost)."""
+
+    def prediction(self) -> Prediction | None:
+        """What the last :meth:`choose` expected of its step (None: a policy that predicts nothing)."""
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Calibrated target step times by token count (batch 1: the verify widths)."""
@@ -94,6 +109,9 @@ class FixedPolicy:
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         pass
+
+    def prediction(self) -> Prediction | None:
+        return None
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         pass
