@@ -18,10 +18,10 @@ the workload's rises or falls there: a request whose text turns repetitive at k 
 on being accepted at k = 2, and drafts deeper to find out; a request like the workload gets the
 workload's deep positions (code acceptance rises with depth), not its own first one's.
 
-The prior's weight m (pseudo-rounds) is estimated from how much requests differ (empirical Bayes, a
-beta-binomial's method of moments over the first-position totals of the live and the last
-:data:`RECENT_REQUESTS` finished requests): m = p(1 − p) / τ² − 1, τ² the variance of the requests'
-rates less its binomial part, kept within [1, 1/(1 − decay)] (at most a full window of the request's
+The prior's weight m (pseudo-rounds) is estimated from how much requests differ (empirical Bayes over
+the first-position totals of the live and the last :data:`RECENT_REQUESTS` finished requests):
+m = p(1 − p) / τ² − 1, τ² the between-request variance of their rates (DerSimonian–Laird: the
+rounds-weighted spread less its binomial part), kept within [1, 1/(1 − decay)] (at most a full window of the request's
 own decayed rounds). Issue 57: with m = 1 one rejected first round halved a request's estimate, and a
 request that stopped drafting on it learnt nothing more; at c4 on chat-like acceptance every request
 ended at k = 0 where γ = 1 paid. A new request starts from the workload so far.
@@ -101,7 +101,10 @@ class AcceptanceModel:
             if len(totals) >= 2:
                 rounds, hits = np.array(totals, dtype=np.float64).T
                 rates, mean = hits / rounds, hits.sum() / rounds.sum()
-                spread = np.var(rates, ddof=1) - mean * (1 - mean) * float(np.mean(1.0 / rounds))  # τ²
+                # τ² by DerSimonian–Laird: the rounds-weighted spread less what binomial noise alone gives, so a
+                # request seen for three probes weighs three rounds, not as much as one seen for a hundred
+                excess = np.sum(rounds * (rates - mean) ** 2) - (len(totals) - 1) * mean * (1 - mean)
+                spread = excess / (rounds.sum() - np.sum(rounds**2) / rounds.sum())
                 if spread > 0:
                     self._strength = float(np.clip(mean * (1 - mean) / spread - 1, REQUEST_PRIOR, most))
         return self._strength

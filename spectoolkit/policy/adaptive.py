@@ -9,30 +9,32 @@ candidate budget (:func:`~spectoolkit.policy.allocate.best_lengths`): a request'
 competes with every other request's. A step that also carries prefill chunks is priced as the decoding
 sequences' plain step plus what the drafts add to it (:class:`DecodeView`).
 
-A request that fell to k = 0 learns nothing more about its own acceptance, so now and then it is
-re-probed with one draft token: after ``probe_every`` plain rounds at first; the request's interval
-doubles each time its probe is rejected (to at most :data:`MAX_PROBE_INTERVAL`) and halves when one
-is accepted. Per request, because requests differ: a summary that copies its source must not wait
-for the probes of a chat request that never accepts. No request is probed while even drafts that are
-always accepted would not pay at the measured costs (a draft model as slow as the target): a probe of
-a draft model also pays its catch-up over every token since it last drafted. In a step of several
-sequences where drafts accepted at the workload's rate would not pay (a busy CPU, where every verify
-row costs), a request is probed only after :data:`MAX_PROBE_INTERVAL` plain rounds: a draft head then
-feeds nothing for requests that do not draft (it holds their rows), and a request that copies its
-context is still found; when the load falls, probing resumes at once. A draft head pays, before it
-drafts for a request that sat out rounds, a catch-up over the rows it held for it: a request whose
-remaining tokens cannot repay that (its backlog rows at the measured cost per row, against the time
-its best drafts would save, at the better of its own and the workload's acceptance) neither drafts
-nor is probed; a request near its end after a busy stretch decodes plainly to the end.
+A request that fell to k = 0 learns nothing more about its own acceptance, so now and then it is re-probed
+with one draft token: after ``probe_every`` plain rounds at first (a new request: after the median interval
+recent requests ended at); the request's interval doubles each time its probe is rejected (to at most
+:data:`MAX_PROBE_INTERVAL`), or accepted while its acceptance stays at or below the workload's, and halves
+when one is accepted and lifts it above. Per request, because requests differ: a summary that copies its
+source must not wait for the probes of a chat request that never accepts. No request is probed while even
+drafts that are always accepted would not pay at the measured costs (a draft model as slow as the target): a
+probe of a draft model also pays its catch-up over every token since it last drafted. In a step of several
+sequences where drafts accepted at the workload's rate would not pay (a busy CPU, where every verify row
+costs), a request is probed only after :data:`MAX_PROBE_INTERVAL` plain rounds: a draft head then feeds
+nothing for requests that do not draft (it holds their rows), and a request that copies its context is still
+found; when the load falls, probing resumes at once. A draft head pays, before it drafts for a request that
+sat out rounds, a catch-up over the rows it held for it: a request whose remaining tokens cannot repay that
+(its backlog rows at the measured cost per row, against the time its best drafts would save, at the better of
+its own and the workload's acceptance) neither drafts nor is probed; a request near its end after a busy
+stretch decodes plainly to the end.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from spectoolkit.policy.acceptance import AcceptanceModel, NodeAcceptance
+from spectoolkit.policy.acceptance import RECENT_REQUESTS, AcceptanceModel, NodeAcceptance
 from spectoolkit.policy.allocate import best_lengths
 from spectoolkit.policy.base import Prediction
 from spectoolkit.policy.costs import DraftCost, ShiftedCurve, StepCosts, StepCurve
@@ -60,6 +62,7 @@ class AdaptivePolicy:
         self.catch_up_cost = DraftCost()  # seconds per backlog row a drafter fed before drafting
         self.probe_every = probe_every
         self._interval: dict[Hashable, int] = {}  # plain rounds before the next probe, per request
+        self._finished_intervals: deque[int] = deque(maxlen=RECENT_REQUESTS)  # of finished requests ever probed
         self._idle: dict[Hashable, int] = {}  # plain rounds in a row, per request
         self._probing: set[Hashable] = set()
         self._prediction: Prediction | None = None
@@ -178,14 +181,28 @@ class AdaptivePolicy:
             self._probing.discard(key)  # a probe the drafter had nothing for (an n-gram miss) says nothing
             if not drafted:
                 return
-            if accepted:
+            if accepted and self._above_workload(key):
                 self._interval[key] = max(self.probe_every, self.probe_interval(key) // 2)
             else:
                 self._interval[key] = min(max(MAX_PROBE_INTERVAL, self.probe_every), self.probe_interval(key) * 2)
 
+    def _above_workload(self, key: Hashable) -> bool:
+        """Whether ``key``'s first-position acceptance, its probe counted, is above the workload's: an accepted probe
+        of a request like all the others finds nothing the workload's estimate does not say already (issue 57: at
+        70% acceptance where only 87% would pay, probes accepted every 8 rounds cost a lone request 2%)."""
+        prior = self.acceptance.workload_acceptance()
+        return self.acceptance.survival(key, 1, prior)[0] > prior[0]
+
     def probe_interval(self, key: Hashable) -> int:
-        """Plain rounds ``key`` waits before its next probe."""
-        return self._interval.get(key, self.probe_every)
+        """Plain rounds ``key`` waits before its next probe: a new request, the median interval the last finished
+        requests that were probed ended at (at least ``probe_every``): where their probes were rejected a new one
+        does not start probing from scratch (issue 57: a workload where no draft pays lost 2% to every new request
+        probing after 8, 16, 32... rounds), and where they were accepted it starts at ``probe_every``."""
+        if key in self._interval:
+            return self._interval[key]
+        if not self._finished_intervals:
+            return self.probe_every
+        return max(self.probe_every, int(np.median(list(self._finished_intervals))))
 
     @property
     def draft_cost(self) -> DraftCost:
@@ -214,7 +231,9 @@ class AdaptivePolicy:
     def release(self, key: Hashable) -> None:
         self.acceptance.release(key)
         self._idle.pop(key, None)
-        self._interval.pop(key, None)
+        interval = self._interval.pop(key, None)
+        if interval is not None:
+            self._finished_intervals.append(interval)
         self._probing.discard(key)
 
 

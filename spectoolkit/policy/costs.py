@@ -20,10 +20,10 @@ none, every wider step costs the same (so the policy drafts, which measures a se
 guess would make a first plain step look like the best forever).
 
 :class:`StepCosts` holds one curve per batch size and one draft forward's cost per number of drafting
-sequences, and answers for the step at hand (issue 57): a batch seen at one width only takes its row
-increments from the nearest batch measured at two (T_B(n) = T_B(n0) + T_B'(n) − T_B'(n0)), never a curve
-pooled over batch sizes (whose per-sequence costs differ: pooled, the rows of a batch of 16 were priced from
-steps of 4 and a batch-1 calibration).
+sequences, and answers for the step at hand (issue 57): a batch seen at one width only takes its row cost from
+the nearest batch measured at two (T_B(n) = T_B(n0) + s_B'·(n − n0), s_B' that batch's cost per row), never a
+curve pooled over batch sizes (whose per-sequence costs differ: pooled, the rows of a batch of 16 were priced
+from steps of 4 and a batch-1 calibration).
 """
 
 from __future__ import annotations
@@ -144,15 +144,20 @@ class StepCurve:
     def _upper_slope(self, xs: np.ndarray) -> float:
         """The slope past the widest: a least-squares line through the medians of the upper half of the measured
         span, each weighted by its observations (a width seen once is one noisy step), at least 0; with fewer than
-        two points there, the chord over the whole span."""
-        counts = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
-        medians = np.array([statistics.median(self._recent[int(x)]) for x in xs])
+        two points there, over the whole span."""
         upper = xs >= (xs[0] + xs[-1]) / 2
-        if upper.sum() < 2:
-            upper = np.ones_like(upper)
-        x, y, w = xs[upper], medians[upper], counts[upper]
-        centre = np.average(x, weights=w)
-        slope = np.sum(w * (x - centre) * (y - np.average(y, weights=w))) / np.sum(w * (x - centre) ** 2)
+        return self.slope(xs[upper] if upper.sum() >= 2 else xs)
+
+    def slope(self, xs: np.ndarray | None = None) -> float:
+        """Seconds per extra token: a least-squares line through the medians at ``xs`` (default: every measured
+        count), each weighted by its observations, at least 0 (0 below two counts)."""
+        xs = np.array(sorted(self._recent), dtype=np.float64) if xs is None else xs
+        if len(xs) < 2:
+            return 0.0
+        w = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
+        y = np.array([statistics.median(self._recent[int(x)]) for x in xs])
+        centre = np.average(xs, weights=w)
+        slope = np.sum(w * (xs - centre) * (y - np.average(y, weights=w))) / np.sum(w * (xs - centre) ** 2)
         return float(max(slope, 0.0))
 
     def widths(self) -> int:
@@ -236,11 +241,16 @@ class StepCosts:
 
 
 class ShiftedCurve:
-    """A batch measured at one width ``anchor`` (``seconds``): its rows priced as ``donor``'s increments from there."""
+    """A batch measured at one width ``anchor`` (``seconds``): each further row at ``donor``'s cost per row (its
+    least-squares slope over every width it measured, not its convex fit: a convex fit of noisy, nearly straight
+    medians steepens at its upper end, and rows priced from there are never drafted to be measured), never less
+    below the anchor than proportional."""
 
     def __init__(self, donor: StepCurve, anchor: int, seconds: float) -> None:
-        self.donor, self.anchor, self.seconds = donor, anchor, seconds
-        self._base = float(donor(np.array([anchor]))[0])
+        self.anchor, self.seconds = anchor, seconds
+        self.per_token = donor.slope()
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
-        return self.donor(tokens) - self._base + self.seconds
+        tokens = np.asarray(tokens, dtype=np.float64)
+        above = self.seconds + self.per_token * (tokens - self.anchor)
+        return np.where(tokens >= self.anchor, above, np.maximum(above, self.seconds * tokens / self.anchor))

@@ -49,17 +49,7 @@ def _sweep(costs: Costs, workload: Workload, seed: int) -> dict[int, tuple[float
     return out
 
 
-def _known_short(scenario: str, seed: int, reason: str):
-    return pytest.param(scenario, seed, marks=pytest.mark.xfail(strict=True, reason=f"issue 57, undone: {reason}"))
-
-
 CASES = [(scenario, seed) for scenario in SCENARIOS for seed in (0, 1)]
-CASES[CASES.index(("chat, draft model", 0))] = _known_short(
-    "chat, draft model", 0, "c4 reaches 0.964 of γ=1 (a 4% margin over the target alone; other seeds 0.99)"
-)
-CASES[CASES.index(("hopeless draft", 0))] = _known_short(
-    "hopeless draft", 0, "c1 reaches 0.979 of the target alone: every new request's probes restart at probe_every"
-)
 
 
 @pytest.mark.parametrize(("scenario", "seed"), CASES)
