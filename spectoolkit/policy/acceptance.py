@@ -168,5 +168,6 @@ class NodeAcceptance(AcceptanceModel):
     def _curve(self, counts: _Counts | None, cap: int, prior: np.ndarray) -> list[float]:
         rates = prior[:cap]
         if counts is not None:
-            rates = (counts.accepted[:cap] + REQUEST_PRIOR * rates) / (counts.reached[:cap] + REQUEST_PRIOR)
+            strength = self.prior_strength()
+            rates = (counts.accepted[:cap] + strength * rates) / (counts.reached[:cap] + strength)
         return (-monotone_fit(-np.asarray(rates, dtype=float))).tolist()

@@ -166,8 +166,19 @@ class AdaptivePolicy:
 
     def forwards(self, cap: int) -> list[float]:
         """Draft forwards of a k-node draft, k = 0..cap: k for a chain; a tree, the mean depth of the trees of k
-        nodes seen so far (k until one is seen)."""
-        return [k if k not in self._depths else self._depths[k][0] / self._depths[k][1] for k in range(cap + 1)]
+        nodes seen so far, and for a k not seen yet the least depth it can have (a tree grows by whole nodes, so no
+        shallower than the largest tree seen below k, at least 1): a size priced at k forwards until seen was never
+        tried, so never seen (issue 57: with cheap rows, trees of 5-10 nodes stayed priced as chains)."""
+        out = [0.0]
+        for k in range(1, cap + 1):
+            if k in self._depths:
+                out.append(self._depths[k][0] / self._depths[k][1])
+            elif not isinstance(self.acceptance, NodeAcceptance):
+                out.append(float(k))
+            else:
+                below = [self._depths[j][0] / self._depths[j][1] for j in self._depths if j < k]
+                out.append(max(1.0, max(below, default=1.0)))
+        return out
 
     def observe(
         self, key: Hashable, chosen: int, drafted: int, accepted: int, path: list[int] | None = None,

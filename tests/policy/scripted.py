@@ -72,10 +72,11 @@ class _Request:
 
 def run_level(
     policy: DraftLengthPolicy, costs: Costs, workload: Workload, batch: int, steps: int, seed: int = 0,
-    noise: float = 0.05, budget: int = 4096, calibrate: Sequence[int] = (),
+    noise: float = 0.05, budget: int = 4096, calibrate: Sequence[int] = (), warmup: int = 0,
 ) -> float:  # fmt: skip
-    """Drive ``policy`` for ``steps`` steps at ``batch`` sequences; returns its committed tokens per second (expected
-    tokens of what it chose over noise-free seconds). ``calibrate``: batch-1 widths seeded first (the bench's V(w))."""
+    """Drive ``policy`` for ``warmup`` + ``steps`` steps at ``batch`` sequences; returns its committed tokens per second
+    over the last ``steps`` (expected tokens of what it chose over noise-free seconds; the first ``warmup`` untimed, as
+    a sweep's warm-up requests are). ``calibrate``: batch-1 widths seeded first (the bench's V(w))."""
     rng = np.random.default_rng(seed)
     if calibrate:
         policy.seed({w: costs.target(1, w) for w in calibrate})
@@ -85,7 +86,9 @@ def run_level(
         running.append(_Request(next_key, workload.output_len))
         next_key += 1
     tokens_total = seconds_total = 0.0
-    for _ in range(steps):
+    for step in range(warmup + steps):
+        if step == warmup:
+            tokens_total = seconds_total = 0.0
         keys = [r.key for r in running]
         caps = [min(policy.max_gamma, r.room - 1) for r in running]
         lengths = policy.choose(keys, caps, batch, budget, None, [r.room for r in running])
@@ -109,6 +112,96 @@ def run_level(
                 policy.release(request.key)
                 running[i] = _Request(next_key, workload.output_len)
                 next_key += 1
+        jitter = rng.lognormal(0.0, noise, size=2) if noise else np.ones(2)
+        policy.observe_step(tokens, forwards, target * jitter[0], draft * jitter[1], batch, drafting)
+    return tokens_total / seconds_total
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A draft tree in best-first order: node j's parent (-1: the root) and its conditional probability of being the
+    target's token once its parent is (siblings exclude each other). A k-node round drafts the first k nodes."""
+
+    parents: tuple[int, ...]
+    conditional: tuple[float, ...]
+    output_len: int = 200
+
+    def hits(self) -> list[float]:
+        """Pr(node j is on the accepted path) [len]: its conditional times its parent's."""
+        out: list[float] = []
+        for parent, p in zip(self.parents, self.conditional, strict=True):
+            out.append(p * (out[parent] if parent >= 0 else 1.0))
+        return out
+
+    def depths(self) -> list[int]:
+        out: list[int] = []
+        for parent in self.parents:
+            out.append(1 + (out[parent] if parent >= 0 else 0))
+        return out
+
+    def depth(self, k: int) -> int:
+        return max(self.depths()[:k], default=0)
+
+    def expected(self, k: int) -> float:
+        return 1.0 + sum(self.hits()[:k])
+
+    def path(self, k: int, rng: np.random.Generator) -> list[int]:
+        """The accepted path of a k-node round: from the root, the child (if any) that the target's token is."""
+        path, at = [], -1
+        while True:
+            children = [j for j in range(k) if self.parents[j] == at]
+            u, cumulative, chosen = rng.random(), 0.0, None
+            for child in children:
+                cumulative += self.conditional[child]
+                if u < cumulative:
+                    chosen = child
+                    break
+            if chosen is None:
+                return path
+            path.append(chosen)
+            at = chosen
+
+
+def best_fixed_tree(costs: Costs, tree: Tree, batch: int, sizes: Sequence[int]) -> tuple[int, float]:
+    """The best fixed node count (0: the target alone) of a level and its committed tokens per second, exactly."""
+    best = (0, batch / costs.step(batch, batch, 0, 0))
+    for k in sizes:
+        value = batch * tree.expected(k) / costs.step(batch, batch * (1 + k), tree.depth(k), batch)
+        if value > best[1]:
+            best = (k, value)
+    return best
+
+
+def run_tree_level(
+    policy: DraftLengthPolicy, costs: Costs, tree: Tree, batch: int, steps: int, seed: int = 0, noise: float = 0.05,
+    calibrate: Sequence[int] = (), warmup: int = 0,
+) -> float:  # fmt: skip
+    """:func:`run_level` for token trees: each request drafts the first k_i nodes of ``tree``; the step's draft
+    forwards are its deepest tree's depth. Returns expected committed tokens per noise-free second of the steps after
+    the first ``warmup`` (untimed, as a sweep's warm-up requests are)."""
+    rng = np.random.default_rng(seed)
+    if calibrate:
+        policy.seed({w: costs.target(1, w) for w in calibrate})
+    rooms, keys, next_key = [tree.output_len] * batch, list(range(batch)), batch
+    tokens_total = seconds_total = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            tokens_total = seconds_total = 0.0
+        caps = [policy.max_gamma if room > 1 else 0 for room in rooms]
+        lengths = policy.choose(keys, caps, batch, 4096, None, rooms)
+        forwards = max((tree.depth(k) for k in lengths), default=0)
+        drafting = sum(1 for k in lengths if k)
+        tokens = batch + sum(lengths)
+        target, draft = costs.target(batch, tokens), (costs.draft(drafting) * forwards if forwards else 0.0)
+        tokens_total += sum(tree.expected(k) for k in lengths)
+        seconds_total += target + draft
+        for i, k in enumerate(lengths):
+            path = tree.path(k, rng)
+            policy.observe(keys[i], k, k, len(path), path, tree.depth(k))
+            rooms[i] -= len(path) + 1
+            if rooms[i] <= 0:
+                policy.release(keys[i])
+                keys[i], rooms[i], next_key = next_key, tree.output_len, next_key + 1
         jitter = rng.lognormal(0.0, noise, size=2) if noise else np.ones(2)
         policy.observe_step(tokens, forwards, target * jitter[0], draft * jitter[1], batch, drafting)
     return tokens_total / seconds_total
