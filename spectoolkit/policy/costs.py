@@ -201,10 +201,18 @@ class StepCosts:
     def observe(
         self, sequences: int, tokens: int, seconds: float, forwards: int, draft_seconds: float, drafting: int
     ) -> None:
+        self.observe_target(sequences, tokens, seconds)
+        self.observe_draft(drafting, forwards, draft_seconds)
+
+    def observe_target(self, sequences: int, tokens: int, seconds: float) -> None:
+        """A target step of ``tokens`` over ``sequences`` sequences took ``seconds``."""
         self.curves.setdefault(sequences, StepCurve()).observe(tokens, seconds)
+
+    def observe_draft(self, drafting: int, forwards: int, seconds: float) -> None:
+        """``forwards`` sequential draft forwards for ``drafting`` sequences took ``seconds``."""
         if forwards >= 1 and drafting >= 1:
-            self.draft_cost.observe(forwards, draft_seconds)
-            self.drafts.setdefault(drafting, DraftCost()).observe(forwards, draft_seconds)
+            self.draft_cost.observe(forwards, seconds)
+            self.drafts.setdefault(drafting, DraftCost()).observe(forwards, seconds)
 
     def target(self, sequences: int) -> StepCurve | ShiftedCurve:
         """T(n) for steps of ``sequences`` sequences: their own curve once measured at two token counts; at one, that
