@@ -109,6 +109,8 @@ class AdaptivePolicy:
         self._prediction = Prediction(
             tokens=float(sum(1.0 + sum(s) for s in survival)),
             target_seconds=float(curve(np.array([fixed_tokens + sum(lengths)]))[0]),
+            fixed_tokens=fixed_tokens,
+            curve=[round(float(t), 6) for t in curve(np.arange(fixed_tokens, fixed_tokens + sum(lengths) + 1))],
             draft_seconds=by_count[drafting] * forwards[deepest] if deepest else 0.0,
             survival=[[round(x, 4) for x in s] for s in survival],
             prior_strength=self.acceptance.prior_strength(),

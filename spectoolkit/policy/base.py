@@ -26,7 +26,9 @@ class Prediction:
     """What a policy expected of the step it planned, to log beside what the step measured (issue 57)."""
 
     tokens: float  # Σ_i E_i(k_i): the decoding requests' expected emitted tokens
-    target_seconds: float  # T_B(n) of the step's tokens, on the curve the policy used
+    target_seconds: float  # T_B(n) of the step's planned tokens, on the curve the policy used
+    fixed_tokens: int  # the step's tokens besides drafts (pending tokens, prefill chunks)
+    curve: list[float]  # T_B at fixed_tokens + 0, 1, .. planned drafts: the curve at the width a step actually ran
     draft_seconds: float  # one draft forward at the step's drafting count × the forwards of its deepest draft
     survival: list[list[float]]  # per request (the step's order): S_1..S_k_i, its acceptance estimate by position
     prior_strength: float  # m: the pseudo-rounds of the workload's prior in each request's estimate

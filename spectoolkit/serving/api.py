@@ -75,7 +75,8 @@ class StepStats:
     # The draft-length policy's expectation (issue 57; None: a policy that predicts nothing, e.g. fixed γ), to set
     # beside the measured emitted_tokens, step_time - draft_time and draft_time:
     predicted_tokens: float | None = None  # Σ_i E_i(k_i) of the decoding sequences
-    predicted_target_seconds: float | None = None  # T_B(n) on the policy's curve for this batch
+    predicted_target_seconds: float | None = None  # T_B(n) on the policy's curve for this batch, n as planned
+    predicted_actual_seconds: float | None = None  # ... at the n the step ran (drafters may propose fewer)
     predicted_draft_seconds: float | None = None
     acceptance_estimates: list[list[float]] | None = None  # per decoding sequence: S_1..S_k it used
     prior_strength: float | None = None  # m, the workload prior's pseudo-rounds in each request's estimate

@@ -22,7 +22,7 @@ import torch
 
 from spectoolkit.drafting.base import Budget, Drafter, Upkeep
 from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy
+from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy, Prediction
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.runner import Runner, synchronize
 from spectoolkit.runtime.step import Segment, build_step, tree_layout
@@ -34,6 +34,13 @@ from spectoolkit.verify.base import Verifier
 from spectoolkit.verify.tree import TreeVerifier
 
 _NO_DRAFTS = TokenTree([], [])
+
+
+def _at_width(predicted: Prediction | None, tokens: int) -> float | None:
+    """The policy's T_B at the ``tokens`` a step ran (its drafters may propose fewer than it planned)."""
+    if predicted is None or not predicted.curve:
+        return None
+    return predicted.curve[max(0, min(tokens - predicted.fixed_tokens, len(predicted.curve) - 1))]
 
 
 @dataclass
@@ -352,6 +359,7 @@ class ContinuousEngine:
             forward_time=forward_time, emitted_tokens=rounds.emitted, drafted=rounds.drafted, accepted=rounds.accepted,
             predicted_tokens=predicted.tokens if predicted else None,
             predicted_target_seconds=predicted.target_seconds if predicted else None,
+            predicted_actual_seconds=_at_width(predicted, plan.num_tokens - reserved + sum(rounds.drafted)),
             predicted_draft_seconds=predicted.draft_seconds if predicted else None,
             acceptance_estimates=predicted.survival if predicted else None,
             prior_strength=predicted.prior_strength if predicted else None,

@@ -218,6 +218,8 @@ def test_the_step_log_sets_the_policys_expectation_beside_the_measurement(target
         expected = s.batch_size + sum(sum(estimate) for estimate in s.acceptance_estimates)
         assert s.predicted_tokens == pytest.approx(expected, abs=1e-3)
         assert s.predicted_target_seconds == pytest.approx(0.010 + 0.0003 * s.num_tokens, rel=1e-9)  # pinned T(n)
+        ran = s.batch_size + sum(s.drafted)  # the drafter may propose fewer than planned: the curve where it ran
+        assert s.predicted_actual_seconds == pytest.approx(0.010 + 0.0003 * ran, rel=1e-5)
         assert s.predicted_draft_seconds == pytest.approx(0.001 * max(map(len, s.acceptance_estimates)), rel=1e-9)
         assert s.emitted_tokens <= s.batch_size + sum(s.accepted)
         assert s.prior_strength >= 1

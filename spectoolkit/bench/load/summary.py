@@ -50,7 +50,8 @@ class StepTotals:
     peak_reserved_kv: int = 0  # most candidate KV slots reserved in one step
     # The draft-length policy's decode steps (it predicted; no prefill chunk): what it expected and what they gave.
     predicted_tokens: float = 0.0
-    predicted_target: float = 0.0
+    predicted_planned: float = 0.0  # its T_B at the tokens it planned (what it decided on)
+    predicted_target: float = 0.0  # its T_B at the tokens the step ran (its curve against V(w))
     predicted_draft: float = 0.0
     emitted_tokens: int = 0
     measured_target: float = 0.0  # step_time - draft_time: the forward, verification and commit
@@ -63,7 +64,8 @@ class StepTotals:
         self.peak_reserved_kv = max(self.peak_reserved_kv, stats.reserved_kv_tokens)
         if stats.predicted_tokens is not None and not stats.prefill_tokens:
             self.predicted_tokens += stats.predicted_tokens
-            self.predicted_target += stats.predicted_target_seconds or 0.0
+            self.predicted_planned += stats.predicted_target_seconds or 0.0
+            self.predicted_target += stats.predicted_actual_seconds or 0.0
             self.predicted_draft += stats.predicted_draft_seconds or 0.0
             self.emitted_tokens += stats.emitted_tokens
             self.measured_target += stats.step_time - stats.draft_time
@@ -125,10 +127,11 @@ def _steps(totals: list[StepTotals]) -> dict[str, float | None]:
 
 def _predicted(totals: list[StepTotals]) -> dict[str, float | None]:
     """The policy's expectation against the measurement over its decode steps (issue 57): tokens per second it
-    predicted and got, and each part's ratio predicted / measured (tokens: its acceptance estimates; target: its
-    step-cost curve against the engine's V(w) at that batch; draft: its draft forward's cost)."""
+    predicted (for the drafts it planned) and got, and each part's ratio predicted / measured (tokens: its acceptance
+    estimates, and drafters proposing fewer than planned; target: its step-cost curve at the width each step ran
+    against the engine's V(w) at that batch; draft: its draft forward's cost)."""
     predicted = sum(t.predicted_tokens for t in totals)
-    seconds = sum(t.predicted_target + t.predicted_draft for t in totals)
+    seconds = sum(t.predicted_planned + t.predicted_draft for t in totals)
     measured = sum(t.measured_target + t.measured_draft for t in totals)
     emitted = sum(t.emitted_tokens for t in totals)
     return {
