@@ -87,12 +87,10 @@ class AdaptivePolicy:
         if budget > 0 and self._load_bound(prior, caps, fixed_tokens, budget, curve, by_count, forwards):
             lengths = self._probe(keys, caps, lengths, spare, MAX_PROBE_INTERVAL)
         elif (
-            budget > 0
-            and not any(lengths)
-            and not any(best_lengths([[1.0] * cap for cap in caps], fixed_tokens, budget, curve, by_count, forwards))
-        ):
-            pass  # even drafts that are always accepted would not pay: a probe cannot find a gain
-        else:
+            budget <= 0
+            or any(lengths)
+            or any(best_lengths([[1.0] * cap for cap in caps], fixed_tokens, budget, curve, by_count, forwards))
+        ):  # else even drafts that are always accepted would not pay: a probe cannot find a gain
             lengths = self._probe(keys, caps, lengths, spare)
         self._predict(keys, lengths, fixed_tokens, curve, by_count, forwards)
         return lengths
@@ -121,7 +119,7 @@ class AdaptivePolicy:
 
     def _not_repaid(
         self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], fixed_tokens: int,
-        curve: StepCurve | DecodeView, draft_forward: float, forwards: list[float],
+        curve: StepCurve | ShiftedCurve | DecodeView, draft_forward: float, forwards: list[float],
     ) -> list[int]:  # fmt: skip
         """The requests whose catch-up (their backlog rows at the measured cost per row) the time their drafts would
         save over the tokens they may still emit cannot repay, at the better of their own and the workload's
