@@ -193,6 +193,7 @@ class StepCosts:
         self.curves: dict[int, StepCurve] = {}  # by the step's sequence count
         self.drafts: dict[int, DraftCost] = {}  # by the sequences that drafted
         self.draft_cost = DraftCost()  # every step's: until a drafting count has its own
+        self._line: tuple[float, float] | None = None  # (offset, slope) through the counts measured, until the next
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Batch-1 calibration: the verify forward time by width."""
@@ -213,6 +214,7 @@ class StepCosts:
         if forwards >= 1 and drafting >= 1:
             self.draft_cost.observe(forwards, seconds)
             self.drafts.setdefault(drafting, DraftCost()).observe(forwards, seconds)
+            self._line = None
 
     def target(self, sequences: int) -> StepCurve | ShiftedCurve:
         """T(n) for steps of ``sequences`` sequences: their own curve once measured at two token counts; at one, that
@@ -236,12 +238,13 @@ class StepCosts:
             return self.drafts[drafting].per_forward
         if not self.drafts:
             return self.draft_cost.per_forward
-        counts = np.array(sorted(self.drafts), dtype=np.float64)
-        seconds = np.array([self.drafts[int(b)].per_forward for b in counts])
-        if len(counts) == 1:
-            return float(seconds[0])
-        slope, offset = np.polyfit(counts, seconds, 1)
-        return float(max(offset + max(slope, 0.0) * drafting, 0.0))
+        if self._line is None:
+            counts = np.array(sorted(self.drafts), dtype=np.float64)
+            seconds = np.array([self.drafts[int(b)].per_forward for b in counts])
+            slope, offset = np.polyfit(counts, seconds, 1) if len(counts) > 1 else (0.0, float(seconds[0]))
+            self._line = (float(offset), max(float(slope), 0.0))
+        offset, slope = self._line
+        return max(offset + slope * drafting, 0.0)
 
     def drafts_by_count(self, batch: int) -> list[float]:
         """:meth:`draft` for 0..``batch`` drafting sequences [batch + 1] (0 drafting: nothing)."""
