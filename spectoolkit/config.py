@@ -313,7 +313,8 @@ class BenchConfig:
     - ``standard``: the target alone ("baseline") and target + drafter ("spec");
     - ``four_groups``: "baseline" (the target at ``reference_precision`` alone), "quant" (the
       quantized ``target.precision`` alone), "spec" (reference + drafter), "quant+spec";
-    - ``gamma_sweep``: "baseline" and one drafting arm "spec-gN" per N in ``gammas``;
+    - ``gamma_sweep``: "baseline" and one drafting arm "spec-gN" per N in ``gammas`` (and "spec-adaptive"; under
+      load too: a serving run takes ``standard`` or ``gamma_sweep``);
     - ``tree_chain``: "baseline", then per N in ``gammas`` "chain-gN" (γ = N) and "tree-nN" (``speculate.tree``
       with max_nodes = N): a token tree and a chain at the same verify width, N + 1 rows;
     - ``drafters``: "baseline", one arm "spec-<kind>" per lookup drafter in ``drafters`` (n-gram, suffix) and,

@@ -37,7 +37,8 @@ HYDRA_GROUPS = ("experiment", "hydra")  # undotted override keys that choose fil
 SERVE_LOAD = ("enabled", "rate", "requests_per_level", "warmup_requests", "slo_ttft_ms", "slo_tpot_ms", "step_log")
 SERVE_ENGINE = ("concurrency", "max_num_tokens", "max_num_seqs", "max_kv_tokens", "block_size", "spec_max_batch",
                 "max_draft_tokens", "batch_invariant")  # fmt: skip
-SERVING_UNUSED_BENCH = ("warmup", "calibrate", "baseline_check", "arms", "gammas", "reference_precision")
+SERVING_UNUSED_BENCH = ("warmup", "calibrate", "baseline_check", "reference_precision")
+SERVING_ARM_SETS = ("standard", "gamma_sweep")  # what bench.arms a serving run measures (spectoolkit.serving.assemble)
 CLIENT_KEYS = ("model", "api_key", "connect_timeout_s", "read_timeout_s", "request_timeout_s", "allow_remote")
 MANAGED_KEYS = ("host", "port", "startup_timeout_s")  # servers this run starts: vLLM or llama.cpp
 VLLM_KEYS = ("vllm_env", "eagle_path", "vllm_args", "vllm_kv_cache_gib", "vllm_threads_bind")
@@ -138,6 +139,8 @@ RULES: tuple[Rule, ...] = (
            "outside a serving run (serve.enabled=false)", "set serve.enabled=true (or experiment=concurrency_sweep)"),
     *_rows([f"bench.{key}" for key in SERVING_UNUSED_BENCH], lambda c, e: not c.serve.enabled, _SERVING,
            "set serve.enabled=false"),
+    Rule("bench.arms", lambda c, e: not c.serve.enabled or c.bench.arms in SERVING_ARM_SETS,
+         "in a serving run (it measures bench.arms=standard or gamma_sweep)", "set bench.arms=gamma_sweep"),
     Rule("quant_quality", lambda c, e: c.eval.kind != "none" or not c.serve.enabled, _SERVING,
          "set serve.enabled=false"),
     *_rows([f"backend.{key}" for key in CLIENT_KEYS], lambda c, e: c.backend.kind != "local",

@@ -81,6 +81,8 @@ CASES: list[Case] = [
        {"bench": {"arms": "gamma_sweep" if key == "gammas" else "four_groups"}}, "run")
       for key in SERVING_UNUSED_BENCH),
     ("quant_quality.enabled", "run", SERVING, "set serve.enabled=false", {}, "run"),
+    ("bench.arms", "run", {**SERVING, "bench": {"arms": "four_groups"}}, "set bench.arms=gamma_sweep",
+     {**SERVING, "bench": {"arms": "gamma_sweep"}}, "run"),  # a serving run measures the fixed γ arms and adaptive
     *((f"backend.{key}", "run", SERVING, "set backend=endpoint, vllm or llamacpp", ENDPOINT, "run")
       for key in CLIENT_KEYS),
     ("backend.request_timeout_s", "run", SERVING, "set backend=endpoint, vllm or llamacpp", VLLM, "run"),

@@ -12,14 +12,17 @@ An option is worth its expected emitted tokens (accepted + 1, the target's own t
 - what its rows add to the step, T(W + rows) - T(W): the lookup's nodes, or what the model may draft (its budget:
   a chain min(nodes, depth), a tree ``nodes``), each priced alone on the pending rows (the others' drafts are not
   chosen yet; on a convex T they would only make every option dearer);
-- the model's drafting: its measured seconds per draft forward (an exponential mean over its calls, less their
-  backlog upkeep, which the draft-length policy prices) times the forwards it takes for the request (its depth).
+- the model's drafting: its measured seconds per draft forward for as many requests as share it (an exponential
+  mean over its calls of that size, less their backlog upkeep, which the draft-length policy prices) times the
+  forwards it takes for the request (its depth).
   The model drafts every request in one batched forward per depth (chains and trees alike), so that cost is shared
   equally among the requests that take the model this round: the largest set each member of which still prefers
   the model at its share (start from every request, drop those that do not, repeat: each share only grows).
 
-T is the target's step-time curve (:class:`~spectoolkit.policy.costs.StepCurve`, convex and non-decreasing), learnt
-from the engine's decode steps (:meth:`HybridDrafter.observe_step`). Until anything is measured every price is the
+T is the target's step-time curve for steps of W sequences, and the model's forward cost is by the requests that share
+it, from the same :class:`~spectoolkit.policy.costs.StepCosts` the adaptive draft-length policy prices with (issue 57:
+one curve pooled over batch sizes priced a step of 16 from steps of 1 and 4), learnt from the engine's decode steps
+(:meth:`HybridDrafter.observe_step`). Until anything is measured every price is the
 same, and the rule is the unpriced one: the lookup's draft when it expects at least as many tokens as the model. An
 empty lookup proposal is a plain decode (one token for the share of the pending row); a request with nothing to
 look up that has not had the model for :data:`PROBE_EVERY` rounds gets it once, so a mean that fell can recover.
@@ -41,7 +44,7 @@ from spectoolkit.config import TreeConfig
 from spectoolkit.drafting.base import Budget, Drafter, Drafting, Upkeep
 from spectoolkit.drafting.suffix import SuffixDrafter
 from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.policy.costs import DraftCost, StepCurve
+from spectoolkit.policy.costs import StepCosts
 
 DECAY = 0.7  # weight of the past in the model's mean accepted length
 PRIOR = 1.0  # the model's expected accepted tokens before any round
@@ -57,8 +60,7 @@ class HybridDrafter(Drafter):
         the same tree kind; ``name``: the records' name (``hybrid``: with a head, ``hybrid-model``: a draft model)."""
         self.lookup, self.model, self.name = lookup, model, name
         self.tree, self.capture = model.tree, model.capture
-        self.curve = StepCurve()  # T(n): the target's decode steps
-        self.draft_cost = DraftCost()  # the model's seconds per draft forward
+        self.costs = StepCosts()  # T_B(n) of the target's decode steps per batch, the model's forward per count
         self.overall = PRIOR  # the model's mean accepted length over every request
         self._mean: dict[int, float] = {}  # per request
         self._idle: dict[int, int] = {}  # rounds since the model last drafted for the request
@@ -98,14 +100,15 @@ class HybridDrafter(Drafter):
         depths = [min(budget.nodes, budget.depth) for budget in budgets]  # the model's forwards for each request
         rows = [budget.nodes if self.tree is not None else depth for budget, depth in zip(budgets, depths, strict=True)]
         widths = [width] + [width + len(proposal) for proposal in proposals] + [width + r for r in rows]
-        plain, *added = self.curve(np.array(widths)).tolist()  # T of the pending rows, then with each option's rows
+        curve = self.costs.target(width)  # steps of this many sequences (issue 57: not pooled over batch sizes)
+        plain, *added = curve(np.array(widths)).tolist()  # T of the pending rows, then with each option's rows
         share = plain / width
         lookup_rate = [(score + 1) / (share + cost - plain) for score, cost in zip(scores, added[:width], strict=True)]
         step_cost = [share + cost - plain for cost in added[width:]]  # the model option's, before its drafting
         means = [self._mean.get(id(seq), self.overall) for seq in seqs]
 
         def pays(i: int, shared: int) -> bool:
-            drafting = self.draft_cost.per_forward * depths[i] / shared
+            drafting = self.costs.draft(shared) * depths[i] / shared  # one batched forward for ``shared`` rows
             return (means[i] + 1) / (step_cost[i] + drafting) > lookup_rate[i]
 
         candidates = [i for i in range(width) if depths[i] > 0]
@@ -125,13 +128,13 @@ class HybridDrafter(Drafter):
         made = self.model.propose(seqs, budgets)
         upkeep = self.model.upkeep().seconds - before.seconds
         depths = [max(proposal.depths(), default=0) for proposal in made]
-        self.draft_cost.observe(max(depths, default=0), time.perf_counter() - began - upkeep)
+        self.costs.observe_draft(len(seqs), max(depths, default=0), time.perf_counter() - began - upkeep)
         return made
 
     # ---- what the engine tells it -------------------------------------------------------------
 
     def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
-        self.curve.observe(tokens, seconds)
+        self.costs.observe_target(sequences, tokens, seconds)
 
     def keep_states(self, seq: Drafting, start: int, states: torch.Tensor) -> None:
         self.model.keep_states(seq, start, states)

@@ -74,6 +74,13 @@ class LevelStats:
     mean_accept_length: float | None = None
     peak_temp_kv_tokens: float | None = None
     speculating_share: float | None = None
+    # The adaptive policy over its decode steps (issue 57): tokens/s it predicted and measured; predicted / measured
+    # of its emitted tokens (acceptance estimates), target step seconds (its curve vs V(w)) and draft seconds.
+    policy_predicted_rate: float | None = None
+    policy_measured_rate: float | None = None
+    policy_tokens_ratio: float | None = None
+    policy_target_ratio: float | None = None
+    policy_draft_ratio: float | None = None
     preemptions: int | None = None
     errors: int | None = None
     num_requests: int | None = None

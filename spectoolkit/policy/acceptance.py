@@ -7,16 +7,24 @@ emitted tokens of a k-token draft, E(k) = 1 + Σ_{j<=k} S_j (DESIGN §1).
 
 Counts decay geometrically (per round of the request: recent text matters more; per round of the
 whole workload for the prior). A request's first position shrinks toward the workload's, each deeper
-one toward the request's own estimate of the position before it:
+one toward the request's own estimate of the position before it, carried by the workload's shape:
 
     a_1(request) = (accepted_1 + m · A_1) / (reached_1 + m)
-    a_j(request) = (accepted_j + m · a_{j-1}) / (reached_j + m)          j >= 2
+    a_j(request) = (accepted_j + m · min(1, a_{j-1} · A_j / A_{j-1})) / (reached_j + m)     j >= 2
     A_j(workload) = (accepted_j + m₀ · A_{j-1}) / (reached_j + m₀),       A_0 = ``base``
 
-so a position a request has not reached yet inherits its own acceptance of the one before (the tail
-assumption of the cost model's γ extrapolation): a request whose text turns repetitive at k = 1 is
-expected to go on being accepted at k = 2, and drafts deeper to find out. A new request starts from
-the workload so far.
+so a position a request has not reached yet inherits its own acceptance of the one before, scaled as
+the workload's rises or falls there: a request whose text turns repetitive at k = 1 is expected to go
+on being accepted at k = 2, and drafts deeper to find out; a request like the workload gets the
+workload's deep positions (code acceptance rises with depth), not its own first one's.
+
+The prior's weight m (pseudo-rounds) is estimated from how much requests differ (empirical Bayes over
+the first-position totals of the live and the last :data:`RECENT_REQUESTS` finished requests):
+m = p(1 − p) / τ² − 1, τ² the between-request variance of their rates (DerSimonian–Laird: the
+rounds-weighted spread less its binomial part), kept within [1, 1/(1 − decay)] (at most a full window of the request's
+own decayed rounds). Issue 57: with m = 1 one rejected first round halved a request's estimate, and a
+request that stopped drafting on it learnt nothing more; at c4 on chat-like acceptance every request
+ended at k = 0 where γ = 1 paid. A new request starts from the workload so far.
 
 Token trees (:class:`NodeAcceptance`): node j of a k-node tree adds Pr(node j is on the accepted path)
 to the expected emitted tokens (the accepted path's nodes are all among the first k: parents come
@@ -28,6 +36,7 @@ sequence (pool adjacent violators: E(k) stays exact at the ends of each pooled b
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable
 
 import numpy as np
@@ -35,7 +44,8 @@ import numpy as np
 from spectoolkit.policy.costs import monotone_fit
 
 BASE_ACCEPTANCE = 0.5  # before anything is measured
-REQUEST_PRIOR = 1.0  # m: pseudo-rounds of the prior in a request's estimate (its own rounds soon dominate)
+REQUEST_PRIOR = 1.0  # m's floor: pseudo-rounds of the prior in a request's estimate
+RECENT_REQUESTS = 64  # finished requests whose first-position totals inform m
 WORKLOAD_PRIOR = 1.0  # m₀: pseudo-rounds of the previous position in the workload estimate
 WORKLOAD_DECAY = 0.995  # per observed round of any request
 
@@ -46,6 +56,7 @@ class _Counts:
     def __init__(self, max_gamma: int) -> None:
         self.reached = np.zeros(max_gamma)
         self.accepted = np.zeros(max_gamma)
+        self.first = [0, 0]  # undecayed rounds that reached, and accepted, the first position
 
     def add(self, reached: int, hits: list[int], decay: float) -> None:
         """Positions 1..``reached`` were reached, those at indices ``hits`` accepted."""
@@ -53,6 +64,8 @@ class _Counts:
         self.accepted *= decay
         self.reached[:reached] += 1.0
         self.accepted[hits] += 1.0
+        self.first[0] += reached > 0
+        self.first[1] += 0 in hits
 
 
 class AcceptanceModel:
@@ -63,6 +76,8 @@ class AcceptanceModel:
         self.decay = decay
         self.workload = _Counts(max_gamma)
         self._requests: dict[Hashable, _Counts] = {}
+        self._finished: deque[list[int]] = deque(maxlen=RECENT_REQUESTS)  # their first-position totals
+        self._strength: float | None = None  # m, until the next round or release
 
     def observe(self, key: Hashable, drafted: int, accepted: int, path: list[int] | None = None) -> None:
         """A verified round of ``key``: ``drafted`` tokens proposed, ``accepted`` kept (a tree: the nodes of
@@ -75,6 +90,24 @@ class AcceptanceModel:
         reached = self._reached(drafted, accepted)
         self._requests.setdefault(key, _Counts(self.max_gamma)).add(reached, path, self.decay)
         self.workload.add(reached, path, WORKLOAD_DECAY)
+        self._strength = None
+
+    def prior_strength(self) -> float:
+        """m: the prior's pseudo-rounds in a request's estimate, from how much requests differ (module docstring)."""
+        if self._strength is None:
+            most = max(REQUEST_PRIOR, 1.0 / (1.0 - self.decay)) if self.decay < 1 else float(RECENT_REQUESTS)
+            totals = [c.first for c in self._requests.values() if c.first[0]] + list(self._finished)
+            self._strength = most
+            if len(totals) >= 2:
+                rounds, hits = np.array(totals, dtype=np.float64).T
+                rates, mean = hits / rounds, hits.sum() / rounds.sum()
+                # τ² by DerSimonian–Laird: the rounds-weighted spread less what binomial noise alone gives, so a
+                # request seen for three probes weighs three rounds, not as much as one seen for a hundred
+                excess = np.sum(rounds * (rates - mean) ** 2) - (len(totals) - 1) * mean * (1 - mean)
+                spread = excess / (rounds.sum() - np.sum(rounds**2) / rounds.sum())
+                if spread > 0:
+                    self._strength = float(np.clip(mean * (1 - mean) / spread - 1, REQUEST_PRIOR, most))
+        return self._strength
 
     def _reached(self, drafted: int, accepted: int) -> int:
         """A chain: positions 1..min(k, K+1) were reached."""
@@ -103,15 +136,27 @@ class AcceptanceModel:
     def _curve(self, counts: _Counts | None, cap: int, prior: np.ndarray) -> list[float]:
         if counts is None:
             return np.cumprod(prior[:cap]).tolist()
-        survival, alive, previous = [], 1.0, float(prior[0])
-        for reached, accepted in zip(counts.reached[:cap].tolist(), counts.accepted[:cap].tolist(), strict=True):
-            previous = (accepted + REQUEST_PRIOR * previous) / (reached + REQUEST_PRIOR)
+        strength = self.prior_strength()
+        survival, alive, previous = [], 1.0, None
+        for j, (reached, accepted) in enumerate(
+            zip(counts.reached[:cap].tolist(), counts.accepted[:cap].tolist(), strict=True)
+        ):
+            target = float(prior[0]) if previous is None else min(1.0, previous * _shape(prior, j))
+            previous = (accepted + strength * target) / (reached + strength)
             alive *= previous
             survival.append(alive)
         return survival
 
     def release(self, key: Hashable) -> None:
-        self._requests.pop(key, None)
+        counts = self._requests.pop(key, None)
+        if counts is not None and counts.first[0]:
+            self._finished.append(counts.first)
+            self._strength = None
+
+
+def _shape(prior: np.ndarray, j: int) -> float:
+    """A_j / A_{j-1}: how the workload's acceptance changes from position j to j + 1 (1 where it fell to 0)."""
+    return float(prior[j] / prior[j - 1]) if prior[j - 1] > 0 else 1.0
 
 
 class NodeAcceptance(AcceptanceModel):
@@ -123,5 +168,6 @@ class NodeAcceptance(AcceptanceModel):
     def _curve(self, counts: _Counts | None, cap: int, prior: np.ndarray) -> list[float]:
         rates = prior[:cap]
         if counts is not None:
-            rates = (counts.accepted[:cap] + REQUEST_PRIOR * rates) / (counts.reached[:cap] + REQUEST_PRIOR)
+            strength = self.prior_strength()
+            rates = (counts.accepted[:cap] + strength * rates) / (counts.reached[:cap] + strength)
         return (-monotone_fit(-np.asarray(rates, dtype=float))).tolist()

@@ -8,14 +8,16 @@ tokens in expectation, where S_ij = Pr(its first j drafts are all accepted) is n
 
 with T(n) the target step time at n tokens (``n0``: pending tokens and prefill chunks) and
 ``draft_forward`` the time of one sequential draft forward (a draft model runs max_i k_i of them for
-the whole batch; n-gram lookup is ~0). Goodput = Σ_i E_i(k_i) / step_time(k), under Σ_i k_i <= budget
+the whole batch; n-gram lookup is ~0), optionally by how many sequences draft in it (a batched draft
+forward of 16 rows costs more than one of 1: issue 57). Goodput = Σ_i E_i(k_i) / step_time(k), under Σ_i k_i <= budget
 and k_i <= cap_i. At batch 1 this is the cost model's E[N]·T₁ / (D·k + V(k+1) + C) up to the
 constant T₁: the speedup-maximising k.
 
 Exact solution: fix the deepest draft L; every candidate (i, j <= min(L, cap_i)) then costs the same
 one token, so for m candidates the best set is the m largest S_ij (S is non-increasing in j, so the
-top m are prefixes per request), and only the total m changes T. Scan L and m; the bound
-``draft_forward · L`` is exact at the L that the chosen set reaches.
+top m are prefixes per request), and only the total m changes T (and the draft forward's cost, through
+the requests the m reach). Scan L and m; the bound ``draft_forward · L`` is exact at the L that the
+chosen set reaches.
 """
 
 from __future__ import annotations
@@ -30,33 +32,45 @@ def best_lengths(
     fixed_tokens: int,
     budget: int,
     step_time: Callable[[np.ndarray], np.ndarray],
-    draft_forward: float = 0.0,
+    draft_forward: float | Sequence[float] = 0.0,
     forwards: Sequence[float] | None = None,
 ) -> list[int]:
     """k_i per request maximising goodput; ``survival[i]`` = [S_i1..S_i,cap_i] (its length is cap_i).
 
-    ``step_time(n)`` maps token counts [M] -> seconds [M] (non-decreasing). ``forwards[k]``: the sequential
+    ``step_time(n)`` maps token counts [M] -> seconds [M] (non-decreasing). ``draft_forward``: seconds of one
+    draft forward, or [B + 1] of them by the number of requests drafting. ``forwards[k]``: the sequential
     draft forwards of a k-token draft (default k; a token tree of k nodes: its depth). Ties keep the
     shorter drafts.
     """
     deepest = max((len(s) for s in survival), default=0)
     if deepest == 0 or budget <= 0:
         return [0] * len(survival)
+    by_count = _by_count(draft_forward, len(survival))
     forwards = list(forwards) if forwards is not None else list(range(deepest + 1))
     times = step_time(np.arange(fixed_tokens, fixed_tokens + min(budget, deepest * len(survival)) + 1)).tolist()
     if len(survival) == 1:  # batch 1: k itself is the depth
-        return [_best_single(survival[0], budget, times, draft_forward, forwards)]
+        return [_best_single(survival[0], budget, times, by_count[1], forwards)]
     base = float(len(survival))  # every request emits one token even with k = 0
     best_value, best = base / times[0], (0, 0)  # (L, m)
-    for depth in range(1 if draft_forward else deepest, deepest + 1):  # without a draft cost only L = deepest
-        gains = sorted((s[j] for s in survival for j in range(min(depth, len(s)))), reverse=True)
-        emitted = base
-        for m, gain in enumerate(gains[:budget], start=1):
-            emitted += gain
-            value = emitted / (times[m] + draft_forward * forwards[depth])
+    for depth in range(1 if any(by_count) else deepest, deepest + 1):  # without a draft cost only L = deepest
+        ranked = sorted((-s[j], j, i) for i, s in enumerate(survival) for j in range(min(depth, len(s))))
+        emitted, drafting = base, 0
+        for m, (gain, position, _) in enumerate(ranked[:budget], start=1):
+            emitted -= gain
+            drafting += position == 0  # a request's first candidate comes before its others (S non-increasing)
+            value = emitted / (times[m] + by_count[drafting] * forwards[depth])
             if value > best_value * (1 + 1e-12):
                 best_value, best = value, (depth, m)
     return _take(survival, *best)
+
+
+def _by_count(draft_forward: float | Sequence[float], batch: int) -> list[float]:
+    """Seconds of one draft forward for 0..``batch`` drafting requests [batch + 1]."""
+    if isinstance(draft_forward, int | float):
+        return [float(draft_forward)] * (batch + 1)
+    if len(draft_forward) < batch + 1:
+        raise ValueError(f"draft_forward has {len(draft_forward)} costs, {batch + 1} needed (0..{batch} drafting)")
+    return [float(x) for x in draft_forward]
 
 
 def _best_single(

@@ -17,7 +17,21 @@ times (``observe_step``). The choice never looks at the round it decides, so ver
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a policy expected of the step it planned, to log beside what the step measured (issue 57)."""
+
+    tokens: float  # Σ_i E_i(k_i): the decoding requests' expected emitted tokens
+    target_seconds: float  # T_B(n) of the step's planned tokens, on the curve the policy used
+    fixed_tokens: int  # the step's tokens besides drafts (pending tokens, prefill chunks)
+    curve: list[float]  # T_B at fixed_tokens + 0, 1, .. planned drafts: the curve at the width a step actually ran
+    draft_seconds: float  # one draft forward at the step's drafting count × the forwards of its deepest draft
+    survival: list[list[float]]  # per request (the step's order): S_1..S_k_i, its acceptance estimate by position
+    prior_strength: float  # m: the pseudo-rounds of the workload's prior in each request's estimate
 
 
 class DraftLengthPolicy(Protocol):
@@ -41,13 +55,18 @@ class DraftLengthPolicy(Protocol):
         tree's accepted ``path`` (node indices) and ``depth`` (its draft forwards)."""
 
     def observe_step(
-        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
-    ) -> None:
+        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1,
+        drafting: int | None = None,
+    ) -> None:  # fmt: skip
         """A decode step of ``num_tokens`` target tokens over ``sequences`` sequences (batch 1: a round);
-        its drafting took ``draft_forwards`` sequential forwards. Steps with prefill chunks are not reported."""
+        its drafting took ``draft_forwards`` sequential forwards for ``drafting`` of them (default: all). Steps with
+        prefill chunks are not reported."""
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         """The drafter fed ``rows`` backlog rows in ``seconds`` before it drafted (what ``backlogs`` cost)."""
+
+    def prediction(self) -> Prediction | None:
+        """What the last :meth:`choose` expected of its step (None: a policy that predicts nothing)."""
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Calibrated target step times by token count (batch 1: the verify widths)."""
@@ -85,12 +104,16 @@ class FixedPolicy:
         pass
 
     def observe_step(
-        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1
-    ) -> None:
+        self, num_tokens: int, draft_forwards: int, target_seconds: float, draft_seconds: float, sequences: int = 1,
+        drafting: int | None = None,
+    ) -> None:  # fmt: skip
         pass
 
     def observe_catch_up(self, rows: int, seconds: float) -> None:
         pass
+
+    def prediction(self) -> Prediction | None:
+        return None
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         pass

@@ -5,10 +5,25 @@ batch-1 verify forward of width n, or a batched step of n tokens), optionally se
 calibration (:mod:`spectoolkit.bench.protocol.calibrate`). Queried, it fits a convex, non-decreasing curve
 to those medians (:func:`convex_fit`: a wider step never costs less, and each extra row costs at least what
 the one before did — a dip, or a bump, is noise), interpolates linearly between them and extrapolates past
-the widest with the last segment's slope (so the extra rows stay at least that dear). Below the narrowest it
+the widest with the slope of a line through the upper half of the measured span (each width weighted by its
+observations). Not the last segment's: on noisy
+medians one row apart the convex fit pools the noise into its steepest, last, segment, and a slope that
+overstates what rows past the widest cost is never corrected, since the policy then never drafts there to
+measure them (issue 57: at c16 the rows looked 2-3x their cost and drafting stopped). For the same reason a
+token count inside a gap of unmeasured ones (between two measured counts more than one apart) costs the least
+a convex curve through the measured points allows there (the segment before the gap extended, or the one after
+it extended back), where the gap's left end has a segment before it: a step a few rows wider than the widest
+plain one measured at a batch would otherwise be priced on the chord to a far, wide step, and never measured
+(at a cost kink, where the rows stop being free, the policy stopped two rows short of it). Below the narrowest it
 extrapolates with the first segment's slope, never under proportional to the tokens. With one point only, or
 none, every wider step costs the same (so the policy drafts, which measures a second width: a pessimistic
 guess would make a first plain step look like the best forever).
+
+:class:`StepCosts` holds one curve per batch size and one draft forward's cost per number of drafting
+sequences, and answers for the step at hand (issue 57): a batch seen at one width only takes its row cost from
+the nearest batch measured at two (T_B(n) = T_B(n0) + s_B'·(n − n0), s_B' that batch's cost per row), never a
+curve pooled over batch sizes (whose per-sequence costs differ: pooled, the rows of a batch of 16 were priced
+from steps of 4 and a batch-1 calibration).
 """
 
 from __future__ import annotations
@@ -56,6 +71,23 @@ def convex_fit(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     return rise + float(np.mean(ys - rise))
 
 
+def _optimistic(tokens: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Values at ``tokens`` [M] on the fitted points (``xs``, ``ys``) [n]: linear between adjacent measured counts;
+    inside a wider gap whose left end has a segment before it, the lower bound a convex curve through the points
+    allows (the module docstring), never above the chord."""
+    values = np.interp(tokens, xs, ys)
+    if len(xs) < 3:
+        return values
+    slopes = np.diff(ys) / np.diff(xs)  # [n - 1]
+    gap = np.clip(np.searchsorted(xs, tokens, side="right") - 1, 0, len(xs) - 2)  # the segment each token is in
+    inside = (tokens > xs[gap]) & (tokens < xs[gap + 1]) & (np.diff(xs)[gap] > 1) & (gap >= 1)
+    left = ys[gap] + slopes[np.maximum(gap - 1, 0)] * (tokens - xs[gap])
+    after = np.minimum(gap + 1, len(slopes) - 1)
+    right = np.where(gap + 1 < len(slopes), ys[gap + 1] - slopes[after] * (xs[gap + 1] - tokens), -np.inf)
+    low = np.minimum(values, np.maximum(np.maximum(left, right), ys[gap]))
+    return np.where(inside, low, values)
+
+
 class StepCurve:
     """T(n): seconds of one target step of n tokens (the median of its last :data:`WINDOW` observations).
 
@@ -92,7 +124,7 @@ class StepCurve:
         key = tokens.tobytes()
         if key not in self._cache:
             xs, ys, first, last = self._fitted
-            inside = np.interp(tokens, xs, ys)
+            inside = _optimistic(tokens, xs, ys)
             beyond = ys[-1] + last * (tokens - xs[-1])
             below = np.maximum(ys[0] + first * (tokens - xs[0]), ys[0] * tokens / xs[0])  # never under proportional
             self._cache[key] = np.where(tokens > xs[-1], beyond, np.where(tokens < xs[0], below, inside))
@@ -107,7 +139,26 @@ class StepCurve:
         if len(xs) == 1:
             return xs, ys, 0.0, 0.0
         slopes = np.diff(ys) / np.diff(xs)
-        return xs, ys, float(slopes[0]), float(slopes[-1])
+        return xs, ys, float(slopes[0]), self._upper_slope(xs)
+
+    def _upper_slope(self, xs: np.ndarray) -> float:
+        """The slope past the widest: a least-squares line through the medians of the upper half of the measured
+        span, each weighted by its observations (a width seen once is one noisy step), at least 0; with fewer than
+        two points there, over the whole span."""
+        upper = xs >= (xs[0] + xs[-1]) / 2
+        return self.slope(xs[upper] if upper.sum() >= 2 else xs)
+
+    def slope(self, xs: np.ndarray | None = None) -> float:
+        """Seconds per extra token: a least-squares line through the medians at ``xs`` (default: every measured
+        count), each weighted by its observations, at least 0 (0 below two counts)."""
+        xs = np.array(sorted(self._recent), dtype=np.float64) if xs is None else xs
+        if len(xs) < 2:
+            return 0.0
+        w = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
+        y = np.array([statistics.median(self._recent[int(x)]) for x in xs])
+        centre = np.average(xs, weights=w)
+        slope = np.sum(w * (xs - centre) * (y - np.average(y, weights=w))) / np.sum(w * (xs - centre) ** 2)
+        return float(max(slope, 0.0))
 
     def widths(self) -> int:
         """How many distinct token counts have been observed."""
@@ -132,3 +183,85 @@ class DraftCost:
         self._count += 1
         weight = max(1.0 / self._count, MIN_WEIGHT)
         self.per_forward += weight * (seconds / forwards - self.per_forward)
+
+
+class StepCosts:
+    """What a decode step costs at the batch at hand: T_B(n) per batch size B, and one draft forward per number of
+    sequences drafting in it (a batched draft forward grows with its rows). See the module docstring."""
+
+    def __init__(self) -> None:
+        self.curves: dict[int, StepCurve] = {}  # by the step's sequence count
+        self.drafts: dict[int, DraftCost] = {}  # by the sequences that drafted
+        self.draft_cost = DraftCost()  # every step's: until a drafting count has its own
+        self._line: tuple[float, float] | None = None  # (offset, slope) through the counts measured, until the next
+
+    def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
+        """Batch-1 calibration: the verify forward time by width."""
+        self.curves.setdefault(1, StepCurve()).seed(seconds_by_tokens)
+
+    def observe(
+        self, sequences: int, tokens: int, seconds: float, forwards: int, draft_seconds: float, drafting: int
+    ) -> None:
+        self.observe_target(sequences, tokens, seconds)
+        self.observe_draft(drafting, forwards, draft_seconds)
+
+    def observe_target(self, sequences: int, tokens: int, seconds: float) -> None:
+        """A target step of ``tokens`` over ``sequences`` sequences took ``seconds``."""
+        self.curves.setdefault(sequences, StepCurve()).observe(tokens, seconds)
+
+    def observe_draft(self, drafting: int, forwards: int, seconds: float) -> None:
+        """``forwards`` sequential draft forwards for ``drafting`` sequences took ``seconds``."""
+        if forwards >= 1 and drafting >= 1:
+            self.draft_cost.observe(forwards, seconds)
+            self.drafts.setdefault(drafting, DraftCost()).observe(forwards, seconds)
+            self._line = None
+
+    def target(self, sequences: int) -> StepCurve | ShiftedCurve:
+        """T(n) for steps of ``sequences`` sequences: their own curve once measured at two token counts; at one, that
+        point plus the row increments of the nearest batch measured at two; at none, the nearest batch's curve."""
+        own = self.curves.get(sequences)
+        if own is not None and own.widths() >= 2:
+            return own
+        donors = [b for b, curve in self.curves.items() if curve.widths() >= 2]
+        if not donors:
+            return own if own is not None else StepCurve()
+        donor = self.curves[min(donors, key=lambda b: (abs(b - sequences), -b))]
+        if own is None or not own.widths():
+            return donor
+        ((anchor, seconds),) = own.points().items()
+        return ShiftedCurve(donor, anchor, seconds)
+
+    def draft(self, drafting: int) -> float:
+        """Seconds of one draft forward for ``drafting`` sequences: measured at that count, else the least-squares
+        line through the counts measured (one: its cost), else every step's; 0 until anything is measured."""
+        if drafting in self.drafts:
+            return self.drafts[drafting].per_forward
+        if not self.drafts:
+            return self.draft_cost.per_forward
+        if self._line is None:
+            counts = np.array(sorted(self.drafts), dtype=np.float64)
+            seconds = np.array([self.drafts[int(b)].per_forward for b in counts])
+            slope, offset = np.polyfit(counts, seconds, 1) if len(counts) > 1 else (0.0, float(seconds[0]))
+            self._line = (float(offset), max(float(slope), 0.0))
+        offset, slope = self._line
+        return max(offset + slope * drafting, 0.0)
+
+    def drafts_by_count(self, batch: int) -> list[float]:
+        """:meth:`draft` for 0..``batch`` drafting sequences [batch + 1] (0 drafting: nothing)."""
+        return [0.0] + [self.draft(b) for b in range(1, batch + 1)]
+
+
+class ShiftedCurve:
+    """A batch measured at one width ``anchor`` (``seconds``): each further row at ``donor``'s cost per row (its
+    least-squares slope over every width it measured, not its convex fit: a convex fit of noisy, nearly straight
+    medians steepens at its upper end, and rows priced from there are never drafted to be measured), never less
+    below the anchor than proportional."""
+
+    def __init__(self, donor: StepCurve, anchor: int, seconds: float) -> None:
+        self.anchor, self.seconds = anchor, seconds
+        self.per_token = donor.slope()
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.float64)
+        above = self.seconds + self.per_token * (tokens - self.anchor)
+        return np.where(tokens >= self.anchor, above, np.maximum(above, self.seconds * tokens / self.anchor))

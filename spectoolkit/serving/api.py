@@ -69,6 +69,17 @@ class StepStats:
     draft_time: float
     finished: int
     forward_time: float = 0.0  # seconds of the target forward (the rest of step_time - draft_time: verify, commit)
+    emitted_tokens: int = 0  # output tokens the step emitted (a prefill's first token included)
+    drafted: list[int] = field(default_factory=list)  # per decoding sequence in step order: drafts proposed
+    accepted: list[int] = field(default_factory=list)  # ... and kept
+    # The draft-length policy's expectation (issue 57; None: a policy that predicts nothing, e.g. fixed γ), to set
+    # beside the measured emitted_tokens, step_time - draft_time and draft_time:
+    predicted_tokens: float | None = None  # Σ_i E_i(k_i) of the decoding sequences
+    predicted_target_seconds: float | None = None  # T_B(n) on the policy's curve for this batch, n as planned
+    predicted_actual_seconds: float | None = None  # ... at the n the step ran (drafters may propose fewer)
+    predicted_draft_seconds: float | None = None
+    acceptance_estimates: list[list[float]] | None = None  # per decoding sequence: S_1..S_k it used
+    prior_strength: float | None = None  # m, the workload prior's pseudo-rounds in each request's estimate
 
 
 class ServingEngine(Protocol):

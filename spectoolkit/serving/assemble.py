@@ -136,12 +136,20 @@ class ServingArm:
 
 def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:
     """ "baseline" (the target alone, continuous batching), with a drafter "spec" (fixed γ) and, when
-    ``speculate.policy`` is not fixed, "spec-<policy>" beside it (every arm on the one target pool)."""
+    ``speculate.policy`` is not fixed, "spec-<policy>" beside it (every arm on the one target pool). With
+    ``bench.arms=gamma_sweep``: "spec-gN" (fixed γ = N) per N in ``bench.gammas`` and "spec-adaptive" (at most
+    max(gammas)), as a batch-1 gamma sweep has them: the adaptive policy against every fixed γ, interleaved."""
     builder = _serving_builder(cfg, setup)
     arms = [_arm(builder, "baseline", None, FixedPolicy(0))]
     if cfg.draft.kind == "none":
         return arms
     drafter = builder.drafter()
+    if cfg.bench.arms == "gamma_sweep":
+        for gamma in cfg.bench.gammas:
+            variant = drafter.variant(None, drafter.tree)
+            arms.append(_arm(builder, f"spec-g{gamma}", variant, make_policy(cfg.speculate, "fixed", gamma)))
+        adaptive = make_policy(cfg.speculate, "adaptive", max(cfg.bench.gammas))
+        return arms + [_arm(builder, "spec-adaptive", drafter, adaptive)]
     arms.append(_arm(builder, "spec", drafter, make_policy(cfg.speculate, "fixed")))
     policy = make_policy(cfg.speculate)
     if policy.name != "fixed":

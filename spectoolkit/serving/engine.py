@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from spectoolkit.drafting.base import Budget, Drafter, Upkeep
 from spectoolkit.drafting.tree import TokenTree
-from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy
+from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy, Prediction
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.runner import Runner, synchronize
 from spectoolkit.runtime.step import Segment, build_step, tree_layout
@@ -33,6 +34,24 @@ from spectoolkit.verify.base import Verifier
 from spectoolkit.verify.tree import TreeVerifier
 
 _NO_DRAFTS = TokenTree([], [])
+
+
+def _at_width(predicted: Prediction | None, tokens: int) -> float | None:
+    """The policy's T_B at the ``tokens`` a step ran (its drafters may propose fewer than it planned)."""
+    if predicted is None or not predicted.curve:
+        return None
+    return predicted.curve[max(0, min(tokens - predicted.fixed_tokens, len(predicted.curve) - 1))]
+
+
+@dataclass
+class Rounds:
+    """What a step's verified rounds gave: output tokens emitted, and per round drafts proposed and kept."""
+
+    emitted: int = 0
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+
 NON_FINITE = "the target produced non-finite logits for this request (NaN/inf)"
 
 
@@ -148,7 +167,7 @@ class ContinuousEngine:
             self.peak_draft_kv_bytes = max(self.peak_draft_kv_bytes, self.drafter.kv_bytes())
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # [R]: one check for the whole step
         now = time.perf_counter()
-        row = 0
+        row, emitted_before, rounds = 0, self.counters.generation_tokens, Rounds()
         for index, (work, proposal) in enumerate(zip(plan.work, proposals, strict=True)):
             seq = work.seq
             seq.result.batch_sizes.append(len(plan.work))
@@ -165,7 +184,11 @@ class ContinuousEngine:
             rows = logits[row : row + 1 + len(proposal)]  # [k+1, V]
             ok = all(finite[row : row + 1 + len(proposal)])
             row += 1 + len(proposal)
+            known = len(seq.result.accept_lengths)
             done = self._commit(seq, work, proposal, rows, now, fed) if ok else self._fail(seq, NON_FINITE, now)
+            if len(seq.result.accept_lengths) > known:  # a verified round (not a prefill's first token)
+                rounds.drafted.append(len(proposal))
+                rounds.accepted.append(seq.result.accept_lengths[-1])
             if done is not None:
                 finished.append(done)
         if not prefill:  # a step with prefill chunks says little about the cost of drafts
@@ -175,7 +198,8 @@ class ContinuousEngine:
                 self.drafter.observe_step(tokens, forward_time, len(plan.work))
         if upkeep_rows:
             self.policy.observe_catch_up(upkeep_rows, upkeep_seconds)
-        self._report(plan, reserved, prefill, started, draft_time, forward_time, len(finished))
+        rounds.emitted = self.counters.generation_tokens - emitted_before
+        self._report(plan, reserved, prefill, started, draft_time, forward_time, len(finished), rounds)
         return finished
 
     def _learn(
@@ -185,8 +209,9 @@ class ContinuousEngine:
         (``upkeep``: the part of ``draft_time`` a drafter spent feeding backlogs, priced apart per row)."""
         tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
         forwards = max((max(proposal.depths(), default=0) for proposal in proposals), default=0)
+        drafting = sum(1 for proposal in proposals if len(proposal))  # a batched draft forward's rows
         elapsed = time.perf_counter() - started
-        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time - upkeep, len(works))
+        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time - upkeep, len(works), drafting)
 
     # ---- the parts of a step ------------------------------------------------------------------
 
@@ -316,7 +341,7 @@ class ContinuousEngine:
 
     def _report(
         self, plan: Plan, reserved: int, prefill: int, started: float, draft_time: float, forward_time: float,
-        finished: int,
+        finished: int, rounds: Rounds,
     ) -> None:  # fmt: skip
         self._steps += 1
         self.counters.steps += 1
@@ -325,12 +350,19 @@ class ContinuousEngine:
         if self.on_step is None:
             return
         used = (self.allocator.num_blocks - self.allocator.num_free) * self.allocator.block_size
+        predicted = plan.prediction
         self.on_step(StepStats(
             index=self._steps, batch_size=len(plan.work), num_tokens=plan.num_tokens, prefill_tokens=prefill,
             draft_tokens=sum(w.drafts for w in plan.work), reserved_kv_tokens=reserved, used_kv_tokens=used,
             queued=len(self.scheduler.queue), speculating=plan.speculating,
             step_time=time.perf_counter() - started, draft_time=draft_time, finished=finished,
-            forward_time=forward_time,
+            forward_time=forward_time, emitted_tokens=rounds.emitted, drafted=rounds.drafted, accepted=rounds.accepted,
+            predicted_tokens=predicted.tokens if predicted else None,
+            predicted_target_seconds=predicted.target_seconds if predicted else None,
+            predicted_actual_seconds=_at_width(predicted, plan.num_tokens - reserved + sum(rounds.drafted)),
+            predicted_draft_seconds=predicted.draft_seconds if predicted else None,
+            acceptance_estimates=predicted.survival if predicted else None,
+            prior_strength=predicted.prior_strength if predicted else None,
         ))  # fmt: skip
 
     def _reject_reason(self, request: ServeRequest) -> str | None:

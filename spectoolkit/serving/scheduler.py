@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spectoolkit.policy.base import DraftLengthPolicy
+from spectoolkit.policy.base import DraftLengthPolicy, Prediction
 from spectoolkit.serving.sequence import Sequence
 
 
@@ -51,6 +51,7 @@ class Plan:
     work: list[Work] = field(default_factory=list)  # in running order
     preempted: list[Sequence] = field(default_factory=list)
     speculating: bool = False
+    prediction: Prediction | None = None  # what the policy expected of its drafts (None: it predicts nothing)
 
     @property
     def num_tokens(self) -> int:
@@ -114,6 +115,7 @@ class Scheduler:
         seqs = [work.seq for work in works]
         backlogs = [self.backlog(seq) for seq in seqs] if self.backlog is not None else None
         lengths = self.policy.choose(seqs, caps, fixed, draft_budget, backlogs, [seq.room for seq in seqs])
+        plan.prediction = self.policy.prediction()
         planned = 0
         for work, drafts in zip(works, lengths, strict=True):
             seq = work.seq

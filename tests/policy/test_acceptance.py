@@ -12,7 +12,7 @@ import pytest
 
 from spectoolkit.policy.acceptance import (
     BASE_ACCEPTANCE,
-    REQUEST_PRIOR,
+    RECENT_REQUESTS,
     WORKLOAD_DECAY,
     WORKLOAD_PRIOR,
     AcceptanceModel,
@@ -41,13 +41,14 @@ def _reference_workload(rounds: list[tuple[int, int]], gamma: int) -> np.ndarray
     return out
 
 
-def _reference_survival(rounds, workload_rounds, decay: float, gamma: int, cap: int) -> np.ndarray:
+def _reference_survival(rounds, workload_rounds, decay: float, gamma: int, cap: int, strength: float) -> np.ndarray:
+    """Position 1 shrinks toward the workload's, j >= 2 toward its own j - 1 times the workload's A_j / A_{j-1}."""
     prior = _reference_workload(workload_rounds, gamma)
     reached, accepted = _counts(rounds, decay, gamma)
-    conditional, previous = [], prior[0]  # position 1 shrinks toward the workload, j >= 2 toward its own j - 1
+    conditional: list[float] = []
     for j in range(gamma):
-        previous = (accepted[j] + REQUEST_PRIOR * previous) / (reached[j] + REQUEST_PRIOR)
-        conditional.append(previous)
+        target = prior[0] if j == 0 else min(1.0, conditional[-1] * prior[j] / prior[j - 1])
+        conditional.append((accepted[j] + strength * target) / (reached[j] + strength))
     return np.cumprod(conditional)[:cap]
 
 
@@ -59,9 +60,13 @@ def test_reached_and_accepted_positions():
     workload = model.workload_acceptance()
     # A_j = (accepted_j + A_{j-1}) / (reached_j + 1), A_0 = 0.5
     assert workload == pytest.approx([0.75, 0.875, 0.4375, 0.4375], rel=1e-12)
-    # m = 1: a_1 = (1 + A_1) / 2, then each position toward the request's own previous one
-    conditional = [(1 + 0.75) / 2, (1 + 0.875) / 2, (0 + 0.9375) / 2, 0.46875]  # position 4: its own a_3
-    assert REQUEST_PRIOR == 1.0
+    # one request: no spread between requests measured yet, so m is its cap (decay 1: RECENT_REQUESTS)
+    m = model.prior_strength()
+    assert m == RECENT_REQUESTS
+    a1 = (1 + m * 0.75) / (1 + m)  # then each position toward its own previous one, in the workload's shape
+    a2 = (1 + m * a1 * 0.875 / 0.75) / (1 + m)
+    a3 = (0 + m * a2 * 0.4375 / 0.875) / (1 + m)
+    conditional = [a1, a2, a3, a3]  # position 4: its own a_3 (the workload is flat there)
     assert model.survival("a", 4) == pytest.approx(np.cumprod(conditional).tolist(), rel=1e-12)
     model.observe("b", 3, 3)  # all accepted: positions 1..3 reached and accepted, 4 not reached
     survival = model.survival("b", 4)
@@ -94,7 +99,7 @@ def test_random_rounds_match_the_reference(decay):
         assert model.workload_acceptance() == pytest.approx(_reference_workload(everything, GAMMA), rel=1e-9)
     for key in rounds:
         for cap in range(GAMMA + 1):
-            expected = _reference_survival(rounds[key], everything, decay, GAMMA, cap)
+            expected = _reference_survival(rounds[key], everything, decay, GAMMA, cap, model.prior_strength())
             assert model.survival(key, cap) == pytest.approx(expected.tolist(), rel=1e-9)
     good, bad = model.survival("a", 1)[0], model.survival("c", 1)[0]
     assert good > 0.6 > 0.3 > bad
@@ -123,7 +128,8 @@ def test_a_request_shrinks_toward_the_workload():
     assert model.survival("newcomer", 2) == pytest.approx(np.cumprod(workload[:2]).tolist())  # starts from the workload
     model.observe("newcomer", 4, 4)
     one_round = model.survival("newcomer", 1)[0]
-    assert one_round == pytest.approx((1 + REQUEST_PRIOR * model.workload_acceptance()[0]) / (1 + REQUEST_PRIOR))
+    m = model.prior_strength()
+    assert one_round == pytest.approx((1 + m * model.workload_acceptance()[0]) / (1 + m))
     for _ in range(30):
         model.observe("newcomer", 4, 4)
     assert model.survival("newcomer", 1)[0] > 0.8 > one_round  # its own rounds outweigh the prior

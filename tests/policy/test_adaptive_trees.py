@@ -57,10 +57,13 @@ def test_a_tree_whose_deep_nodes_hit_gets_its_whole_budget_and_one_that_never_hi
 
 def test_tree_draft_cost_is_its_depth_not_its_nodes():
     policy = _policy()
-    assert policy.forwards(3) == [0, 1, 2, 3]  # nothing seen: a chain's
+    assert policy.forwards(3) == [0, 1, 1, 1]  # nothing seen: the least a tree can be (one forward), to be tried
     policy.observe("r", 8, 8, 2, [0, 3], depth=2)
     policy.observe("r", 8, 8, 2, [0, 3], depth=4)
-    assert policy.forwards(8)[8] == pytest.approx(3.0) and policy.forwards(8)[5] == 5
+    assert policy.forwards(8)[8] == pytest.approx(3.0) and policy.forwards(8)[5] == 1
+    policy.observe("r", 4, 4, 2, [0, 3], depth=2)
+    assert policy.forwards(8)[4:] == [2.0, 2.0, 2.0, 2.0, 3.0]  # unseen sizes: no shallower than a smaller one seen
+    assert make_policy(SpeculateConfig(gamma=3, policy="adaptive")).forwards(3) == [0, 1, 2, 3]  # a chain: k
 
 
 def test_a_shallow_tree_is_cheaper_to_draft_than_a_chain_of_its_nodes():

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from spectoolkit.policy.costs import REFIT, WINDOW, DraftCost, StepCurve, convex_fit, monotone_fit
+from spectoolkit.policy.costs import REFIT, WINDOW, DraftCost, StepCosts, StepCurve, convex_fit, monotone_fit
 
 
 def _brute_monotone_fit(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -123,7 +123,9 @@ def test_the_fit_follows_new_observations_within_refit_steps():
     for _ in range(REFIT):
         curve.observe(4, 8.0)  # median of [4, 8 x REFIT]: 8
     assert curve(np.array([4, 3]))[0] == pytest.approx(8.0)
-    assert curve(np.array([3]))[0] == pytest.approx(5.0)  # interpolated on the refitted points
+    # 3 lies in a gap of unmeasured widths: the least a convex curve through the refitted points allows there (the
+    # segment 1-2 extended), not the chord to 4 (5.0): an unmeasured width is priced so that it gets measured
+    assert curve(np.array([3]))[0] == pytest.approx(3.0)
 
 
 def test_seed_counts_as_one_observation_and_bad_steps_are_ignored():
@@ -184,3 +186,20 @@ def test_draft_cost_is_per_forward_and_zero_until_measured():
     for _ in range(200):
         cost.observe(1, 0.001)
     assert cost.per_forward == pytest.approx(0.001, rel=1e-6)
+
+
+def test_step_costs_by_batch_and_drafting_count():
+    """Issue 57: a batch measured at one width prices its rows at the nearest batch's cost per row; a draft forward
+    is priced by the sequences drafting (measured, else the line through the counts measured)."""
+    costs = StepCosts()
+    assert costs.draft(4) == 0.0 and costs.target(4)(np.array([4, 8])).tolist() == [1.0, 1.0]  # nothing yet
+    for n in (4, 8, 12):
+        costs.observe_target(4, n, 0.1 + 0.01 * n)
+    costs.observe_target(16, 16, 0.5)  # batch 16: one width only
+    np.testing.assert_allclose(costs.target(16)(np.array([16, 20, 32])), [0.5, 0.54, 0.66], rtol=1e-9)
+    assert costs.target(4) is costs.curves[4]
+    costs.observe_draft(1, 2, 0.02)  # 10 ms a forward for one sequence
+    assert costs.draft(1) == costs.draft(16) == pytest.approx(0.01)  # one count measured: its cost everywhere
+    costs.observe_draft(4, 1, 0.016)
+    assert costs.draft(4) == pytest.approx(0.016) and costs.draft(16) == pytest.approx(0.01 + 0.002 * 15)
+    assert costs.drafts_by_count(2) == pytest.approx([0.0, 0.01, 0.012])

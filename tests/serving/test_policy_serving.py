@@ -199,3 +199,32 @@ def test_a_draft_models_catch_up_is_priced_apart_from_its_draft_forwards(target,
     assert sum(rows for rows, _ in caught_up) >= sum(len(p) for p in batch if len(p) >= BACKLOG_ROWS)
     assert all(seconds >= 0.2 for _, seconds in caught_up)
     assert draft_seconds and max(draft_seconds) < 0.1 and policy.draft_cost.per_forward < 0.05
+
+
+def test_the_step_log_sets_the_policys_expectation_beside_the_measurement(target, batch):
+    """Issue 57: every decode step of the adaptive policy carries what it expected (emitted tokens from its acceptance
+    estimates, T_B(n) from its curve, the draft forwards' cost) beside what was measured; a fixed γ predicts nothing."""
+    policy = PinnedCosts()
+    eng = _engine(target, DRAFTERS["model-noisy"](None), policy, max_draft_tokens=12)
+    log = StepLog()
+    eng.on_step = log
+    helpers.run(eng, helpers.requests(batch, MAX_NEW))
+    decode = [s for s in log.steps if s.predicted_tokens is not None and not s.prefill_tokens]
+    assert decode and any(s.draft_tokens for s in decode)
+    for s in decode:
+        assert len(s.acceptance_estimates) == len(s.drafted) == len(s.accepted) == s.batch_size
+        assert sum(map(len, s.acceptance_estimates)) == s.draft_tokens  # S_1..S_k per request, for the k planned
+        assert all(len(estimate) >= d for estimate, d in zip(s.acceptance_estimates, s.drafted, strict=True))
+        expected = s.batch_size + sum(sum(estimate) for estimate in s.acceptance_estimates)
+        assert s.predicted_tokens == pytest.approx(expected, abs=1e-3)
+        assert s.predicted_target_seconds == pytest.approx(0.010 + 0.0003 * s.num_tokens, rel=1e-9)  # pinned T(n)
+        ran = s.batch_size + sum(s.drafted)  # the drafter may propose fewer than planned: the curve where it ran
+        assert s.predicted_actual_seconds == pytest.approx(0.010 + 0.0003 * ran, rel=1e-5)
+        assert s.predicted_draft_seconds == pytest.approx(0.001 * max(map(len, s.acceptance_estimates)), rel=1e-9)
+        assert s.emitted_tokens <= s.batch_size + sum(s.accepted)
+        assert s.prior_strength >= 1
+    fixed = _engine(target, DRAFTERS["ngram"](None), FixedPolicy(GAMMA), max_draft_tokens=12)
+    fixed.on_step = fixed_log = StepLog()
+    helpers.run(fixed, helpers.requests(batch, MAX_NEW))
+    assert fixed_log.steps and all(s.predicted_tokens is None for s in fixed_log.steps)
+    assert any(s.accepted for s in fixed_log.steps)

@@ -48,12 +48,28 @@ class StepTotals:
     speculating: int = 0
     batch_total: int = 0  # sum of running batch sizes
     peak_reserved_kv: int = 0  # most candidate KV slots reserved in one step
+    # The draft-length policy's decode steps (it predicted; no prefill chunk): what it expected and what they gave.
+    predicted_tokens: float = 0.0
+    predicted_planned: float = 0.0  # its T_B at the tokens it planned (what it decided on)
+    predicted_target: float = 0.0  # its T_B at the tokens the step ran (its curve against V(w))
+    predicted_draft: float = 0.0
+    emitted_tokens: int = 0
+    measured_target: float = 0.0  # step_time - draft_time: the forward, verification and commit
+    measured_draft: float = 0.0
 
     def add(self, stats: StepStats) -> None:
         self.steps += 1
         self.speculating += int(stats.speculating)
         self.batch_total += stats.batch_size
         self.peak_reserved_kv = max(self.peak_reserved_kv, stats.reserved_kv_tokens)
+        if stats.predicted_tokens is not None and not stats.prefill_tokens:
+            self.predicted_tokens += stats.predicted_tokens
+            self.predicted_planned += stats.predicted_target_seconds or 0.0
+            self.predicted_target += stats.predicted_actual_seconds or 0.0
+            self.predicted_draft += stats.predicted_draft_seconds or 0.0
+            self.emitted_tokens += stats.emitted_tokens
+            self.measured_target += stats.step_time - stats.draft_time
+            self.measured_draft += stats.draft_time
 
 
 StepBook = dict[tuple[str, str, int], StepTotals]  # (arm, level key, repeat) -> its steps
@@ -105,7 +121,28 @@ def _steps(totals: list[StepTotals]) -> dict[str, float | None]:
         "mean_batch_size": _ratio(sum(t.batch_total for t in totals), steps),
         "peak_temp_kv_tokens": max(t.peak_reserved_kv for t in totals) if steps else None,
         "speculating_share": _ratio(sum(t.speculating for t in totals), steps),
+        **_predicted(totals),
     }
+
+
+def _predicted(totals: list[StepTotals]) -> dict[str, float | None]:
+    """The policy's expectation against the measurement over its decode steps (issue 57): tokens per second it
+    predicted (for the drafts it planned) and got, and each part's ratio predicted / measured (tokens: its acceptance
+    estimates, and drafters proposing fewer than planned; target: its step-cost curve at the width each step ran
+    against the engine's V(w) at that batch; draft: its draft forward's cost)."""
+    predicted = sum(t.predicted_tokens for t in totals)
+    seconds = sum(t.predicted_planned + t.predicted_draft for t in totals)
+    measured = sum(t.measured_target + t.measured_draft for t in totals)
+    emitted = sum(t.emitted_tokens for t in totals)
+    return {
+        "policy_predicted_rate": _ratio(predicted, seconds) if predicted else None,
+        "policy_measured_rate": _ratio(emitted, measured) if predicted else None,
+        "policy_tokens_ratio": _ratio(predicted, emitted) if predicted else None,
+        "policy_target_ratio": _ratio(sum(t.predicted_target for t in totals), sum(t.measured_target for t in totals))
+        if predicted else None,
+        "policy_draft_ratio": _ratio(sum(t.predicted_draft for t in totals), sum(t.measured_draft for t in totals))
+        if predicted else None,
+    }  # fmt: skip
 
 
 def _pooled_itl(records: Records) -> list[float]:

@@ -35,6 +35,7 @@ STAT_KEYS = {
     "output_throughput", "request_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99",
     "latency_p95", "latency_p99", "mean_batch_size", "acceptance_rate", "mean_accept_length", "peak_temp_kv_tokens",
     "speculating_share", "preemptions", "errors", "num_requests", "speedup", "exact_match", "by_task",
+    "policy_predicted_rate", "policy_measured_rate", "policy_tokens_ratio", "policy_target_ratio", "policy_draft_ratio",
 }  # fmt: skip
 
 

@@ -147,3 +147,22 @@ def test_references_from_level_1() -> None:
     records = [_rec("baseline", "1", 1, "a", 0.0, 1.0, output_ids=[7]), _rec("baseline", "1", 0, "a", 0.0, 1.0),
                _rec("baseline", "4", 0, "b", 0.0, 1.0), _rec("spec", "1", 0, "b", 0.0, 1.0)]  # fmt: skip
     assert references_from_level(records, "baseline") == {"a": [1, 2, 3]}  # the first repeat's
+
+
+def test_the_policys_expectation_is_totalled_against_the_measurement():
+    """Issue 57: over the steps where the policy predicted (no prefill chunk), predicted / measured tokens, target
+    seconds (at the width run) and draft seconds, and the tokens per second it expected and got."""
+    totals = StepTotals()
+    predicted = dict(predicted_tokens=6.0, predicted_target_seconds=0.12, predicted_actual_seconds=0.10,
+                     predicted_draft_seconds=0.02, acceptance_estimates=[[0.9], [0.8]], prior_strength=5.0)  # fmt: skip
+    for emitted in (4, 6):
+        totals.add(StepStats(0, 2, 4, 0, 2, 2, 0, 0, True, 0.15, 0.03, 0, emitted_tokens=emitted, **predicted))
+    totals.add(StepStats(0, 2, 40, 36, 0, 0, 0, 0, True, 0.9, 0.0, 0, emitted_tokens=1, **predicted))  # a prefill
+    totals.add(StepStats(0, 2, 2, 0, 0, 0, 0, 0, False, 0.05, 0.0, 0, emitted_tokens=2))  # nothing predicted
+    stats = serving_summary([_rec("spec", "4", 0, "a", 0.0, 1.0)], [Level("4", "concurrency", 4.0)], {"spec": None},
+                            {("spec", "4", 0): totals}, None, True)["serving"]["spec"]["4"]  # fmt: skip
+    assert stats["policy_tokens_ratio"] == pytest.approx(12 / 10)
+    assert stats["policy_target_ratio"] == pytest.approx(0.20 / 0.24)  # step_time - draft_time: 0.12 twice
+    assert stats["policy_draft_ratio"] == pytest.approx(0.04 / 0.06)
+    assert stats["policy_predicted_rate"] == pytest.approx(12 / 0.28)
+    assert stats["policy_measured_rate"] == pytest.approx(10 / 0.30)

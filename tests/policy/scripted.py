@@ -1,0 +1,207 @@
+"""A scripted engine for the draft-length policies: known step costs, known acceptance, no real time.
+
+Each step of a level of ``batch`` sequences (a closed loop: a finished request is replaced at once) asks the policy
+for every request's k_i, draws each request's accepted drafts from its known per-position conditional acceptance,
+and reports the round and the step's scripted seconds (with multiplicative noise, as a busy CPU measures them) the
+way :class:`~spectoolkit.serving.engine.ContinuousEngine` does. The policy is scored by what it chose, not by the
+draws: expected committed tokens (E_i(k_i) = 1 + Σ_{j<=k_i} S_ij from the true survival) over the noise-free
+seconds, so a fixed γ's value is exact in closed form and the comparison has no sampling error on either side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from spectoolkit.policy.base import DraftLengthPolicy
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds of a step: the target's T_B(n) over n tokens of B sequences, and one batched draft forward d_B."""
+
+    target: Callable[[int, int], float]  # (sequences, tokens) -> seconds
+    draft: Callable[[int], float]  # (sequences drafting) -> seconds of one draft forward
+
+    def step(self, sequences: int, tokens: int, forwards: int, drafting: int) -> float:
+        return self.target(sequences, tokens) + (self.draft(drafting) * forwards if forwards else 0.0)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Per-position conditional acceptance a_1..a_J of every request; ``switch``: (round, a) from which a request's
+    acceptance becomes ``a`` at every position (a request that starts copying its context)."""
+
+    acceptance: tuple[float, ...]
+    output_len: int = 200
+    switch: tuple[int, tuple[float, ...]] | None = None
+
+    def conditional(self, round_idx: int) -> tuple[float, ...]:
+        if self.switch is not None and round_idx >= self.switch[0]:
+            return self.switch[1]
+        return self.acceptance
+
+    def survival(self, round_idx: int, k: int) -> list[float]:
+        a = self.conditional(round_idx)
+        return np.cumprod([a[min(j, len(a) - 1)] for j in range(k)]).tolist()
+
+
+def expected_tokens(survival: Sequence[float], k: int) -> float:
+    return 1.0 + float(sum(survival[:k]))
+
+
+def best_fixed(costs: Costs, workload: Workload, batch: int, gammas: Sequence[int]) -> tuple[int, float]:
+    """The best fixed γ (0: the target alone) of a homogeneous level, and its committed tokens per second, exactly."""
+    best = (0, batch / costs.step(batch, batch, 0, 0))
+    for gamma in gammas:
+        emitted = batch * expected_tokens(workload.survival(0, gamma), gamma)
+        value = emitted / costs.step(batch, batch * (1 + gamma), gamma, batch)
+        if value > best[1]:
+            best = (gamma, value)
+    return best
+
+
+@dataclass
+class _Request:
+    key: int
+    room: int
+    rounds: int = 0
+
+
+def run_level(
+    policy: DraftLengthPolicy, costs: Costs, workload: Workload, batch: int, steps: int, seed: int = 0,
+    noise: float = 0.05, budget: int = 4096, calibrate: Sequence[int] = (), warmup: int = 0,
+) -> float:  # fmt: skip
+    """Drive ``policy`` for ``warmup`` + ``steps`` steps at ``batch`` sequences; returns its committed tokens per second
+    over the last ``steps`` (expected tokens of what it chose over noise-free seconds; the first ``warmup`` untimed, as
+    a sweep's warm-up requests are). ``calibrate``: batch-1 widths seeded first (the bench's V(w))."""
+    rng = np.random.default_rng(seed)
+    if calibrate:
+        policy.seed({w: costs.target(1, w) for w in calibrate})
+    next_key = 0
+    running = []
+    for _ in range(batch):
+        running.append(_Request(next_key, workload.output_len))
+        next_key += 1
+    tokens_total = seconds_total = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            tokens_total = seconds_total = 0.0
+        keys = [r.key for r in running]
+        caps = [min(policy.max_gamma, r.room - 1) for r in running]
+        lengths = policy.choose(keys, caps, batch, budget, None, [r.room for r in running])
+        forwards = max(lengths, default=0)
+        drafting = sum(1 for k in lengths if k)
+        tokens = batch + sum(lengths)
+        target = costs.target(batch, tokens)
+        draft = costs.draft(drafting) * forwards if forwards else 0.0
+        pairs = zip(running, lengths, strict=True)
+        tokens_total += sum(expected_tokens(workload.survival(r.rounds, k), k) for r, k in pairs)
+        seconds_total += target + draft
+        for i, (request, k) in enumerate(zip(running, lengths, strict=True)):
+            accepted = 0
+            a = workload.conditional(request.rounds)
+            while accepted < k and rng.random() < a[min(accepted, len(a) - 1)]:
+                accepted += 1
+            policy.observe(request.key, k, k, accepted)
+            request.rounds += 1
+            request.room -= accepted + 1
+            if request.room <= 0:
+                policy.release(request.key)
+                running[i] = _Request(next_key, workload.output_len)
+                next_key += 1
+        jitter = rng.lognormal(0.0, noise, size=2) if noise else np.ones(2)
+        policy.observe_step(tokens, forwards, target * jitter[0], draft * jitter[1], batch, drafting)
+    return tokens_total / seconds_total
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A draft tree in best-first order: node j's parent (-1: the root) and its conditional probability of being the
+    target's token once its parent is (siblings exclude each other). A k-node round drafts the first k nodes."""
+
+    parents: tuple[int, ...]
+    conditional: tuple[float, ...]
+    output_len: int = 200
+
+    def hits(self) -> list[float]:
+        """Pr(node j is on the accepted path) [len]: its conditional times its parent's."""
+        out: list[float] = []
+        for parent, p in zip(self.parents, self.conditional, strict=True):
+            out.append(p * (out[parent] if parent >= 0 else 1.0))
+        return out
+
+    def depths(self) -> list[int]:
+        out: list[int] = []
+        for parent in self.parents:
+            out.append(1 + (out[parent] if parent >= 0 else 0))
+        return out
+
+    def depth(self, k: int) -> int:
+        return max(self.depths()[:k], default=0)
+
+    def expected(self, k: int) -> float:
+        return 1.0 + sum(self.hits()[:k])
+
+    def path(self, k: int, rng: np.random.Generator) -> list[int]:
+        """The accepted path of a k-node round: from the root, the child (if any) that the target's token is."""
+        path, at = [], -1
+        while True:
+            children = [j for j in range(k) if self.parents[j] == at]
+            u, cumulative, chosen = rng.random(), 0.0, None
+            for child in children:
+                cumulative += self.conditional[child]
+                if u < cumulative:
+                    chosen = child
+                    break
+            if chosen is None:
+                return path
+            path.append(chosen)
+            at = chosen
+
+
+def best_fixed_tree(costs: Costs, tree: Tree, batch: int, sizes: Sequence[int]) -> tuple[int, float]:
+    """The best fixed node count (0: the target alone) of a level and its committed tokens per second, exactly."""
+    best = (0, batch / costs.step(batch, batch, 0, 0))
+    for k in sizes:
+        value = batch * tree.expected(k) / costs.step(batch, batch * (1 + k), tree.depth(k), batch)
+        if value > best[1]:
+            best = (k, value)
+    return best
+
+
+def run_tree_level(
+    policy: DraftLengthPolicy, costs: Costs, tree: Tree, batch: int, steps: int, seed: int = 0, noise: float = 0.05,
+    calibrate: Sequence[int] = (), warmup: int = 0,
+) -> float:  # fmt: skip
+    """:func:`run_level` for token trees: each request drafts the first k_i nodes of ``tree``; the step's draft
+    forwards are its deepest tree's depth. Returns expected committed tokens per noise-free second of the steps after
+    the first ``warmup`` (untimed, as a sweep's warm-up requests are)."""
+    rng = np.random.default_rng(seed)
+    if calibrate:
+        policy.seed({w: costs.target(1, w) for w in calibrate})
+    rooms, keys, next_key = [tree.output_len] * batch, list(range(batch)), batch
+    tokens_total = seconds_total = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            tokens_total = seconds_total = 0.0
+        caps = [policy.max_gamma if room > 1 else 0 for room in rooms]
+        lengths = policy.choose(keys, caps, batch, 4096, None, rooms)
+        forwards = max((tree.depth(k) for k in lengths), default=0)
+        drafting = sum(1 for k in lengths if k)
+        tokens = batch + sum(lengths)
+        target, draft = costs.target(batch, tokens), (costs.draft(drafting) * forwards if forwards else 0.0)
+        tokens_total += sum(tree.expected(k) for k in lengths)
+        seconds_total += target + draft
+        for i, k in enumerate(lengths):
+            path = tree.path(k, rng)
+            policy.observe(keys[i], k, k, len(path), path, tree.depth(k))
+            rooms[i] -= len(path) + 1
+            if rooms[i] <= 0:
+                policy.release(keys[i])
+                keys[i], rooms[i], next_key = next_key, tree.output_len, next_key + 1
+        jitter = rng.lognormal(0.0, noise, size=2) if noise else np.ones(2)
+        policy.observe_step(tokens, forwards, target * jitter[0], draft * jitter[1], batch, drafting)
+    return tokens_total / seconds_total

@@ -1,0 +1,147 @@
+"""Issue 57: the adaptive policy against the best fixed γ at every load level, on a scripted engine.
+
+Known step costs T_B(n) and draft forward d_B, known per-position acceptance (:mod:`tests.policy.scripted`); the
+best fixed γ per level (batch size) is computed exactly; the policy runs the levels one after another as a sweep
+does (c1, c4, c16 with the same policy, so what it learnt at one level meets the next, each level after an untimed
+warm-up), with 5% noise on every measured time and a batch-1 calibration seeded first. It must reach 97% of the best
+fixed γ at every level, and 98% of the target alone where no γ pays (a probe now and then is the price of finding a
+request that would). Nothing is timed: the costs are scripted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spectoolkit.policy import AdaptivePolicy, FixedPolicy
+from tests.policy.scripted import Costs, Tree, Workload, best_fixed, best_fixed_tree, run_level, run_tree_level
+
+GAMMAS = (1, 2, 3, 4, 5, 6)
+LEVELS = {1: 1500, 4: 600, 16: 250}  # batch size -> steps (a few hundred requests' rounds each)
+WARMUP_TOKENS = 200  # untimed at every level first, as a sweep's warm-up requests (serve.warmup_requests) are
+
+
+def _linear(base: float, row: float, per_sequence: float):
+    """T_B(n) = base·(1 + per_sequence·(B − 1)) + row·(n − 1): every row costs (a 2-core CPU's verify)."""
+    return lambda b, n: base * (1 + per_sequence * (b - 1)) + row * (n - 1)
+
+
+def _roofline(base: float, free: int, row: float, per_sequence: float):
+    """Rows free up to ``free`` tokens (the weights' read dominates), then ``row`` each (cheap rows: AMX)."""
+    return lambda b, n: base * (1 + per_sequence * (b - 1)) + row * max(0, n - free)
+
+
+MODEL_DRAFT = _linear(0.060, 0.007, 0.05), lambda b: 0.012 + 0.002 * b  # a 0.5B draft beside a 1.5B target
+SCENARIOS = {
+    "code, draft model": (Costs(*MODEL_DRAFT), Workload((0.8, 0.88, 0.9, 0.92, 0.93, 0.94))),
+    "chat, draft model": (Costs(*MODEL_DRAFT), Workload((0.6, 0.55, 0.55, 0.55, 0.55, 0.55))),
+    "busy CPU": (Costs(_linear(0.060, 0.03, 0.05), lambda b: 0.02 + 0.002 * b), Workload((0.7, 0.8, 0.85))),
+    "hopeless draft": (Costs(_linear(0.060, 0.01, 0.05), lambda b: 0.04), Workload((0.3,))),
+}
+
+
+def _sweep(costs: Costs, workload: Workload, seed: int) -> dict[int, tuple[float, float, float]]:
+    """Level -> (adaptive, best fixed γ, target alone) committed tokens per second."""
+    policy, out = AdaptivePolicy(max(GAMMAS), 0.9, 8), {}
+    for batch, steps in LEVELS.items():
+        calibrate = range(1, max(GAMMAS) + 2) if batch == 1 else ()
+        warmup = WARMUP_TOKENS // (2 * batch)  # steps: about two tokens a round
+        adaptive = run_level(policy, costs, workload, batch, steps, seed + batch, calibrate=calibrate, warmup=warmup)
+        alone = best_fixed(costs, workload, batch, ())[1]
+        out[batch] = (adaptive, best_fixed(costs, workload, batch, GAMMAS)[1], alone)
+    return out
+
+
+CASES = [(scenario, seed) for scenario in SCENARIOS for seed in (0, 1)]
+CASES[CASES.index(("code, draft model", 0))] = pytest.param(
+    "code, draft model", 0, marks=pytest.mark.xfail(strict=True, reason=(
+        "issue 57, undone: c16 reaches 0.968 of γ=1 (a 3.3% gain over the target alone): once a step where typical "
+        "drafts look not to pay stops every request drafting, probes wait MAX_PROBE_INTERVAL rounds and nothing "
+        "corrects a slightly pessimistic estimate (seeds 1-3: 0.983-0.995)"
+    )),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("scenario", "seed"), CASES)
+def test_adaptive_reaches_the_best_fixed_gamma_at_every_level(scenario, seed):
+    for batch, (adaptive, best, alone) in _sweep(*SCENARIOS[scenario], seed).items():
+        assert adaptive >= 0.97 * best, f"c{batch}: {adaptive / best:.3f} of the best fixed γ"
+        assert adaptive >= 0.98 * alone, f"c{batch}: {adaptive / alone:.3f} of the target alone"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 57, undone: at a cost kink (rows free up to 16 tokens, 6 ms after) c4 "
+    "reaches 0.89-0.91 of γ=3; the widths just below the kink go unmeasured and a noisy 1-row segment past it "
+    "prices them",
+)
+def test_cheap_rows_up_to_a_kink():
+    costs = Costs(_roofline(0.060, 16, 0.006, 0.05), lambda b: 0.0002)
+    for batch, (adaptive, best, _) in _sweep(costs, Workload((0.5, 0.6, 0.7, 0.7, 0.7, 0.7)), 0).items():
+        assert adaptive >= 0.97 * best, f"c{batch}: {adaptive / best:.3f} of the best fixed γ"
+
+
+def test_the_scripted_best_fixed_gamma_is_what_a_fixed_policy_gets():
+    """The closed form the test compares against is what the scripted engine measures for a fixed γ."""
+    costs, workload = SCENARIOS["code, draft model"]
+    for batch in LEVELS:
+        gamma, best = best_fixed(costs, workload, batch, GAMMAS)
+        measured = run_level(FixedPolicy(gamma), costs, workload, batch, 400, noise=0.0)
+        assert measured == pytest.approx(best, rel=0.01)  # the requests' last rounds (caps) differ slightly
+
+
+# ---- token trees (issue 57, 4): node budgets, trees where rows are cheap -----------------------------------------
+
+# A draft model's tree, best-first: A AA AAA AAAA B BA BAA AB C ABA AAB (parent, Pr(the target's token | parent's)).
+TREE = Tree(parents=(-1, 0, 1, 2, -1, 4, 5, 0, -1, 7, 1),
+            conditional=(0.6, 0.7, 0.75, 0.8, 0.2, 0.7, 0.7, 0.15, 0.08, 0.7, 0.12))  # fmt: skip
+CHAIN = Workload((0.6, 0.7, 0.75, 0.8))  # the same draft's greedy path: A AA AAA AAAA
+NODES = len(TREE.parents)
+TREE_COSTS = {
+    "cheap rows": Costs(_linear(0.060, 0.0015, 0.05), MODEL_DRAFT[1]),  # a verify row ~2.5% of a step (AMX)
+    "costly rows": Costs(*MODEL_DRAFT),  # ~12% (AVX2, 2 cores)
+}
+
+
+def _tree_sweep(costs: Costs, seed: int) -> dict[int, tuple[float, float, float, float]]:
+    """Level -> (adaptive, best fixed node count, best fixed chain γ, target alone) committed tokens per second."""
+    policy, out = AdaptivePolicy(NODES, 0.9, 8, tree=True), {}
+    for batch, steps in LEVELS.items():
+        calibrate = range(1, NODES + 2) if batch == 1 else ()
+        warmup = WARMUP_TOKENS // (2 * batch)
+        adaptive = run_tree_level(policy, costs, TREE, batch, steps, seed + batch, calibrate=calibrate, warmup=warmup)
+        tree = best_fixed_tree(costs, TREE, batch, range(1, NODES + 1))[1]
+        chain = best_fixed(costs, CHAIN, batch, range(1, len(CHAIN.acceptance) + 1))[1]
+        out[batch] = (adaptive, tree, chain, best_fixed_tree(costs, TREE, batch, ())[1])
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("rows", list(TREE_COSTS))
+def test_adaptive_trees_reach_the_best_fixed_node_budget_at_every_level(rows, seed):
+    levels = _tree_sweep(TREE_COSTS[rows], seed)
+    for batch, (adaptive, tree, _, alone) in levels.items():
+        assert adaptive >= 0.97 * tree, f"c{batch}: {adaptive / tree:.3f} of the best fixed node budget"
+        assert adaptive >= 0.98 * alone, f"c{batch}: {adaptive / alone:.3f} of the target alone"
+    if rows == "cheap rows":  # where rows are cheap a wide tree beats any chain, and the policy takes it
+        adaptive, tree, chain, _ = levels[1]
+        assert tree > 1.05 * chain and adaptive > 1.03 * chain, (tree / chain, adaptive / chain)
+
+
+# ---- a request that starts copying its context ------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 57, undone: a request whose acceptance turns from 0.3 to 0.98 after 80 plain rounds (of 300 tokens) is "
+    "found late: its probe interval has doubled to 64-128 rounds by then, and a new request inherits a long one; "
+    "0.65-0.89 of an oracle that switches from γ 0 to γ 6 at that round (switch after 20 or 40 rounds: 0.86-0.93)"
+))  # fmt: skip
+def test_a_request_that_starts_copying_is_found_within_a_few_rounds():
+    costs = Costs(*MODEL_DRAFT)
+    before, after = Workload((0.3,)), Workload((0.98,))
+    workload = Workload((0.3,), output_len=300, switch=(80, (0.98,)))
+    plain, drafting = best_fixed(costs, before, 1, GAMMAS), best_fixed(costs, after, 1, GAMMAS)
+    assert plain[0] == 0 and drafting[0] == max(GAMMAS)  # no γ pays before the switch, the longest after it
+    oracle = workload.output_len / (80 / plain[1] + (workload.output_len - 80) / drafting[1])
+    adaptive = run_level(AdaptivePolicy(max(GAMMAS), 0.9, 8), costs, workload, 1, 1500, 0, calibrate=range(1, 8),
+                         warmup=WARMUP_TOKENS // 2)  # fmt: skip
+    assert adaptive >= 0.9 * oracle, f"{adaptive / oracle:.3f} of the oracle"
