@@ -320,8 +320,9 @@ def _memory_section(summary: Summary, records: Records, plots: dict[str, Path]) 
              "target_kv_bytes": "target KV cache", "draft_kv_bytes": "draft KV cache"}  # fmt: skip
     rows = [[label, _mib(getattr(memory, key))] for key, label in parts.items()]
     rows.append(["memory delta (primary arm − baseline)", _mib(memory.memory_delta_bytes, "+")])
-    rows.append(["target weights streamed per decode step", _mib(memory.target_streamed_bytes)])
-    rows.append(["draft weights streamed per draft step", _mib(memory.draft_streamed_bytes)])
+    if memory.target_streamed_bytes is not None:  # recorded since issue 55
+        rows.append(["target weights streamed per decode step", _mib(memory.target_streamed_bytes)])
+        rows.append(["draft weights streamed per draft step", _mib(memory.draft_streamed_bytes)])
     lines = ["## Memory", "", *md_table(["part", "size"], rows), *_stream_floor(summary)]
     if memory.arms:
         rows = [[arm, _mib(m.total_bytes), _mib(m.delta_bytes, "+")] for arm, m in memory.arms.items()]
