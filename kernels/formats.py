@@ -12,8 +12,11 @@ laid [...][16 columns] (csrc/ops.cpp ``FMT`` lists them):
 | Q4_1   | 32  | d, m fp16, 4-bit codes                                                       | 20    |
 | Q5_0   | 32  | d, the high bits (one uint32), low 4-bit codes                               | 22    |
 | Q4_K   | 256 | d, dmin fp16, the file's 12 bytes of 6-bit scales/mins (3 words), 4-bit codes | 144   |
-| Q5_K   | 256 | as Q4_K, then 8 words of high bits, then the low 4-bit codes                 | 176   |
-| Q6_K   | 256 | d, 16 int8 scales, 16 words of 2-bit high parts, low 4-bit codes             | 210   |
+| Q5_K   | 256 | as Q4_K; per sub-block: a word of high bits, its low 4-bit codes             | 176   |
+| Q6_K   | 256 | d; per sub-block: its int8 scale, a word of 2-bit high parts, low 4-bit codes | 210   |
+
+Q5_K and Q6_K interleave each sub-block's fields in the order the kernel reads them, so a record streams as one
+sequential run (three interleaved regions halved Q6_K's read rate from memory).
 
 The kernel computes each sub-block's fp32 scale (and zero) from these fields as gguf's dequantization does, so the
 integer sums and the fp32 epilogue are those of the wide layout the same tensor had before: :func:`decode` is that
@@ -41,10 +44,20 @@ class Format:
     offset: int  # w = (u - offset) * scale (+ zero)
     fields: tuple[tuple[str, int, int], ...]
     zero: bool  # a zero per sub-block
+    sub_fields: tuple[tuple[str, int, int], ...] = ()  # interleaved formats: fields per sub-block, before its plane
+    interleaved: bool = False  # each sub-block's fields, plane and codes together (csrc FMT's STRIDE)
+
+    @property
+    def subs(self) -> int:
+        return self.block // self.sub
 
     @property
     def header_bytes(self) -> int:
         return sum(count * size for _, count, size in self.fields) * PANEL
+
+    @property
+    def sub_field_bytes(self) -> int:
+        return sum(count * size for _, count, size in self.sub_fields) * PANEL
 
     @property
     def plane_bytes(self) -> int:  # one uint32 per column and sub-block holding its codes' bits above the 4th
@@ -52,7 +65,7 @@ class Format:
 
     @property
     def record_bytes(self) -> int:
-        return self.header_bytes + self.plane_bytes + self.code_bytes
+        return self.header_bytes + self.sub_field_bytes * self.subs + self.plane_bytes + self.code_bytes
 
     @property
     def code_bytes(self) -> int:
@@ -68,8 +81,8 @@ FORMATS: dict[str, Format] = {
         Format("Q4_1", 32, 32, 4, 8, (_D, ("m", 1, 2)), True),
         Format("Q5_0", 32, 32, 5, 16, (_D,), False),
         Format("Q4_K", 256, 32, 4, 8, (_D, ("dmin", 1, 2), ("words", 3, 4)), True),
-        Format("Q5_K", 256, 32, 5, 0, (_D, ("dmin", 1, 2), ("words", 3, 4)), True),
-        Format("Q6_K", 256, 16, 6, 32, (_D, ("sc", 16, 1)), False),
+        Format("Q5_K", 256, 32, 5, 0, (_D, ("dmin", 1, 2), ("words", 3, 4)), True, interleaved=True),
+        Format("Q6_K", 256, 16, 6, 32, (_D,), False, (("sc", 1, 1),), interleaved=True),
     )
 }
 FORMAT_IDS = {name: index + 1 for index, name in enumerate(FORMATS)}  # csrc Fmt; 0 is the wide layouts
@@ -95,40 +108,57 @@ def records(name: str, codes: torch.Tensor, fields: dict[str, torch.Tensor]) -> 
     """A weight [N, K] in format ``name`` -> data uint8 [P, K/B, REC].
 
     ``codes`` [N, K]: int8 q (Q8_0) or unsigned codes u in [0, 2^bits); ``fields`` each [N, K/B, count] (fp16 d,
-    m, dmin as int16/uint16 bits; ``words`` int32; ``sc`` int8)."""
+    m, dmin as int16/uint16 bits; ``words`` int32; ``sc`` int8, one per sub-block)."""
     fmt = FORMATS[name]
     count, columns = codes.shape
     blocks = columns // fmt.block
-    parts = [
-        _bytes(_columns_last(fields[field].reshape(count, blocks, -1), count), blocks) for field, _, _ in fmt.fields
-    ]
+
+    def laid(field: str) -> torch.Tensor:  # [P, R, n, 16]
+        return _columns_last(fields[field].reshape(count, blocks, -1), count)
+
+    head = [_bytes(laid(field), blocks) for field, _, _ in fmt.fields]
     panels = _columns_last(codes.reshape(count, blocks, fmt.block), count)  # [P, R, B, 16]
     P = panels.shape[0]
     if fmt.bits == 8:  # quads: byte (t, c, j) = code 4t + j
         quads = panels.view(torch.int8).reshape(P, blocks, -1, 4, PANEL).transpose(-1, -2)
-        parts.append(_bytes(quads, blocks))
-    else:
-        if fmt.bits in (5, 6):
-            high = (panels >> 4).to(torch.int32).reshape(P, blocks, fmt.block // fmt.sub, -1, 4, PANEL)  # e = 4p + j
-            step = 1 if fmt.bits == 5 else 2  # bits per element in a plane
-            shifts = torch.arange(high.shape[3], dtype=torch.int32).view(-1, 1, 1) * step
-            planes = (high << shifts).sum(dim=3, dtype=torch.int32)  # [P, R, NS, 4 (byte j), 16]
-            words = planes[..., 0, :] | (planes[..., 1, :] << 8) | (planes[..., 2, :] << 16) | (planes[..., 3, :] << 24)
-            parts.append(_bytes(words.to(torch.int32), blocks))
-        low = (panels & 15).reshape(P, blocks, -1, 2, 4, PANEL)  # element 8i + 4h + j
-        nibbles = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).transpose(-1, -2)  # [P, R, B/8, 16, 4]
-        parts.append(_bytes(nibbles.to(torch.uint8), blocks))
-    return torch.cat(parts, dim=-1).contiguous()
+        return torch.cat([*head, _bytes(quads, blocks)], dim=-1).contiguous()
+    per_sub = [laid(field).view(torch.uint8).reshape(P, blocks, fmt.subs, -1) for field, _, _ in fmt.sub_fields]
+    if fmt.bits in (5, 6):
+        high = (panels >> 4).to(torch.int32).reshape(P, blocks, fmt.subs, -1, 4, PANEL)  # e = 4p + j
+        step = 1 if fmt.bits == 5 else 2  # bits per element in a plane
+        shifts = torch.arange(high.shape[3], dtype=torch.int32).view(-1, 1, 1) * step
+        planes = (high << shifts).sum(dim=3, dtype=torch.int32)  # [P, R, NS, 4 (byte j), 16]
+        words = planes[..., 0, :] | (planes[..., 1, :] << 8) | (planes[..., 2, :] << 16) | (planes[..., 3, :] << 24)
+        per_sub.append(words.to(torch.int32).contiguous().view(torch.uint8).reshape(P, blocks, fmt.subs, -1))
+    low = (panels & 15).reshape(P, blocks, -1, 2, 4, PANEL)  # element 8i + 4h + j
+    nibbles = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).transpose(-1, -2).to(torch.uint8)  # [P, R, B/8, 16, 4]
+    per_sub.append(nibbles.contiguous().reshape(P, blocks, fmt.subs, -1))
+    if fmt.interleaved:  # sub-block by sub-block: its fields, plane, codes
+        body = torch.cat(per_sub, dim=-1).reshape(P, blocks, -1)
+    else:  # region by region
+        body = torch.cat([part.reshape(P, blocks, -1) for part in per_sub], dim=-1)
+    return torch.cat([*head, body], dim=-1).contiguous()
+
+
+def _sub_regions(data: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """An interleaved format's sub-blocks: uint8 [P, R, NS, bytes per sub-block]."""
+    return data[..., fmt.header_bytes :].contiguous().reshape(*data.shape[:2], fmt.subs, -1)
 
 
 def _field(data: torch.Tensor, fmt: Format, field: str) -> torch.Tensor:
-    """The header field ``field`` of every record: [P, R, count, 16] in its dtype."""
+    """Header field ``field`` of every record: [P, R, count, 16] in its dtype (a sub-block field: [P, R, NS, 16])."""
+    dtypes = {2: torch.float16, 4: torch.int32, 1: torch.int8}
+    at = 0
+    for name, count, size in fmt.sub_fields:
+        if name == field:
+            raw = _sub_regions(data, fmt)[..., at : at + count * size * PANEL].contiguous()
+            return raw.view(dtypes[size]).reshape(*data.shape[:2], fmt.subs, PANEL)
+        at += count * size * PANEL
     at = 0
     for name, count, size in fmt.fields:
         if name == field:
             raw = data[..., at : at + count * size * PANEL].contiguous()
-            dtype = {2: torch.float16, 4: torch.int32, 1: torch.int8}[size]
-            return raw.view(dtype).reshape(*data.shape[:2], count, PANEL)
+            return raw.view(dtypes[size]).reshape(*data.shape[:2], count, PANEL)
         at += count * size * PANEL
     raise KeyError(field)
 
@@ -137,15 +167,21 @@ def codes_of(data: torch.Tensor, name: str) -> torch.Tensor:
     """The unsigned codes u (int8 q for Q8_0) of format ``name``'s records: int16 [P, K, 16]."""
     fmt = FORMATS[name]
     P, R, _ = data.shape
-    start = fmt.header_bytes + fmt.plane_bytes
-    raw = data[..., start:].contiguous()
+    if fmt.interleaved:
+        subs = _sub_regions(data, fmt)[..., fmt.sub_field_bytes :]  # [P, R, NS, plane + codes]
+        plane_words = subs[..., : fmt.plane_bytes // fmt.subs].contiguous()
+        raw = subs[..., fmt.plane_bytes // fmt.subs :].contiguous()
+    else:
+        start = fmt.header_bytes + fmt.plane_bytes
+        plane_words = data[..., fmt.header_bytes : start].contiguous()
+        raw = data[..., start:].contiguous()
     if fmt.bits == 8:
         quads = raw.view(torch.int8).reshape(P, R, -1, PANEL, 4).transpose(-1, -2)  # [P, R, B/4, 4 (j), 16]
         return quads.reshape(P, -1, PANEL).to(torch.int16)
     nib = raw.reshape(P, R, -1, PANEL, 4).transpose(-1, -2).to(torch.int16)  # [P, R, B/8, 4 (j), 16]
     codes = torch.stack([nib & 15, nib >> 4], dim=3).reshape(P, R, fmt.block, PANEL)  # element 8i + 4h + j
     if fmt.bits in (5, 6):
-        words = data[..., fmt.header_bytes : start].contiguous().view(torch.int32).reshape(P, R, -1, 1, PANEL)
+        words = plane_words.view(torch.int32).reshape(P, R, -1, 1, PANEL)
         step = 1 if fmt.bits == 5 else 2
         per = 8 // step  # elements per byte of a word
         shifts = torch.arange(4 * per, dtype=torch.int32).view(1, 1, 1, per, 4)  # element e = 4p + j

@@ -51,8 +51,9 @@ struct Q8Rows {
 //   Q4_1  (B 32)  d | m f16 [16] | nibbles                                                = 20
 //   Q5_0  (B 32)  d | high-bit plane u32 [16] | nibbles                                   = 22
 //   Q4_K  (B 256) d | dmin f16 [16] | the file's 12 scale bytes as 3 LE words [3][16] | nibbles [32][16][4] = 144
-//   Q5_K  (B 256) as Q4_K | high-bit planes u32 [8][16] before the nibbles              = 176
-//   Q6_K  (B 256) d | scales int8 [16][16] | 2-bit planes u32 [16][16] | nibbles         = 210
+//   Q5_K  (B 256) the Q4_K header | per sub-block: high-bit plane u32 [16], nibbles [4][16][4] = 176
+//   Q6_K  (B 256) d | per sub-block: scale int8 [16], 2-bit plane u32 [16], nibbles [2][16][4]  = 210
+// (Q5_K/Q6_K interleave each sub-block's fields in the order the kernel reads them: one sequential stream.)
 // Nibbles as the WIDE int4 quads (byte (i, c, j): element 8i + j low, 8i + 4 + j high). A plane word holds a
 // column's high bits of one sub-block: 1-bit, element 8i + 4h + j at bit 2i + h of byte j; 2-bit (16 elements),
 // bits 2p, 2p + 1 of byte j with p = 2i + h. Codes are unsigned, w = (u - OFF) * scale (+ zero).
@@ -60,13 +61,19 @@ enum Fmt : int { WIDE = 0, FQ8_0, FQ4_0, FQ4_1, FQ5_0, FQ4_K, FQ5_K, FQ6_K, FMT_
 struct FmtLayout {
   int64_t B, S, REC;  // elements per record, per sub-block (one scale), bytes per record
   int BITS, OFF;      // code width (8: int8 quads), code offset
-  int64_t CODES, PLANE;  // byte offsets of the codes and the high-bit planes in a record
+  int64_t CODES, PLANE;  // byte offsets of the codes and the high-bit planes: in a record, or (STRIDE) a sub-block
   bool ZERO;          // an fp32 zero per sub-block (the second fma)
+  int64_t HEAD, STRIDE;  // interleaved: sub-block j's fields start at HEAD + j * STRIDE (0: fields in regions)
 };
 constexpr FmtLayout FMT[FMT_COUNT] = {
-    {0, 0, 0, 0, 0, 0, 0, false},          {32, 32, 544, 8, 0, 32, 0, false},  {32, 32, 288, 4, 8, 32, 0, true},
-    {32, 32, 320, 4, 8, 64, 0, true},      {32, 32, 352, 5, 16, 96, 32, false}, {256, 32, 2304, 4, 8, 256, 0, true},
-    {256, 32, 2816, 5, 0, 768, 256, true}, {256, 16, 3360, 6, 32, 1312, 288, false},
+    {0, 0, 0, 0, 0, 0, 0, false, 0, 0},
+    {32, 32, 544, 8, 0, 32, 0, false, 0, 0},
+    {32, 32, 288, 4, 8, 32, 0, true, 0, 0},
+    {32, 32, 320, 4, 8, 64, 0, true, 0, 0},
+    {32, 32, 352, 5, 16, 96, 32, false, 0, 0},
+    {256, 32, 2304, 4, 8, 256, 0, true, 0, 0},
+    {256, 32, 2816, 5, 0, 64, 0, true, 256, 320},
+    {256, 16, 3360, 6, 32, 80, 16, false, 32, 208},
 };
 
 }  // namespace

@@ -122,13 +122,15 @@ def test_a_planted_wrong_code_plane_or_scale_field_fails_the_comparisons(qtype: 
     packed = gguf_codes.to_compact(tensor)
     fmt = formats.FORMATS[qtype.name]
     x = torch.randn(3, COLUMNS, generator=torch.Generator().manual_seed(4))
-    plants = {"code": fmt.header_bytes + fmt.plane_bytes + 5, "d": 1}  # a code byte; d's high byte (sign, exponent)
+    plane = fmt.header_bytes + fmt.sub_field_bytes if fmt.interleaved else fmt.header_bytes  # sub-block 0's plane
+    code = plane + (fmt.plane_bytes // fmt.subs if fmt.interleaved else fmt.plane_bytes)
+    plants = {"code": code + 5, "d": 1}  # a code byte; d's high byte (sign, exponent)
     if fmt.plane_bytes:
-        plants["plane"] = fmt.header_bytes + 2
+        plants["plane"] = plane + 2
     if qtype in (Type.Q4_K, Type.Q5_K):
         plants["scale bits"] = 64 + 16 * 4 * 2  # word 2 (high bits of sub-blocks 4-7), column 0
     if qtype == Type.Q6_K:
-        plants["sc"] = 32 + 16 * 3  # sub-block 3's int8 scale, column 0
+        plants["sc"] = fmt.header_bytes + 3 * (fmt.record_bytes - fmt.header_bytes) // fmt.subs  # sub-block 3: scale
     for what, at in plants.items():
         bad = _plant(packed, at, 0x11)
         assert not torch.equal(dequantized(bad).float(), gguf_codes.dequantized_fp32(tensor)), what
