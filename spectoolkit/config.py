@@ -198,12 +198,14 @@ class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0  # 0 disables top-k
     top_p: float = 1.0  # 1.0 disables top-p
+    min_p: float = 0.0  # 0 disables min-p (keep tokens with probability >= min_p x the top one's)
     seed: int = 0
 
     def __post_init__(self) -> None:
         _require(self.temperature >= 0, "sampling.temperature must be >= 0 (0 means greedy)")
         _require(self.top_k >= 0, "sampling.top_k must be >= 0 (0 disables it)")
         _require(0 < self.top_p <= 1, "sampling.top_p must be in (0, 1]")
+        _require(0 <= self.min_p <= 1, "sampling.min_p must be in [0, 1] (0 disables it)")
 
     @property
     def greedy(self) -> bool:
