@@ -2,9 +2,9 @@
 cached, a repeated prompt starts after them and emits the same tokens as with the cache off, and ``/metrics``
 counts it as vLLM does (``vllm:prefix_cache_queries``/``hits``, in tokens).
 
-The server runs our CPU kernels (``runtime.kernels=auto``): every row is computed by itself, so a cached prefix
-has the bits a recompute would, which is where the engine keeps a cache at all (a runner whose rows depend on the
-batch gets none).
+The server runs our CPU kernels (``runtime.kernels=auto``, the package's ``exact_server``): every row is computed by
+itself, so a cached prefix has the bits a recompute would, which is where the engine keeps a cache at all (a runner
+whose rows depend on the batch gets none). Its twin with ``serve.prefix_caching=false`` gives the reference.
 """
 
 from __future__ import annotations
@@ -24,19 +24,18 @@ PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n" * 8
 
 
 @contextmanager
-def _server(prefix_caching: bool) -> Iterator[Server]:
+def _server_without_cache() -> Iterator[Server]:
     from spectoolkit.server.build import BackgroundServer, build_server
 
-    serve = {**CONFIG["serve"], "prefix_caching": prefix_caching}
+    serve = {**CONFIG["serve"], "prefix_caching": False}
     built = build_server(run_config_from_dict({**CONFIG, "runtime": {"kernels": "auto"}, "serve": serve}))
     with BackgroundServer(built) as background:
         yield Server(built, background.base_url)
 
 
-@pytest.fixture(scope="module")
-def cached() -> Iterator[Server]:
-    with _server(True) as server:
-        yield server
+@pytest.fixture
+def cached(exact_server: Server) -> Server:
+    return exact_server  # prefix caching on (the default), on a row-exact runner
 
 
 def _ids(server: Server, prompt: str, temperature: float = 0.0) -> tuple[list[int], int]:
@@ -65,7 +64,7 @@ def test_a_repeated_prompt_starts_after_its_cached_blocks_with_the_same_output(c
 
 def test_the_same_tokens_as_with_the_cache_off(cached: Server):
     with_cache = [_ids(cached, PROMPT)[0] for _ in range(2)]
-    with _server(False) as off:
+    with _server_without_cache() as off:
         assert not off.engine.allocator.cache
         without = [_ids(off, PROMPT)[0] for _ in range(2)]
     assert with_cache == without
