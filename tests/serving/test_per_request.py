@@ -160,3 +160,15 @@ def test_prefix_cache_across_requests_keeps_the_output_and_is_bounded_by_the_poo
     eng.reset()  # a reset forgets the cache: no later run inherits this one's KV
     assert eng.allocator.num_cached == 0
     assert helpers.run(eng, [ServeRequest("c", prompt, MAX_NEW)])["c"].cached_tokens == 0
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(kind="dynamic", max_nodes=6, top_k=2)], ids=["chain", "tree"])
+def test_penalized_rows_follow_each_drafts_path_with_ngram_lookup(tree):
+    """Row i of a round is penalized as if the drafts on its path were output (a tree's rows: their node's path)."""
+    mild = SamplingParams(repetition_penalty=1.05, presence_penalty=0.05)
+    requests = [ServeRequest(str(i), p, MAX_NEW, sampling=mild) for i, p in enumerate(PROMPTS)]
+    plain = helpers.outputs(helpers.run(helpers.engine(TARGET, num_blocks=300), requests))
+    drafter = NgramDrafter(3, 1, helpers.VOCAB, one_hot_probs=False, tree=tree)
+    done = helpers.run(_spec(drafter, depth=GAMMA if tree else None), requests)
+    assert helpers.outputs(done) == plain
+    assert sum(r.accepted_tokens for r in done.values()) > 0
