@@ -19,14 +19,14 @@ import torch
 
 from spectoolkit.config import SamplingConfig
 from spectoolkit.kernels.runtime import kernels_usable
-from spectoolkit.sampling import processed_probs
+from spectoolkit.sampling import Processing, processed_probs
 from spectoolkit.verify.base import Verifier, VerifyResult, check_round
 from spectoolkit.verify.greedy import GreedyVerifier
 from spectoolkit.verify.rules import draw_uniforms
 from spectoolkit.verify.stochastic import StochasticVerifier
 
 
-def make_verifier(sampling: SamplingConfig, device: torch.device | str | None = None) -> Verifier:
+def make_verifier(sampling: Processing, device: torch.device | str | None = None) -> Verifier:
     """The verifier for ``sampling``: greedy when ``temperature == 0``, exact stochastic otherwise.
 
     On a ``device`` where the Triton kernels run (CUDA, ``kernels_usable``) both rules run as one

@@ -198,12 +198,14 @@ class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0  # 0 disables top-k
     top_p: float = 1.0  # 1.0 disables top-p
+    min_p: float = 0.0  # 0 disables min-p (keep tokens with probability >= min_p x the top one's)
     seed: int = 0
 
     def __post_init__(self) -> None:
         _require(self.temperature >= 0, "sampling.temperature must be >= 0 (0 means greedy)")
         _require(self.top_k >= 0, "sampling.top_k must be >= 0 (0 disables it)")
         _require(0 < self.top_p <= 1, "sampling.top_p must be in (0, 1]")
+        _require(0 <= self.min_p <= 1, "sampling.min_p must be in [0, 1] (0 disables it)")
 
     @property
     def greedy(self) -> bool:
@@ -416,6 +418,12 @@ class ServeConfig:
     sequences run (None: always), and at most ``max_draft_tokens`` candidate tokens per step (None: no
     cap). ``batch_invariant``: fixed per-row reductions (a request's output cannot depend on its batch);
     a no-op where our CPU kernels run every linear and attention (invariant by construction).
+    ``prefix_caching``: finished requests' full KV blocks stay cached (LRU, within ``max_kv_tokens``) and a
+    later request with the same prefix starts after them (vLLM's automatic prefix caching); it holds only
+    where rows are batch-invariant (a cached prefix then has the bits a recompute would), and a run's
+    engines drop the cache at every reset (no arm or level inherits another's). ``sampling_mix``: load runs
+    send their requests at these temperatures in turn (e.g. [0, 0.7]: half greedy, half T=0.7; the rest of
+    ``sampling``'s settings kept), and the report splits each level by sampling mode; empty: ``sampling``.
     ``slo_ttft_ms``/``slo_tpot_ms``: P99 targets checked in the report. ``step_log``: steps.jsonl.
     """
 
@@ -431,6 +439,8 @@ class ServeConfig:
     spec_max_batch: int | None = None
     max_draft_tokens: int | None = None
     batch_invariant: bool = False
+    prefix_caching: bool = True
+    sampling_mix: tuple[float, ...] = ()
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
     step_log: bool = False
@@ -465,6 +475,12 @@ class ServeConfig:
         _require(
             self.max_draft_tokens is None or self.max_draft_tokens >= 0, "serve.max_draft_tokens must be >= 0 or null"
         )
+        mix = self.sampling_mix
+        _require(
+            isinstance(mix, (list, tuple)) and all(_number(t, (int, float)) and t >= 0 for t in mix),
+            f"serve.sampling_mix={mix!r} must be a list of temperatures >= 0 (0: greedy), e.g. [0,0.7]",
+        )
+        object.__setattr__(self, "sampling_mix", tuple(float(t) for t in mix))
         for name in ("slo_ttft_ms", "slo_tpot_ms"):
             value = getattr(self, name)
             _require(value is None or value > 0, f"serve.{name} must be > 0 (milliseconds) or null")

@@ -133,7 +133,8 @@ class EndpointEngine:
     # ---- one request ---------------------------------------------------------------------------
 
     async def _send(self, request: ServeRequest, generation: int) -> None:
-        result = FinishedRequest(request.request_id, arrival=request.arrival, prompt_len=len(request.prompt_ids))
+        result = FinishedRequest(request.request_id, arrival=request.arrival, prompt_len=len(request.prompt_ids),
+                                 sampling=request.sampling)  # fmt: skip
         try:
             await asyncio.wait_for(self._stream(request, result), timeout=self.timeouts.request_s)
         except asyncio.CancelledError:

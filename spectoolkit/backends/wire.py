@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spectoolkit.config import SamplingConfig
+from spectoolkit.sampling import SamplingParams
 from spectoolkit.serving.api import ServeRequest
 
 
@@ -50,7 +51,12 @@ def server_root(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1")
 
 
-def sampling_payload(sampling: SamplingConfig) -> dict[str, Any]:
+def request_sampling(request: ServeRequest, sampling: SamplingConfig) -> SamplingConfig | SamplingParams:
+    """What ``request`` samples with: its own settings (a sampling mix's), else the run's."""
+    return request.sampling if request.sampling is not None else sampling
+
+
+def sampling_payload(sampling: SamplingConfig | SamplingParams) -> dict[str, Any]:
     """The OpenAI request fields that make a server sample as the run does (greedy: temperature 0)."""
     payload: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p}
     if sampling.top_k > 0:
@@ -66,7 +72,7 @@ class OpenAIWire:
         return {
             "model": model, "prompt": list(request.prompt_ids), "max_tokens": request.max_new_tokens,
             "seed": request.seed, "stream": True, "stream_options": {"include_usage": True},
-            "return_token_ids": True, **sampling_payload(sampling),
+            "return_token_ids": True, **sampling_payload(request_sampling(request, sampling)),
         }  # fmt: skip
 
     def pieces(self, chunk: dict[str, Any]) -> list[Piece]:
@@ -92,8 +98,7 @@ class LlamaCppWire:
             "model": model, "prompt": list(request.prompt_ids), "n_predict": request.max_new_tokens,
             "seed": request.seed, "stream": True, "return_tokens": True,
             "cache_prompt": False,  # a prompt repeated across warm-up and timed passes must not skip its prefill
-            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": max(sampling.top_k, 0),
-            **LLAMACPP_NEUTRAL,
+            **LLAMACPP_NEUTRAL, **_llamacpp_sampling(request_sampling(request, sampling)),
         }  # fmt: skip
 
     def pieces(self, chunk: dict[str, Any]) -> list[Piece]:
@@ -103,6 +108,10 @@ class LlamaCppWire:
         generated = chunk.get("tokens_predicted")
         count = int(generated) if isinstance(generated, int) else None
         return [Piece(chunk.get("content") or "", _ids(chunk.get("tokens")), finish, count)]
+
+
+def _llamacpp_sampling(sampling: SamplingConfig | SamplingParams) -> dict[str, Any]:
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": max(sampling.top_k, 0)}
 
 
 def _ids(ids: Any) -> list[int] | None:

@@ -17,6 +17,7 @@ import torch
 
 from spectoolkit.config import TreeConfig
 from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.sampling import Chooser
 
 BACKLOG_ROWS = 16  # a drafting round first feeds a sequence holding more unfed rows than this, in a forward of its own
 
@@ -35,6 +36,7 @@ class Drafting(Protocol):
     tokens: list[int]  # prompt + output; the last token is pending (verified, no KV yet)
     generator: torch.Generator | None  # the sequence's own draws (sampling), else None
     prompt_len: int  # how many of ``tokens`` are its prompt
+    chooser: Chooser | None  # its own token rule (a request's sampling settings); None: the drafter's
 
 
 @dataclass(eq=False)
@@ -45,6 +47,7 @@ class Lone:
     tokens: list[int]
     generator: torch.Generator | None = field(default=None, repr=False)
     prompt_len: int | None = None
+    chooser: Chooser | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len is None:
@@ -160,6 +163,7 @@ class OwnKV:
         for state in self._states.values():
             state.table.release()
         self._states.clear()
+        self.allocator.drop_cached()  # a prefix cache of its own (a head's rows) is not inherited either
 
     def kv_bytes(self) -> int:
         used = self.allocator.num_blocks - self.allocator.num_free
@@ -177,14 +181,16 @@ class OwnKV:
 class Lookup:
     """What the drafters without a model (n-gram, suffix) share: a proposal is deterministic, so when sampling
     its q is one-hot at each drafted token (which keeps the stochastic acceptance test exact); no runner, no KV
-    cache, and nothing to commit (the next proposal reads the verified tokens, ``seq.tokens``)."""
+    cache, and nothing to commit (the next proposal reads the verified tokens, ``seq.tokens``). Whether a
+    sequence samples is its own chooser's say where it has one, else ``one_hot_probs`` (the run's)."""
 
     target_vocab_size: int
     one_hot_probs: bool
 
-    def proposal(self, token_ids: list[int], parents: list[int]) -> TokenTree:
+    def proposal(self, token_ids: list[int], parents: list[int], seq: Drafting | None = None) -> TokenTree:
         probs = None
-        if self.one_hot_probs:
+        sampled = self.one_hot_probs if seq is None or seq.chooser is None else not seq.chooser.greedy
+        if sampled:
             probs = torch.zeros(len(token_ids), self.target_vocab_size)  # [n, V]
             probs[torch.arange(len(token_ids)), token_ids] = 1.0
         return TokenTree(token_ids, parents, probs)

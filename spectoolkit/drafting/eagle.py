@@ -296,7 +296,7 @@ class EagleDrafter(OwnKV, Drafter):
             still, rows = [], []
             for row, i in enumerate(active):
                 full = self.head.target_logits(logits[row])
-                if draw_next(self, full, seqs[i].generator, drafts[i], probs[i], lengths[i]):
+                if draw_next(self, full, seqs[i], drafts[i], probs[i], lengths[i]):
                     still.append(i)
                     rows.append(row)
             if not still:
@@ -320,7 +320,8 @@ class EagleDrafter(OwnKV, Drafter):
         align, growths = self.head.target_logits, []
         for row, j in enumerate(chosen):
             i, state = wanted[j], self._state(seqs[wanted[j]])
-            growths.append(Growth(align(logits[row]), align, self.tree, self.chooser.sampling, budgets[i].depth,
+            growths.append(Growth(align(logits[row]), align, self.tree, (seqs[i].chooser or self.chooser).sampling,
+                                  budgets[i].depth,
                                   budgets[i].nodes, self.eos_ids, seqs[i].generator, state.num_computed,
                                   _TreeRows(state, aux[row])))  # fmt: skip
         grow_trees(growths, lambda growth, feed: self._reserve(growth.owner.state.table, feed.start + len(feed.nodes)),

@@ -28,6 +28,7 @@ from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.paged_kv import make_pool
 from spectoolkit.runtime.runner import Runner, make_runner, run_segments
 from spectoolkit.runtime.step import Segment
+from spectoolkit.sampling import penalize
 
 LONE_BLOCK = 16  # block size of a drafter built for lone sequences (:func:`lone_drafter`)
 
@@ -119,7 +120,7 @@ class ModelDrafter(OwnKV, Drafter):
             for row, i in enumerate(active):
                 state = self._state(seqs[i])
                 state.num_computed += len(feeds[i])
-                if draw_next(self, self._aligned(logits[row]), seqs[i].generator, drafts[i], probs[i], lengths[i]):
+                if draw_next(self, self._aligned(logits[row]), seqs[i], drafts[i], probs[i], lengths[i]):
                     feeds[i] = [drafts[i][-1]]
                     still.append(i)
             active = still
@@ -140,7 +141,6 @@ class ModelDrafter(OwnKV, Drafter):
             segments.append(Segment(state.table, feed, state.num_computed, [len(feed) - 1]))
             state.num_computed += len(feed)
         roots = run_segments(self.runner, segments, "plain")  # [len(chosen), V_draft]
-        sampling = self.chooser.sampling
         growths = []
         for row, i in enumerate(chosen):
             state = self._state(seqs[i])
@@ -149,7 +149,7 @@ class ModelDrafter(OwnKV, Drafter):
                     self._aligned(roots[row]),
                     self._aligned,
                     self.tree,
-                    sampling,
+                    (seqs[i].chooser or self.chooser).sampling,
                     budgets[i].depth,
                     budgets[i].nodes,
                     self.eos_ids,
@@ -220,10 +220,16 @@ def lone_drafter(
                         tree, vocab_ids)  # fmt: skip
 
 
-def draw_next(drafter, logits: torch.Tensor, generator, drafts: list[int], probs: list, length: int) -> bool:
-    """Draw a chain's next token from ``logits`` [V_target] with ``drafter.chooser`` into ``drafts`` (and its q into
-    ``probs`` when sampling); whether the chain goes on (not ``length`` long yet, no EOS, not ``unsure``)."""
-    token, q = drafter.chooser.choose(logits, generator)
+def draw_next(drafter, logits: torch.Tensor, seq: Drafting, drafts: list[int], probs: list, length: int) -> bool:
+    """Draw ``seq``'s chain's next token from ``logits`` [V_target] with its chooser (else ``drafter.chooser``) into
+    ``drafts`` (and its q into ``probs`` when sampling), after its penalties as the target's row there gets them (the
+    output so far, then the drafts before it); whether the chain goes on (not ``length`` long yet, no EOS, not
+    ``unsure``)."""
+    chooser = seq.chooser or drafter.chooser
+    if chooser.sampling.penalized:
+        output = seq.tokens[seq.prompt_len :]
+        logits = penalize(logits[None], chooser.sampling, seq.tokens[: seq.prompt_len], output, [list(drafts)])[0]
+    token, q = chooser.choose(logits, seq.generator)
     drafts.append(token)
     if q is not None:
         probs.append(q)

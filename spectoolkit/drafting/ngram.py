@@ -32,17 +32,18 @@ class NgramDrafter(Lookup, Drafter):
         self.tree = tree if tree is not None and tree.enabled else None
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
-        return [self._one(torch.tensor(seq.tokens), budget) for seq, budget in zip(seqs, budgets, strict=True)]
+        return [self._one(seq, budget) for seq, budget in zip(seqs, budgets, strict=True)]
 
-    def _one(self, tokens: torch.Tensor, budget: Budget) -> TokenTree:
+    def _one(self, seq: Drafting, budget: Budget) -> TokenTree:
         if budget.nodes <= 0 or budget.depth <= 0:
             return TokenTree([], [])
+        tokens = torch.tensor(seq.tokens)
         if self.tree is None:
             token_ids = lookup(tokens, self.max_n, self.min_n, min(budget.nodes, budget.depth))
             parents = list(range(-1, len(token_ids) - 1))
         else:
             token_ids, parents = continuation_trie(tokens, self.max_n, self.min_n, budget.depth, budget.nodes)
-        return self.proposal(token_ids, parents)
+        return self.proposal(token_ids, parents, seq)
 
     def release(self, seq: Drafting) -> None:
         pass

@@ -92,7 +92,7 @@ class SuffixDrafter(Lookup, Drafter):
                 best = found
         if best is None:
             return TokenTree([], []), 0.0
-        return self.proposal(best.token_ids, best.parents), best.score
+        return self.proposal(best.token_ids, best.parents, seq), best.score
 
     def _state(self, seq: Drafting) -> _Request:
         """The request's trie, grown to every verified token (its first sight: its prompt leaves the cache)."""

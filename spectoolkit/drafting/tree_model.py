@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectoolkit.config import SamplingConfig, TreeConfig
+from spectoolkit.config import TreeConfig
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.models.tree_mask import tree_rows
-from spectoolkit.sampling import processed_probs, sample_from
+from spectoolkit.sampling import Processing, processed_probs, sample_from
 
 SIBLING_DECAY = 0.5  # sampling: how much less a later i.i.d. draw of the same node is worth when keeping nodes
 
@@ -72,7 +72,7 @@ class Growth:
 
     def __init__(
         self, root_logits: torch.Tensor, align: Callable[[torch.Tensor], torch.Tensor], tree: TreeConfig,
-        sampling: SamplingConfig, max_depth: int, budget: int, eos_ids: frozenset[int],
+        sampling: Processing, max_depth: int, budget: int, eos_ids: frozenset[int],
         generator: torch.Generator | None, base: int, owner: object = None,
     ) -> None:  # fmt: skip
         """``base``: the draft cache's length after the verified tokens (the first node is fed there); ``owner``: the
@@ -171,7 +171,7 @@ def grow_trees(
         active = [growth for growth, _ in feeds if not growth.done]
 
 
-def _children(logits: torch.Tensor, count: int, sampling: SamplingConfig, generator):
+def _children(logits: torch.Tensor, count: int, sampling: Processing, generator):
     """(token, q [V] or None, log q(token), draw index) for ``count`` children of a node with ``logits`` [V]."""
     if sampling.greedy:
         logq = torch.log_softmax(logits.float(), dim=-1)

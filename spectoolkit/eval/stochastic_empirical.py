@@ -31,7 +31,7 @@ from scipy import stats
 
 from spectoolkit.config import SamplingConfig, TreeConfig
 from spectoolkit.drafting import Budget, Drafter, ModelDrafter, NgramDrafter, TokenTree
-from spectoolkit.sampling import processed_probs
+from spectoolkit.sampling import SamplingParams, processed_probs
 from spectoolkit.serving.one import Engine
 
 MIN_EXPECTED = 5.0  # the usual validity condition of the chi-square approximation
@@ -94,8 +94,10 @@ def two_sample_test(first: Counter, second: Counter) -> ChiSquare:
 class ArgmaxReportingSoftmax:
     """BUG on purpose (negative control): proposes the argmax but reports the softmax it did not sample."""
 
+    greedy = False
+
     def __init__(self, sampling: SamplingConfig) -> None:
-        self.sampling = sampling
+        self.sampling = SamplingParams.of(sampling)
 
     def choose(self, logits: torch.Tensor, generator: torch.Generator | None) -> tuple[int, torch.Tensor]:
         """logits [V] -> (argmax token, processed probs [V])."""

@@ -40,6 +40,7 @@ CONCURRENCY, RATE = "concurrency", "rate"
 SATURATION_SHARE = 0.05
 KNEE_GAIN = 1.5  # throughput × per 2× load below which scaling counts as sublinear
 FALL_TOLERANCE = 0.05
+BY_MODE = ("requests_by_mode", "acceptance_by_mode", "speedup_by_mode")  # LevelStats per sampling mode
 Values = Sequence[float | None]
 
 
@@ -87,9 +88,12 @@ class LevelStats:
     speedup: float | None = None  # vs the baseline arm at the same level; None for the baseline
     exact_match: float | None = None  # share of requests equal to the reference; None when sampling
     by_task: dict[str, TaskAcceptance] = field(default_factory=dict)
+    requests_by_mode: dict[str, int] = field(default_factory=dict)  # sampling mode ("greedy", "T=0.7") -> requests
+    acceptance_by_mode: dict[str, float | None] = field(default_factory=dict)
+    speedup_by_mode: dict[str, float | None] = field(default_factory=dict)  # mode -> its share's speedup
 
 
-METRICS = tuple(f.name for f in fields(LevelStats) if f.name != "by_task")
+METRICS = tuple(f.name for f in fields(LevelStats) if f.name not in ("by_task", *BY_MODE))
 
 
 @dataclass

@@ -1,62 +1,87 @@
-"""Fixed-size KV blocks: allocation, reference counts, and sharing of full prompt-prefix blocks.
+"""Fixed-size KV blocks: allocation, reference counts, and sharing of full prefix blocks (prefix caching).
 
 A block holds ``block_size`` consecutive positions of one sequence; a sequence's *block table* lists
 its blocks in position order, so position ``p`` lives in slot ``table[p // block_size] * block_size +
 p % block_size`` of the pool (vLLM's slot mapping). A block whose every position is committed can be
-published under the hash of the whole token prefix it ends (a hash chain over blocks, as vLLM's
+published under the hash of the whole token prefix it ends (a SHA-256 chain over blocks, as vLLM's
 prefix caching): a later sequence with the same prefix takes a reference instead of recomputing it.
 A published block is never written again — its positions lie below every sharer's committed length —
-so sharing needs no copy-on-write. Freeing drops one reference; a block returns to the free list (and
-leaves the prefix index) only when nothing references it. Free blocks are handed out lowest first, so
-a lone sequence gets consecutive blocks (its KV is then one slice of the pool, read without a gather).
+so sharing needs no copy-on-write. Freeing drops one reference; a block nothing references is free.
+
+Without ``cache`` a freed block leaves the prefix index at once. With it (automatic prefix caching across
+requests), a freed *published* block keeps its KV and its place in the index, evictable: it is handed out again
+only when no never-published block is free, least recently freed first (a sequence frees its blocks last to first,
+so a prefix's tail goes before its head), and leaves the index then. Cached blocks count as free: they never hold
+a reservation back. Free blocks are handed out lowest first, so a lone sequence gets consecutive blocks (its KV is
+then one slice of the pool, read without a gather).
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 
 from spectoolkit.errors import SpecToolkitError
 
-PrefixHash = int
+PrefixHash = bytes
 
 
-def chain_hash(previous: PrefixHash | None, block_tokens: tuple[int, ...]) -> PrefixHash:
-    """The hash of a prefix ending with ``block_tokens``, given the hash of the prefix before it."""
-    return hash((previous, block_tokens))
+def chain_hash(previous: PrefixHash | None, block_tokens: Sequence[Hashable]) -> PrefixHash:
+    """The hash of a prefix ending with ``block_tokens`` (token ids, or tuples of them), given the hash of the
+    prefix before it: SHA-256, so two different prefixes never meet in practice (a collision would serve another
+    prompt's KV)."""
+    return hashlib.sha256((previous or b"") + repr(tuple(block_tokens)).encode()).digest()
 
 
 class BlockAllocator:
-    """``num_blocks`` blocks of ``block_size`` slots, reference-counted."""
+    """``num_blocks`` blocks of ``block_size`` slots, reference-counted; ``cache``: freed published blocks stay
+    findable until their slots are needed (module docstring)."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, cache: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise SpecToolkitError(f"a KV pool needs >= 1 block of >= 1 slot, got {num_blocks} x {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free = list(range(num_blocks))  # a heap: lowest block first
+        self.cache = cache
+        self._free = list(range(num_blocks))  # a heap: lowest block first (never published, or evicted)
+        self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced published blocks, least recent first
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, PrefixHash] = {}  # published block -> prefix hash
         self._block_of: dict[PrefixHash, int] = {}  # prefix hash -> published block
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks an allocation may take: never-published ones and cached ones."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def num_cached(self) -> int:
+        """Unreferenced blocks that still hold a published prefix's KV."""
+        return len(self._cached)
 
     def refcount(self, block: int) -> int:
         return self._refs[block]
 
     def allocate(self) -> int:
-        """A fresh block with one reference; raises when none is free (callers check ``num_free``)."""
-        if not self._free:
+        """A fresh block with one reference (a cached one evicted, least recent first, when no other is free);
+        raises when none is free (callers check ``num_free``)."""
+        if self._free:
+            block = heapq.heappop(self._free)
+        elif self._cached:
+            block, _ = self._cached.popitem(last=False)
+            del self._block_of[self._hash_of.pop(block)]
+        else:
             raise SpecToolkitError("KV blocks exhausted")  # the scheduler preempts before this happens
-        block = heapq.heappop(self._free)
         self._refs[block] = 1
         return block
 
     def share(self, prefix: PrefixHash) -> int | None:
-        """A reference to the published block ending ``prefix``, or None if no such block is live."""
+        """A reference to the published block ending ``prefix`` (live, or cached), or None if there is none."""
         block = self._block_of.get(prefix)
         if block is not None:
+            self._cached.pop(block, None)
             self._refs[block] += 1
         return block
 
@@ -67,18 +92,29 @@ class BlockAllocator:
             self._hash_of[block] = prefix
 
     def free(self, block: int) -> None:
-        """Drop one reference; the block is free again when none is left."""
+        """Drop one reference; with none left the block is free again (cached, if published and ``cache``)."""
         if self._refs[block] <= 0:
             raise RuntimeError(f"block {block} freed more often than referenced")
         self._refs[block] -= 1
-        if self._refs[block] == 0:
-            prefix = self._hash_of.pop(block, None)
-            if prefix is not None:
-                del self._block_of[prefix]
+        if self._refs[block]:
+            return
+        if self.cache and block in self._hash_of:
+            self._cached[block] = None
+            return
+        prefix = self._hash_of.pop(block, None)
+        if prefix is not None:
+            del self._block_of[prefix]
+        heapq.heappush(self._free, block)
+
+    def drop_cached(self) -> None:
+        """Forget every cached block (an engine reset: no later run inherits this one's KV)."""
+        while self._cached:
+            block, _ = self._cached.popitem(last=False)
+            del self._block_of[self._hash_of.pop(block)]
             heapq.heappush(self._free, block)
 
     def reset(self) -> None:
-        self.__init__(self.num_blocks, self.block_size)
+        self.__init__(self.num_blocks, self.block_size, self.cache)
 
 
 class BlockTable:

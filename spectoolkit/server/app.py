@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 from spectoolkit.server.completions import (
     Context,
     chat,
-    chat_spec,
+    chat_specs,
     complete,
     completion_specs,
     error_event,
@@ -97,9 +97,9 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         if body.stream:
-            spec = chat_spec(body, ctx)
+            specs = chat_specs(body, ctx)
             ctx.check_running()
-            return _sse(stream_chat(body, ctx, spec))
+            return _sse(stream_chat(body, ctx, specs))
         return JSONResponse(await _unless_disconnected(request, chat(body, ctx)))
 
     return app

@@ -54,7 +54,7 @@ def build_server(cfg: RunConfig) -> BuiltServer:
     served = ServedModel(
         name, models.tokenizer, models.target.vocab_size, models.max_positions, models.eos_ids, cfg.sampling,
         lambda ids, top: score_tokens(target, ids, top), _info(cfg, arm, name), cfg.server.default_max_tokens,
-        arm.engine.allocator.num_blocks * arm.engine.allocator.block_size,
+        arm.engine.allocator.num_blocks * arm.engine.allocator.block_size, arm.engine.unsupported,
     )  # fmt: skip
     runner = EngineRunner(arm.engine)
     metrics = ServerMetrics(arm.engine, name)

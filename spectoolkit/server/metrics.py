@@ -5,6 +5,9 @@ scrape, so they move exactly as the engine's do. vLLM's convention (its ``spec_d
 draft is a verify round with candidates; mean acceptance length = 1 + accepted_tokens / drafts;
 ``accepted_tokens_per_pos{position="j"}`` counts the drafts whose candidate j (0-based) was accepted.
 Latency histograms (TTFT, TPOT, inter-token, end to end, queue) are observed once per finished request.
+Prefix caching as vLLM counts it, in tokens (``vllm:prefix_cache_queries``/``hits``). What each request got:
+``spectoolkit:requests{sampling="greedy"|"sampled", speculation="on"|"capped"|"off"}`` and their draft and
+accepted tokens under the same labels.
 The alert rules a report writes (``alerts.yml``) use these names, so they work on our server and vLLM.
 """
 
@@ -29,6 +32,8 @@ _VLLM_COUNTERS = (
     ("vllm:prompt_tokens", "Prompt tokens prefilled.", "prompt_tokens"),
     ("vllm:generation_tokens", "Output tokens generated.", "generation_tokens"),
     ("vllm:num_preemptions", "Preemptions (KV freed and recomputed).", "preemptions"),
+    ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache at admission.", "prefix_cache_queries"),
+    ("vllm:prefix_cache_hits", "Prompt tokens whose KV the prefix cache held.", "prefix_cache_hits"),
 )
 _OWN_COUNTERS = (
     ("spectoolkit:verify_rounds", "Decode rounds (target forwards emitting tokens after prefill).", "verify_rounds"),
@@ -60,6 +65,7 @@ class _EngineCollector:
         for position, count in enumerate(list(counters.accepted_per_position)):
             per_position.add_metric([self.labels["model_name"], str(position)], count)
         yield per_position
+        yield from self._by_kind(counters)
         success = CounterMetricFamily("vllm:request_success", "Requests finished.", labels=["model_name"])
         success.add_metric([self.labels["model_name"]], counters.finished_requests)
         yield success
@@ -71,6 +77,19 @@ class _EngineCollector:
         yield self._gauge("vllm:kv_cache_usage_perc", "Share of KV blocks in use (1 = full).", used)
         draft_bytes = self.engine.kv_bytes()["draft_kv_bytes"]  # a draft model's own pool (0 for n-gram)
         yield self._gauge("spectoolkit:draft_kv_cache_bytes", "Draft-model KV bytes in use.", draft_bytes)
+
+    def _by_kind(self, counters):
+        """Finished requests, their draft and accepted tokens, by (sampling, speculation) as each asked."""
+        families = (
+            ("spectoolkit:requests", "Requests finished, by sampling and speculation.", counters.requests_by_kind),
+            ("spectoolkit:request_draft_tokens", "Their draft tokens.", counters.drafted_by_kind),
+            ("spectoolkit:request_accepted_tokens", "Their accepted draft tokens.", counters.accepted_by_kind),
+        )
+        for name, text, by_kind in families:
+            family = CounterMetricFamily(name, text, labels=["model_name", "sampling", "speculation"])
+            for (sampling, speculation), count in sorted(dict(by_kind).items()):
+                family.add_metric([self.labels["model_name"], sampling, speculation], count)
+            yield family
 
     def _counter(self, name: str, text: str, value: float) -> CounterMetricFamily:
         family = CounterMetricFamily(name, text, labels=["model_name"])

@@ -1,4 +1,4 @@
-"""What the HTTP side knows about the served model: its name, tokenizer, limits and sampling (issue 17).
+"""What the HTTP side knows about the served model: its name, tokenizer, limits, default sampling (issue 17).
 
 Everything a request is checked against before it reaches the engine lives here, so a bad request gets
 its 400 (an unknown model its 404) without touching the running batch: the model name, prompt ids inside
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spectoolkit.config import SamplingConfig
+from spectoolkit.sampling import SamplingError, SamplingParams
 from spectoolkit.server.protocol import APIError
 from spectoolkit.server.scoring import TokenScores
 
@@ -28,6 +29,7 @@ class ServedModel:
     info: dict[str, Any] = field(default_factory=dict)  # what the server reports about itself (/info)
     default_max_tokens: int = 16  # completions without max_tokens (OpenAI's default)
     kv_slots: int | None = None  # the engine's KV pool: one request's prompt + output - 1 must fit
+    unsupported: Callable[[SamplingParams], SamplingError | None] = lambda _: None  # what its drafter cannot apply
 
     @property
     def context(self) -> int:

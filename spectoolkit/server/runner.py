@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spectoolkit.serving.api import FinishedRequest, ServeRequest
+from spectoolkit.serving.api import FinishedRequest, ServeRequest, TokenLogprob
 from spectoolkit.serving.engine import ContinuousEngine
 
 IDLE_WAIT_S = 0.05  # how long an idle runner sleeps before looking for commands again
@@ -32,6 +32,7 @@ SHUTDOWN_REASON = "the server is shutting down"
 @dataclass(frozen=True)
 class Tokens:
     ids: list[int]  # output ids emitted by one step
+    logprobs: list[TokenLogprob] | None = None  # theirs, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -160,10 +161,10 @@ class EngineRunner:
         for done in finished:
             self._finished(done)
 
-    def _emitted(self, request_id: str, ids: list[int]) -> None:
+    def _emitted(self, request_id: str, ids: list[int], logprobs: list[TokenLogprob] | None) -> None:
         listener = self._listeners.get(request_id)
         if listener is not None:
-            listener.put(Tokens(list(ids)))
+            listener.put(Tokens(list(ids), None if logprobs is None else list(logprobs)))
 
     def _finished(self, done: FinishedRequest) -> None:
         listener = self._listeners.pop(done.request_id, None)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from spectoolkit.sampling import SamplingParams
+
 if TYPE_CHECKING:
     import torch
 
@@ -22,9 +24,21 @@ class ServeRequest:
     request_id: str  # unique among the requests in the engine at once
     prompt_ids: list[int]  # [L] token ids (may be empty or overlong: the engine fails it alone)
     max_new_tokens: int
-    seed: int = 0  # per-request sampling generator seed (stochastic mode)
+    seed: int = 0  # per-request sampling generator seed (a sampled rule)
     arrival: float | None = None  # perf_counter when sent; None: stamped by submit()
-    generator: torch.Generator | None = None  # stochastic mode: this generator instead of one seeded with ``seed``
+    generator: torch.Generator | None = None  # a sampled rule: this generator instead of one seeded with ``seed``
+    sampling: SamplingParams | None = None  # its own token rule; None: the engine's (the run's sampling config)
+    draft_cap: int | None = None  # at most this many drafts per round (0: no speculation); None: as the policy says
+    after: str | None = None  # another sample of the same prompt (n > 1): start once that request computed it
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of an emitted token under the target (raw logits: before penalties and temperature, as
+    vLLM reports them), and the ``k`` most likely tokens there."""
+
+    logprob: float
+    top: list[tuple[int, float]]  # [(token id, logprob)], most likely first
 
 
 @dataclass
@@ -50,6 +64,10 @@ class FinishedRequest:
     rollback_count: int = 0  # rounds with >= 1 rejected candidate (a tree: the accepted path shorter than its depth)
     preemptions: int = 0  # times its KV was freed and its tokens recomputed
     prompt_len: int = 0
+    cached_tokens: int = 0  # prompt positions whose KV it took from the prefix cache at its (first) admission
+    sampling: SamplingParams | None = None  # the rule it ran under
+    draft_cap: int | None = None  # the drafts per round it asked for at most (None: the policy's)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # [output_len] when its rule asked for logprobs
 
 
 @dataclass(frozen=True)

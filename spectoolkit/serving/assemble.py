@@ -44,6 +44,7 @@ class Sizing:
     block_size: int
     limits: SchedulerLimits
     invariant: bool = False  # serve.batch_invariant: fixed per-row reductions whatever the runner
+    prefix_caching: bool = False  # serve.prefix_caching: freed full blocks stay cached (where rows are invariant)
 
 
 def kv_slots(serve: ServeConfig, max_positions: int) -> int:
@@ -59,7 +60,7 @@ def serving_sizing(cfg: RunConfig, max_positions: int) -> Sizing:
     serve = cfg.serve
     slots = max(1, kv_slots(serve, max_positions) // serve.block_size) * serve.block_size
     limits = SchedulerLimits(serve.max_num_tokens, serve.max_num_seqs, serve.spec_max_batch, serve.max_draft_tokens)
-    return Sizing(slots, serve.block_size, limits, serve.batch_invariant)
+    return Sizing(slots, serve.block_size, limits, serve.batch_invariant, serve.prefix_caching)
 
 
 def lone_sizing(cfg: RunConfig, positions: int) -> Sizing:
@@ -88,7 +89,10 @@ class EngineBuilder:
         if id(model) not in self._runners:
             sizing = self.sizing
             runner = make_runner(model, make_pool(model, self.cfg.kv.target, sizing.slots), self.cfg.runtime.compiled)
-            self._runners[id(model)] = (runner, BlockAllocator(sizing.slots // sizing.block_size, sizing.block_size))
+            # A cached prefix must have the bits a recompute would: only where every row is computed by itself.
+            cache = sizing.prefix_caching and (sizing.invariant or runner.row_exact)
+            blocks = sizing.slots // sizing.block_size
+            self._runners[id(model)] = (runner, BlockAllocator(blocks, sizing.block_size, cache))
         return self._runners[id(model)]
 
     def runners(self) -> list[Runner]:
@@ -116,6 +120,7 @@ class EngineBuilder:
         return ContinuousEngine(
             name, runner, allocator, self.verifier, self.sizing.limits, models.eos_ids, models.max_positions,
             drafter, not cfg.sampling.greedy, self.sizing.invariant, policy if drafter is not None else None,
+            lambda sampling: make_verifier(sampling, models.device),
         )  # fmt: skip
 
 

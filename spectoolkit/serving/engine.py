@@ -10,6 +10,12 @@ accepted (``num_computed = len(tokens) + K_i``) and frees the blocks past it; th
 same length. A sequence whose logits are not finite fails alone; finished sequences leave at once and
 queued ones join at the next step. With no drafter (or under load control) the same loop is plain
 continuous-batching decode, which is the baseline.
+
+Per request (a :class:`~spectoolkit.serving.api.ServeRequest` with its own ``sampling``, ``draft_cap``, ``after``):
+its rule is chosen once at submit and each of its rows is verified by it (:mod:`~spectoolkit.serving.rounds`);
+its drafts per round stay within its cap (0: plain decode for it alone); a sample of n > 1 starts once its leader
+computed their prompt and shares those blocks. Finished requests' full blocks stay in the prefix cache when the
+allocator keeps one (``serve.prefix_caching``): a later request with the same prefix starts after it.
 """
 
 from __future__ import annotations
@@ -22,14 +28,24 @@ import torch
 
 from spectoolkit.drafting.base import Budget, Drafter, Upkeep
 from spectoolkit.drafting.tree import TokenTree
+from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy, Prediction
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.runner import Runner, synchronize
 from spectoolkit.runtime.step import Segment, build_step, tree_layout
+from spectoolkit.sampling import SamplingError, SamplingParams
 from spectoolkit.serving.api import FinishedRequest, ServeRequest, StepStats, cut
 from spectoolkit.serving.counters import EngineCounters
+from spectoolkit.serving.rounds import (
+    VerifierFor,
+    default_rule,
+    emitted_logprobs,
+    request_rule,
+    unsupported,
+    verify_round,
+)
 from spectoolkit.serving.scheduler import Plan, Scheduler, SchedulerLimits, Work
-from spectoolkit.serving.sequence import Sequence, new_sequence
+from spectoolkit.serving.sequence import Rule, Sequence, new_sequence
 from spectoolkit.verify.base import Verifier
 from spectoolkit.verify.tree import TreeVerifier
 
@@ -71,9 +87,12 @@ class ContinuousEngine:
         stochastic: bool = False,
         invariant: bool = False,
         policy: DraftLengthPolicy | None = None,
+        verifier_for: VerifierFor | None = None,
     ) -> None:
         """Decoding sequences draft up to the planned drafts nodes (a tree drafter: within its depth and the
-        sequence's room), verified in the same ragged forward as everything else of the step."""
+        sequence's room), verified in the same ragged forward as everything else of the step. ``verifier`` is the
+        rule of requests without sampling of their own; ``verifier_for(sampling)`` gives the others theirs (default:
+        :func:`~spectoolkit.kernels.verifier.make_verifier` on the runner's device)."""
         self.runner, self.model, self.pool = runner, runner.model, runner.pool
         self.name, self.allocator = name, allocator
         self.verifier, self.drafter, self.eos_ids = verifier, drafter, eos_ids
@@ -90,13 +109,17 @@ class ContinuousEngine:
             raise ValueError("an engine with a drafter needs its draft-length policy (spectoolkit.policy.make_policy)")
         self.scheduler = Scheduler(limits, allocator, self.policy, self.trees, drafter.backlog if drafter else None)
         self.on_step: Callable[[StepStats], None] | None = None
-        self.on_emit: Callable[[str, list[int]], None] | None = None  # (request id, new output ids) per step
+        # (request id, new output ids, their TokenLogprobs when the request asked) per step
+        self.on_emit: Callable[[str, list[int], list | None], None] | None = None
         self.counters = EngineCounters()
+        self.scheduler.on_admit = self._admitted
         self._failed: list[FinishedRequest] = []
         self._steps = 0
         self.peak_kv_tokens = 0  # the most KV slots the running sequences held at once (a shared prefix per holder)
         self.peak_draft_kv_bytes = 0  # the most bytes the drafter's KV held at a target forward
         self.tree_verifier = TreeVerifier(verifier.sampling)
+        self.default_rule = default_rule(verifier, self.tree_verifier, stochastic)
+        self.verifier_for = verifier_for or (lambda sampling: make_verifier(sampling, runner.device))
 
     # ---- the ServingEngine protocol ------------------------------------------------------------
 
@@ -110,14 +133,34 @@ class ContinuousEngine:
             self._failed.append(failed)
             self.counters.failed_requests += 1
             return
-        seq = new_sequence(request, BlockTable(self.allocator), -1, self.stochastic)
+        seq = new_sequence(request, BlockTable(self.allocator), -1, self._rule(request))
+        if request.after is not None:
+            seq.leader = self._find(request.after)
         self.scheduler.queue.append(seq)
+
+    def _admitted(self, seq: Sequence) -> None:
+        """``seq`` joined the running batch with ``num_computed`` positions shared from the prefix index."""
+        self.counters.count_admission(len(seq.tokens), seq.num_computed)
+        if not seq.result.batch_sizes:  # its first admission (a preempted one's recompute is not its prompt's)
+            seq.result.cached_tokens = seq.num_computed
+
+    def _rule(self, request: ServeRequest) -> Rule:
+        """The request's rule, chosen once: its own sampling's, or the engine's."""
+        if request.sampling is None:
+            return self.default_rule
+        return request_rule(request.sampling, self.verifier_for)
+
+    def _find(self, request_id: str) -> Sequence | None:
+        scheduler = self.scheduler
+        return next((s for s in [*scheduler.queue, *scheduler.running] if s.request.request_id == request_id), None)
 
     def has_work(self) -> bool:
         return bool(self.scheduler.queue or self.scheduler.running or self._failed)
 
     def reset(self) -> None:
+        """Drop every request and free all KV, the prefix cache's too (no later run inherits this one's KV)."""
         for seq in list(self.scheduler.running) + list(self.scheduler.queue):
+            seq.done = True
             seq.table.release()
             self.policy.release(seq)
             if self.drafter is not None:
@@ -125,15 +168,17 @@ class ContinuousEngine:
         self.scheduler.running.clear()
         self.scheduler.queue.clear()
         self._failed.clear()
+        self.allocator.drop_cached()
         if self.drafter is not None:
             self.drafter.reset()
 
     def abort(self, request_id: str) -> bool:
         """Drop ``request_id`` (queued or running) and free its KV now; False when it is not here."""
         scheduler = self.scheduler
-        seq = next((s for s in [*scheduler.queue, *scheduler.running] if s.request.request_id == request_id), None)
+        seq = self._find(request_id)
         if seq is None:
             return False
+        seq.done = True
         if seq in scheduler.running:
             scheduler.finish(seq)
         else:
@@ -221,7 +266,8 @@ class ContinuousEngine:
         if asked and self.drafter is not None:
             seqs = [plan.work[i].seq for i in asked]
             depth = self.policy.max_depth
-            budgets = [Budget(plan.work[i].drafts, min(depth, plan.work[i].seq.room - 1)) for i in asked]
+            budgets = [Budget(plan.work[i].drafts, plan.work[i].seq.draft_cap(min(depth, plan.work[i].seq.room - 1)))
+                       for i in asked]  # fmt: skip
             made = self.drafter.propose(seqs, budgets)
             for i, proposal in zip(asked, made, strict=True):
                 proposals[i] = proposal
@@ -264,23 +310,16 @@ class ContinuousEngine:
         the captured states of every row it fed (its feed, then its nodes), for a drafter that reads them."""
         first = len(seq.tokens) == seq.prompt_len
         prefix = len(seq.tokens)
-        if not len(proposal):
-            path, next_token = [], self.verifier.select(rows[0], seq.generator)
-        elif proposal.is_chain():  # the fast path: the chain rule (the fused kernel), no KV moves
-            draft_ids = torch.tensor(proposal.token_ids, dtype=torch.long, device=rows.device)
-            result = self.verifier.verify(draft_ids, rows, proposal.draft_probs, seq.generator)
-            path, next_token = list(range(result.num_accepted)), result.next_token
-        else:
-            result = self.tree_verifier.verify_tree(
-                proposal.token_ids, proposal.parents, rows, proposal.draft_probs, seq.generator
-            )
-            path, next_token = result.path, result.next_token
+        path, next_token = verify_round(seq, proposal, rows)  # by the request's own rule
+        if len(proposal) and not proposal.is_chain():
             # The path's KV moves next to the pending token (node i was written at position prefix + i).
             sources = seq.table.slots_at([prefix + node for node in path])
             self.pool.move(sources, seq.table.slots(prefix, prefix + len(path)))
         accepted, accepted_ids = len(path), [proposal.token_ids[node] for node in path]
         kept = prefix + accepted  # prefix + pending + accepted drafts have KV
         emitted = cut(accepted_ids + [next_token], seq.room, self.eos_ids)
+        if seq.rule.sampling.logprobs is not None:
+            seq.result.logprobs += emitted_logprobs(rows, path, emitted, seq.rule.sampling.logprobs)
         seq.tokens.extend(emitted)
         if states is not None:  # the kept rows' states: the feed, then the accepted path's nodes
             kept_rows = list(range(work.feed)) + [work.feed + node for node in path]
@@ -300,7 +339,8 @@ class ContinuousEngine:
         result.token_times.extend([now] * len(emitted))
         self.counters.generation_tokens += len(emitted)
         if self.on_emit is not None:
-            self.on_emit(seq.request.request_id, emitted)
+            logprobs = result.logprobs[-len(emitted) :] if seq.rule.sampling.logprobs is not None else None
+            self.on_emit(seq.request.request_id, emitted, logprobs)
         if first:
             self.counters.prompt_tokens += seq.prompt_len
             return  # the prefill's token: not a verify round
@@ -321,7 +361,9 @@ class ContinuousEngine:
             self.policy.observe(seq, work.drafts, len(proposal), accepted, path, depth)
 
     def _finish(self, seq: Sequence, now: float) -> FinishedRequest:
+        seq.done = True
         self.counters.finished_requests += seq.result.error is None
+        self.counters.count_request(seq.result)
         self.counters.preemptions += seq.result.preemptions
         self.scheduler.finish(seq)
         self._forget(seq)
@@ -374,6 +416,11 @@ class ContinuousEngine:
             return f"prompt has token ids outside the vocabulary [0, {self.vocab_size})"
         if request.max_new_tokens < 1:
             return f"max_new_tokens={request.max_new_tokens} must be >= 1"
+        if request.draft_cap is not None and request.draft_cap < 0:
+            return f"draft_cap={request.draft_cap} must be >= 0 (0: no speculation)"
+        refused = self.unsupported(request.sampling) if request.sampling is not None else None
+        if refused is not None:
+            return str(refused)
         needed = len(ids) + request.max_new_tokens - 1  # the last token emitted never needs KV
         if len(ids) + request.max_new_tokens > self.max_positions:
             return (f"prompt of {len(ids)} tokens + max_new_tokens {request.max_new_tokens} exceeds the "
@@ -382,6 +429,10 @@ class ContinuousEngine:
         if needed > capacity:
             return f"needs {needed} KV slots but the pool holds {capacity}: raise serve.max_kv_tokens"
         return None
+
+    def unsupported(self, sampling: SamplingParams) -> SamplingError | None:
+        """Why this engine cannot honour ``sampling`` as asked (its ``field`` named), or None."""
+        return unsupported(sampling, self.drafter if self.trees else None)
 
     def runners(self) -> dict[str, Runner]:
         """The runners this engine drives: the target's, and the draft model's when it drafts with one."""

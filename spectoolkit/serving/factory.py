@@ -33,7 +33,7 @@ def eagle_drafter(cfg: RunConfig, models, slots: int) -> EagleDrafter:
         )
     blocks = max(1, slots // cfg.serve.block_size)
     ready = EagleHead(head, target.model.get_input_embeddings(), blocks * cfg.serve.block_size)
-    allocator = BlockAllocator(blocks, cfg.serve.block_size)
+    allocator = BlockAllocator(blocks, cfg.serve.block_size, cfg.serve.prefix_caching)  # its rows of a cached prefix
     return EagleDrafter(ready, allocator, make_chooser(cfg.sampling), models.eos_ids, None, cfg.speculate.tree)
 
 

@@ -69,7 +69,7 @@ class OneRequestEngine:
         self.target.reset()  # a calibration or replay before may hold blocks of the pool
         steps: list[StepStats] = []
         engine.on_step = steps.append
-        engine.on_emit = None if on_token is None else lambda _, ids: [on_token(token) for token in ids]
+        engine.on_emit = None if on_token is None else lambda _, ids, __: [on_token(token) for token in ids]
         start = time.perf_counter()
         engine.submit(ServeRequest("0", list(prompt_ids), max_new_tokens, arrival=start, generator=generator))
         finished: list[FinishedRequest] = []

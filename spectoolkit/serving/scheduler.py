@@ -4,7 +4,9 @@ Every step (vLLM v1's unified token budget):
 
 1. **Admission**, first come first served: a queued request joins while fewer than ``max_num_seqs``
    run and the free blocks hold its whole uncomputed history plus the pending token (leading blocks
-   of a live identical prompt prefix are shared instead, :mod:`~spectoolkit.runtime.blocks`).
+   of an identical prefix — a live sequence's, or a finished one's still in the prefix cache — are
+   shared instead, :mod:`~spectoolkit.runtime.blocks`). A sample of n > 1 waits while its leader
+   computes their prompt, then shares its full blocks (the others behind it go ahead meanwhile).
 2. **Load control**: speculate only while at most ``spec_max_batch`` sequences run; above that the
    step is plain decode (the fallback under load).
 3. **Tokens**, within ``max_num_tokens``: each decoding sequence its pending token first; then its
@@ -74,6 +76,7 @@ class Scheduler:
         self.backlog = backlog
         self.queue: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.on_admit: Callable[[Sequence], None] | None = None  # told of each admission (its shared prefix counted)
 
     def schedule(self, on_preempt) -> Plan:
         """Plan the next step; ``on_preempt(seq)`` is told about every sequence sent back to the queue."""
@@ -111,7 +114,8 @@ class Scheduler:
         prefill = sum(seq.uncomputed for seq in self.running if not seq.decoding)
         fixed = len(by_seq) + min(prefill, budget)  # the step's other tokens: pending ones, prefill chunks
         gamma = self.policy.max_gamma
-        caps = [min(gamma, work.seq.room - 1) if not self.tree or work.seq.room <= 1 else gamma for work in works]
+        caps = [work.seq.draft_cap(min(gamma, work.seq.room - 1) if not self.tree or work.seq.room <= 1 else gamma)
+                for work in works]  # fmt: skip
         seqs = [work.seq for work in works]
         backlogs = [self.backlog(seq) for seq in seqs] if self.backlog is not None else None
         lengths = self.policy.choose(seqs, caps, fixed, draft_budget, backlogs, [seq.room for seq in seqs])
@@ -126,15 +130,20 @@ class Scheduler:
         return planned
 
     def _admit(self) -> None:
-        while self.queue and len(self.running) < self.limits.max_num_seqs:
-            seq = self.queue[0]
-            if not seq.table.blocks:  # share a live identical prefix (never the last prompt token)
+        for seq in list(self.queue):
+            if len(self.running) >= self.limits.max_num_seqs:
+                return
+            if seq.waiting:  # a sample of n > 1 whose prompt its leader is computing: shared once it is done
+                continue
+            if not seq.table.blocks:  # share an identical prefix, live or cached (never the last prompt token)
                 seq.num_computed = seq.table.share_prefix(seq.tokens, len(seq.tokens) - 1)
             if seq.table.missing(len(seq.tokens) + 1) > self.allocator.num_free:
                 seq.table.release()  # a waiting sequence holds no blocks: they may be what others need
                 seq.num_computed = 0
                 return  # wait for blocks to be freed (a lone sequence always fits: checked at submit)
-            self.queue.popleft()
+            self.queue.remove(seq)
+            if self.on_admit is not None:
+                self.on_admit(seq)
             seq.order = max((s.order for s in self.running), default=-1) + 1
             self.running.append(seq)
 

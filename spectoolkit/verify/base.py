@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from spectoolkit.config import SamplingConfig
+from spectoolkit.sampling import Processing
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class VerifyResult:
 class Verifier(Protocol):
     """Token selection for the target: alone (``select``) and against drafts (``verify``)."""
 
-    sampling: SamplingConfig  # the rule it applies (the engine's tree verifier applies the same)
+    sampling: Processing  # the rule it applies (the engine's tree verifier applies the same)
 
     def select(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
         """The token the target alone emits from ``logits`` [V]; the baseline loop uses this."""

@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from spectoolkit.config import SamplingConfig
-from spectoolkit.sampling import processed_probs, sample_from
+from spectoolkit.sampling import Processing, processed_probs, sample_from
 from spectoolkit.verify.base import VerifyResult, check_round
 from spectoolkit.verify.rules import draw_uniforms, verify_with_uniforms
 
 
 class StochasticVerifier:
-    """Exact speculative sampling under one :class:`SamplingConfig` (temperature > 0)."""
+    """Exact speculative sampling under one sampling setting (temperature > 0): a run's or a request's."""
 
-    def __init__(self, sampling: SamplingConfig) -> None:
+    def __init__(self, sampling: Processing) -> None:
         if sampling.greedy:
             raise ValueError("StochasticVerifier needs temperature > 0; use GreedyVerifier (make_verifier)")
         self.sampling = sampling

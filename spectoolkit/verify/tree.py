@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spectoolkit.config import SamplingConfig
-from spectoolkit.sampling import processed_probs, sample_from
+from spectoolkit.sampling import Processing, processed_probs, sample_from
 from spectoolkit.verify.rules import accept_mask, draw_uniforms, pad_vocab, residual
 
 
@@ -60,7 +59,7 @@ def residual_after(target_probs: torch.Tensor, draft_row: torch.Tensor) -> torch
 class TreeVerifier:
     """Verifies a :class:`~spectoolkit.drafting.tree.TokenTree`'s ids/parents against the target's rows."""
 
-    def __init__(self, sampling: SamplingConfig) -> None:
+    def __init__(self, sampling: Processing) -> None:
         self.sampling = sampling
 
     def verify_tree(
@@ -102,7 +101,7 @@ def _stochastic(
     children: dict[int, list[int]],
     target_logits: torch.Tensor,
     draft_probs: torch.Tensor | None,
-    sampling: SamplingConfig,
+    sampling: Processing,
     generator: torch.Generator | None,
 ) -> TreeVerifyResult:
     path, node = [], -1

@@ -3,6 +3,7 @@ every test file of this package that asks for it (loading the model once keeps t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -34,9 +35,22 @@ def server(run_config: RunConfig) -> Iterator[Server]:
         yield Server(built, background.base_url)
 
 
+@pytest.fixture(scope="package")
+def exact_server(run_config: RunConfig) -> Iterator[Server]:
+    """The same arm on our CPU kernels (``runtime.kernels=auto``): every row is computed by itself, so no request's
+    output depends on its batch (a sampled one's draws included) and the prefix cache is on."""
+    from spectoolkit.server.build import BackgroundServer, build_server
+
+    built = build_server(dataclasses.replace(run_config, runtime=dataclasses.replace(run_config.runtime,
+                                                                                     kernels="auto")))  # fmt: skip
+    with BackgroundServer(built) as background:
+        yield Server(built, background.base_url)
+
+
 @pytest.fixture(autouse=True)
 def _starts_idle(request: pytest.FixtureRequest) -> None:
     """Every test on the server starts with no request in flight (an abort from the test before, e.g. a
     stop string's, is a command the engine thread may not have run yet)."""
-    if "server" in request.fixturenames:
-        assert wait_idle(request.getfixturevalue("server"), 30.0), "a previous test left a request running"
+    for name in ("server", "exact_server"):
+        if name in request.fixturenames:
+            assert wait_idle(request.getfixturevalue(name), 30.0), "a previous test left a request running"

@@ -35,13 +35,19 @@ BAD = [
     ("batch-token-id-vocab", "/completions", completion([[5, 6], [VOCAB + 3]], 2), "prompt.1", None),
     ("empty-prompt", "/completions", completion("", 2), "prompt", None),
     ("empty-id-list", "/completions", completion([], 2), "prompt", None),
-    ("n-2", "/completions", completion("a", 2, n=2), "n", None),
-    ("temperature", "/completions", completion("a", 2, temperature=0.7), "temperature", None),
-    ("temperature-one", "/completions", completion("a", 2, temperature=1), "temperature", None),
-    ("top-p", "/completions", completion("a", 2, top_p=0.5), "top_p", None),
-    ("top-k", "/completions", completion("a", 2, top_k=5), "top_k", None),
+    ("n-0", "/completions", completion("a", 2, n=0), "n", None),
+    ("best-of-below-n", "/completions", completion("a", 2, n=3, best_of=2), "best_of", None),
+    ("best-of-stream", "/completions", completion("a", 2, n=1, best_of=2, stream=True), "best_of", None),
+    ("temperature", "/completions", completion("a", 2, temperature=-0.7), "temperature", None),
+    ("temperature-string", "/completions", completion("a", 2, temperature="1"), "temperature", None),
+    ("min-p", "/completions", completion("a", 2, min_p=1.5), "min_p", None),
+    ("presence-penalty", "/completions", completion("a", 2, presence_penalty=2.5), "presence_penalty", None),
+    ("frequency-penalty", "/completions", completion("a", 2, frequency_penalty=-9), "frequency_penalty", None),
+    ("repetition-penalty", "/completions", completion("a", 2, repetition_penalty=0), "repetition_penalty", None),
+    ("draft-cap", "/completions", completion("a", 2, num_speculative_tokens=-1), "num_speculative_tokens", None),
+    ("top-p", "/completions", completion("a", 2, top_p=1.5), "top_p", None),
+    ("top-k", "/completions", completion("a", 2, top_k=-5), "top_k", None),
     ("logprobs-over-20", "/completions", completion("a", 2, logprobs=21), "logprobs", None),
-    ("logprobs-stream", "/completions", completion("a", 2, logprobs=1, stream=True), "logprobs", None),
     ("stream-not-bool", "/completions", completion("a", 2, stream="yes"), "stream", None),
     ("missing-prompt", "/completions", {"model": MODEL, "max_tokens": 2}, "prompt", None),
     ("missing-model", "/completions", {"prompt": "a", "max_tokens": 2}, "model", None),
@@ -55,10 +61,15 @@ BAD = [
     ("chat-max-completion-tokens-zero", "/chat/completions",
      {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
      "max_completion_tokens", None),
-    ("chat-n-2", "/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, "n",
+    ("chat-n-0", "/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}, "n",
      None),
-    ("chat-logprobs", "/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                                            "max_tokens": 2, "logprobs": True}, "logprobs", None),
+    ("chat-top-logprobs", "/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                                "max_tokens": 2, "top_logprobs": 2}, "top_logprobs", None),
+    ("chat-top-logprobs-21", "/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                                   "max_tokens": 2, "logprobs": True, "top_logprobs": 21},
+     "top_logprobs", None),
+    ("chat-temperature", "/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                               "temperature": -1}, "temperature", None),
 ]  # fmt: skip
 UNKNOWN_MODEL = [
     ("/completions", {"model": "gpt-4", "prompt": "a", "max_tokens": 2}),
@@ -149,8 +160,8 @@ def test_wrong_method_is_405(server: Server, method: str, path: str, allowed: st
 
 
 def test_temperature_message_says_what_to_change(server: Server):
-    error = _assert_openai_error(post(server, "/completions", completion("a", 2, temperature=0.7)), "temperature")
-    assert "0.7" in error["message"] and "greedy" in error["message"]
+    error = _assert_openai_error(post(server, "/completions", completion("a", 2, temperature=-0.7)), "temperature")
+    assert "-0.7" in error["message"] and "greedy" in error["message"]
 
 
 def test_greedy_sampling_fields_are_accepted(server: Server):

@@ -11,12 +11,14 @@ import pytest
 from pydantic import ValidationError
 
 from spectoolkit.config import SamplingConfig
+from spectoolkit.sampling import SamplingParams
 from spectoolkit.server.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
-    check_sampling,
+    choice_counts,
     pydantic_message,
+    request_sampling,
 )
 from spectoolkit.server.text import REPLACEMENT, TextStream
 
@@ -104,7 +106,7 @@ def test_stop_string_across_newline_tokens(tokenizer):
     assert "".join(deltas) == "first line" and stream.stopped
 
 
-# ---- check_sampling ------------------------------------------------------------------------------------
+# ---- request_sampling: the request's own fields, the server's for the rest --------------------------------
 
 GREEDY = SamplingConfig()
 SAMPLED = SamplingConfig(temperature=0.8, top_k=50, top_p=0.95)
@@ -115,54 +117,56 @@ def _body(**fields) -> CompletionRequest:
 
 
 @pytest.mark.parametrize(
-    ("sampling", "fields"),
+    ("default", "fields", "expected"),
     [
-        (GREEDY, {}),
-        (GREEDY, {"temperature": 0}),
-        (GREEDY, {"temperature": 0.0, "top_p": 1.0, "top_k": -1}),
-        (GREEDY, {"top_k": 0, "top_p": 1}),
-        (SAMPLED, {"temperature": 0.8, "top_k": 50, "top_p": 0.95}),
-        (SAMPLED, {}),
-        (SamplingConfig(temperature=1.0), {"temperature": 1, "top_k": -1, "top_p": 1.0}),
+        (GREEDY, {}, SamplingParams()),
+        (GREEDY, {"temperature": 0.7}, SamplingParams(temperature=0.7)),
+        (GREEDY, {"temperature": 1, "top_k": -1, "top_p": 0.9}, SamplingParams(temperature=1.0, top_p=0.9)),
+        (SAMPLED, {}, SamplingParams(temperature=0.8, top_k=50, top_p=0.95)),
+        (SAMPLED, {"temperature": 0}, SamplingParams(temperature=0.0, top_k=50, top_p=0.95)),
+        (SAMPLED, {"top_k": -1, "min_p": 0.1}, SamplingParams(temperature=0.8, top_p=0.95, min_p=0.1)),
+        (GREEDY, {"presence_penalty": 1, "frequency_penalty": -0.5, "repetition_penalty": 1.2},
+         SamplingParams(presence_penalty=1.0, frequency_penalty=-0.5, repetition_penalty=1.2)),
     ],
-)
-def test_check_sampling_accepts_the_servers_own(sampling, fields):
-    check_sampling(_body(**fields), sampling)  # raises on failure
+)  # fmt: skip
+def test_request_sampling_takes_the_servers_for_omitted_fields(default, fields, expected):
+    assert request_sampling(_body(**fields), default) == expected
 
 
 @pytest.mark.parametrize(
-    ("sampling", "fields", "param"),
+    ("fields", "param"),
     [
-        (GREEDY, {"n": 2}, "n"),
-        (GREEDY, {"n": 0}, "n"),
-        (GREEDY, {"temperature": 0.7}, "temperature"),
-        (GREEDY, {"temperature": 1.0}, "temperature"),
-        (GREEDY, {"top_p": 0.9}, "top_p"),
-        (GREEDY, {"top_k": 5}, "top_k"),
-        (SAMPLED, {"temperature": 0}, "temperature"),
-        (SAMPLED, {"top_k": -1}, "top_k"),  # the server keeps top-k 50: "off" differs
-        (SAMPLED, {"top_p": 1.0}, "top_p"),
-        (SamplingConfig(temperature=1.0, top_p=0.5), {"top_p": 1}, "top_p"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
     ],
 )
-def test_check_sampling_refuses_what_differs(sampling, fields, param):
+def test_request_sampling_names_the_bad_field(fields, param):
     with pytest.raises(APIError) as caught:
-        check_sampling(_body(**fields), sampling)
-    assert caught.value.param == param and caught.value.status == 400
+        request_sampling(_body(**fields), GREEDY)
+    assert caught.value.param == param and caught.value.status == 400 and param in caught.value.message
 
 
-def test_check_sampling_top_k_one_is_not_off():
-    """protocol.py check_sampling tests ``expected in (1.0, 0)`` for every field, and top_k 1 == 1.0, so the
-    top_k "off" value -1 passes on a server sampling with top_k=1."""
-    with pytest.raises(APIError):
-        check_sampling(_body(top_k=-1), SamplingConfig(temperature=1.0, top_k=1))
-
-
-def test_chat_request_checked_the_same_way():
+def test_logprobs_reach_the_rule_and_chat_is_read_the_same_way():
     body = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], temperature=0.5)
+    assert request_sampling(body, GREEDY, 3) == SamplingParams(temperature=0.5, logprobs=3)
+
+
+@pytest.mark.parametrize(
+    ("n", "best_of", "param"), [(0, None, "n"), (17, None, "n"), (3, 2, "best_of"), (1, 17, "best_of")]
+)
+def test_choice_counts_refuse_out_of_range(n, best_of, param):
     with pytest.raises(APIError) as caught:
-        check_sampling(body, GREEDY)
-    assert caught.value.param == "temperature"
+        choice_counts(n, best_of)
+    assert caught.value.param == param
+
+
+def test_choice_counts_default_best_of_to_n():
+    assert choice_counts(2) == (2, 2) and choice_counts(1, 3) == (1, 3)
 
 
 # ---- pydantic errors, APIError, request bodies -------------------------------------------------------

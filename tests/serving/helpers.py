@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from spectoolkit.drafting import ModelDrafter, TokenTree
@@ -73,16 +75,30 @@ def engine(
     stochastic: bool = False,
     policy=None,
     depth: int | None = None,
+    prefix_cache: bool = False,
+    verifier_for=None,
 ) -> ContinuousEngine:
     """``policy`` (default: fixed ``gamma`` drafts or tree nodes, ``depth`` deep) holds the draft length when there
-    is a ``drafter``."""
+    is a ``drafter``; ``prefix_cache``: finished requests' full blocks stay cached; ``verifier_for``: the verifier of a
+    request with sampling of its own (default: the engine's choice)."""
     limits = SchedulerLimits(max_num_tokens, max_num_seqs, spec_max_batch, max_draft_tokens)
     if drafter is not None and policy is None:
         policy = FixedPolicy(gamma, depth)
     return ContinuousEngine(
-        "test", make_runner(model, make_pool(model, kv, num_blocks * BLOCK)), BlockAllocator(num_blocks, BLOCK),
-        verifier or GreedyVerifier(), limits, EOS_IDS, MAX_POSITIONS, drafter, stochastic, invariant, policy,
+        "test", make_runner(model, make_pool(model, kv, num_blocks * BLOCK)),
+        BlockAllocator(num_blocks, BLOCK, prefix_cache), verifier or GreedyVerifier(), limits, EOS_IDS, MAX_POSITIONS,
+        drafter, stochastic, invariant, policy, verifier_for,
     )  # fmt: skip
+
+
+def default_rule(stochastic: bool = False):
+    """The rule of a request without sampling of its own on a greedy engine (``stochastic``: it draws anyway, from
+    its request's generator)."""
+    from spectoolkit.serving.rounds import default_rule as rule
+    from spectoolkit.verify.tree import TreeVerifier
+
+    verifier = GreedyVerifier()
+    return rule(verifier, TreeVerifier(verifier.sampling), stochastic)
 
 
 def model_drafter(draft: torch.nn.Module, chooser, num_blocks: int = 200, kv: str = "auto") -> ModelDrafter:
@@ -118,8 +134,8 @@ def outputs(done: dict[str, FinishedRequest]) -> dict[str, list[int]]:
 def alone(eng: ContinuousEngine, reqs: list[ServeRequest]) -> dict[str, list[int]]:
     """Each request run by itself on ``eng`` (concurrency 1)."""
     out = {}
-    for request in reqs:
-        copy = ServeRequest(request.request_id, list(request.prompt_ids), request.max_new_tokens, request.seed)
+    for request in reqs:  # its own settings kept; a fresh generator from its seed; no leader to wait for
+        copy = dataclasses.replace(request, prompt_ids=list(request.prompt_ids), generator=None, after=None)
         out.update(outputs(run(eng, [copy])))
     return out
 

@@ -250,7 +250,7 @@ def _top_probs_along(draft: torch.nn.Module, prompt: list[int], draft_ids: list[
 def _propose(drafter: ModelDrafter, prompt: list[int], budget: int, generator=None) -> TokenTree:
     """One round of ``drafter`` for a fresh sequence whose tokens are ``prompt``."""
     request = ServeRequest("0", list(prompt), MAX_NEW, generator=generator)
-    seq = new_sequence(request, BlockTable(BlockAllocator(1, BLOCK)), 0, stochastic=generator is not None)
+    seq = new_sequence(request, BlockTable(BlockAllocator(1, BLOCK)), 0, helpers.default_rule(generator is not None))
     (proposal,) = drafter.propose([seq], [Budget(budget, budget)])
     return proposal
 

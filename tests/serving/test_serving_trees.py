@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -289,6 +290,7 @@ def test_committed_kv_after_tree_rounds_equals_a_chain_of_the_committed_tokens(t
     eng = tree_engine(target, RandomTreeDrafter(1, tree), invariant=True, kv=precision, num_blocks=48,
                       max_num_tokens=24, verifier=verifier)  # fmt: skip
     eng.tree_verifier = verifier
+    eng.default_rule = dataclasses.replace(eng.default_rule, tree_verifier=verifier)  # what requests verify with
     moves = []
     original_move, original_commit = eng.pool.move, eng._commit
     eng.pool.move = lambda sources, targets: (moves.append(sources != targets), original_move(sources, targets))
@@ -363,7 +365,9 @@ def test_draft_commit_path_moves_the_fed_path_nodes_next_to_the_prefix(target, d
     tree = TreeConfig(kind="dynamic", max_nodes=8, top_k=4)
     drafter = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40).variant(None, tree)
     prompt = batch[2]
-    seq = new_sequence(ServeRequest("0", prompt, MAX_NEW), BlockTable(BlockAllocator(1, BLOCK)), 0, False)
+    seq = new_sequence(
+        ServeRequest("0", prompt, MAX_NEW), BlockTable(BlockAllocator(1, BLOCK)), 0, helpers.default_rule()
+    )
     seq.tokens.append(helpers.baseline_outputs(target, [prompt], 1)["0"][0])  # decoding: the pending token
     (grown,) = drafter.propose([seq], [Budget(8, GAMMA)])
     state = drafter._states[id(seq)]
@@ -377,7 +381,9 @@ def test_draft_commit_path_moves_the_fed_path_nodes_next_to_the_prefix(target, d
     _same_bits(_stored(drafter.pool, state.table.slots(prefix, prefix + len(path))), before, "moved draft KV")
     assert len(state.table.blocks) == state.table.blocks_for(state.num_computed), "the rest of the tree kept blocks"
     seq.tokens += [grown.token_ids[node] for node in path] + [7]  # the path and a correction token
-    fresh = new_sequence(ServeRequest("1", prompt, MAX_NEW), BlockTable(BlockAllocator(1, BLOCK)), 0, False)
+    fresh = new_sequence(
+        ServeRequest("1", prompt, MAX_NEW), BlockTable(BlockAllocator(1, BLOCK)), 0, helpers.default_rule()
+    )
     fresh.tokens = list(seq.tokens)
     other = helpers.model_drafter(draft, GreedyChooser(), num_blocks=40).variant(None, tree)
     assert drafter.propose([seq], [Budget(8, GAMMA)]) == other.propose([fresh], [Budget(8, GAMMA)])

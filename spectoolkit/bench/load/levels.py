@@ -64,7 +64,7 @@ class LoadSweep:
     def requests(self, level: Level, repeat_idx: int) -> list[Sent]:
         """The request sequence of ``level`` in repeat ``repeat_idx``: the same for every arm."""
         cfg = self.cfg
-        return level_requests(self.cases, level, cfg.serve, cfg.workload.max_new_tokens, cfg.sampling.seed, repeat_idx)
+        return level_requests(self.cases, level, cfg.serve, cfg.workload.max_new_tokens, cfg.sampling, repeat_idx)
 
     def arrival_seed(self, level: Level, repeat_idx: int) -> int:
         """The open-loop arrival schedule's seed: one per (level, repeat), shared by every arm."""

@@ -2,19 +2,23 @@
 
 Every arm of a (level, repeat) gets the same sequence: the workload's runnable prompts cycled to the
 level's size, each request seeded from ``sampling.seed``, its case and the repeat (the seed the batch-1
-protocol gives it too). A prompt that cannot run never reaches an engine: it is recorded as an error.
+protocol gives it too). With ``serve.sampling_mix`` the requests take its temperatures in turn (the rest of
+``sampling``'s settings kept, each request's own rule in the one batch); without it they run under the engine's
+``sampling``. A prompt that cannot run never reaches an engine: it is recorded as an error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from itertools import cycle, islice
 from typing import Any
 
 from spectoolkit.bench.protocol.runner import request_seed
-from spectoolkit.config import ServeConfig
+from spectoolkit.config import SamplingConfig, ServeConfig
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.sampling import SamplingParams
 from spectoolkit.serving.api import ServeRequest
 from spectoolkit.workloads.prompts import Request
 
@@ -84,15 +88,24 @@ def level_size(level: Level, num_prompts: int, requests_per_level: int | None) -
     return max(num_prompts, 2 * int(level.value) if level.closed else OPEN_LOOP_MIN_REQUESTS)
 
 
+def mixed_sampling(sampling: SamplingConfig, mix: tuple[float, ...], index: int) -> SamplingParams | None:
+    """The rule of the ``index``-th request of a level: ``sampling`` at the mix's temperature in turn; None (the
+    engine's own) without a mix."""
+    if not mix:
+        return None
+    return dataclasses.replace(SamplingParams.of(sampling), temperature=mix[index % len(mix)])
+
+
 def level_requests(
-    cases: list[Case], level: Level, serve: ServeConfig, max_new_tokens: int, seed: int, repeat_idx: int
+    cases: list[Case], level: Level, serve: ServeConfig, max_new_tokens: int, sampling: SamplingConfig, repeat_idx: int
 ) -> list[Sent]:
     """The request sequence of ``level`` in repeat ``repeat_idx`` (the same for every arm)."""
     prompts = runnable(cases)
     size = level_size(level, len(prompts), serve.requests_per_level)
     return [
         Sent(ServeRequest(f"{index}:{case.case_id}", case.prompt_ids, max_new_tokens,
-                          request_seed(seed, case.case_id, repeat_idx)), case)
+                          request_seed(sampling.seed, case.case_id, repeat_idx),
+                          sampling=mixed_sampling(sampling, serve.sampling_mix, index)), case)
         for index, case in enumerate(islice(cycle(prompts), size))
     ]  # fmt: skip
 

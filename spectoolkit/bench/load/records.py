@@ -65,6 +65,9 @@ def serving_record(ctx: RunContext, case: Case, seed: int, completion: Completio
     """The record of one finished request (failed alone: its ``error`` and times only)."""
     done: FinishedRequest = completion.finished
     record = base_record(ctx, case, seed)
+    if done.sampling is not None:  # the rule it ran under (a sampling mix's, or the engine's)
+        sampling = done.sampling
+        record = replace(record, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
     mean_batch = float(np.mean(done.batch_sizes)) if done.batch_sizes else None
     times = done.token_times
     gaps = delivery_gaps(times)

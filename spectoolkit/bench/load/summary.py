@@ -14,13 +14,17 @@ Conventions, per (arm, level) over its successful records (never means of per-re
   of their case; None when sampling or nothing was checked
 - k_distribution: per drafting arm, verify rounds by the draft length k its policy chose, overall, per
   load level (run order) and per task type (:mod:`spectoolkit.metrics.draft_lengths`)
+- by sampling mode ("greedy", "T=0.7": a request's temperature; several with ``serve.sampling_mix``):
+  mode_throughput = that mode's output tokens / the whole run's window (both modes share it), median over
+  repeats; speedup_by_mode = the arm's mode_throughput / its reference arm's, per repeat, then the median;
+  acceptance_by_mode as acceptance_rate. Exactness checks only greedy requests against the greedy references
 A leaf module (metrics and the serving API only), so the report may import it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -149,11 +153,29 @@ def _pooled_itl(records: Records) -> list[float]:
     return [gap for r in records for gap in delivery_gaps(r.token_offsets)]
 
 
+def sampling_mode(record: RequestRecord) -> str:
+    """ "greedy" or "T=0.7": the rule a request ran under, as reports group requests."""
+    return "greedy" if not record.temperature else f"T={record.temperature:g}"
+
+
+def mode_rates(records: Records) -> dict[str, float | None]:
+    """One run's output tokens per second of its whole window, per sampling mode."""
+    window = run_rates(records)["output_throughput"]
+    total = sum(r.output_len for r in records if not r.error)
+    modes = sorted({sampling_mode(r) for r in records})
+    if window is None or not total:
+        return dict.fromkeys(modes)
+    return {mode: window * sum(r.output_len for r in records if not r.error and sampling_mode(r) == mode) / total
+            for mode in modes}  # fmt: skip
+
+
 def _checked(records: Records, references: dict[str, list[int]] | None) -> list[tuple[RequestRecord, int | None]]:
-    """(record, first divergence or None) for every successful record whose case has a reference."""
+    """(record, first divergence or None) for every successful greedy record whose case has a reference (the
+    references are greedy: a sampled request of a sampling mix is not checked against them)."""
     if references is None:
         return []
-    return [(r, first_divergence(references[r.case_id], r.output_ids)) for r in records if r.case_id in references]
+    return [(r, first_divergence(references[r.case_id], r.output_ids)) for r in records
+            if r.case_id in references and sampling_mode(r) == "greedy"]  # fmt: skip
 
 
 def level_stats(
@@ -184,7 +206,23 @@ def level_stats(
         "exact_match": sum(pos is None for _, pos in checked) / len(checked) if checked else None,
         "by_task": {task: {**acceptance([r for r in group if not r.error]), "num_requests": len(group)}
                     for task, group in sorted(by_task.items())},
+        "requests_by_mode": dict(Counter(sampling_mode(r) for r in records)),
+        "acceptance_by_mode": {mode: acceptance([r for r in ok if sampling_mode(r) == mode])["acceptance_rate"]
+                               for mode in sorted({sampling_mode(r) for r in ok})},
+        "speedup_by_mode": {},
     }  # fmt: skip
+
+
+def _speedup_by_mode(arm: dict[int, Records], reference: dict[int, Records]) -> dict[str, float | None]:
+    """Per sampling mode, the median over repeats of its mode_throughput(arm) / mode_throughput(reference)."""
+    ratios: dict[str, list[float | None]] = defaultdict(list)
+    for repeat, group in arm.items():
+        if repeat in reference:
+            mine, theirs = mode_rates(group), mode_rates(reference[repeat])
+            for mode, rate in mine.items():
+                other = theirs.get(mode)
+                ratios[mode].append(rate / other if rate is not None and other else None)
+    return {mode: _median(values) for mode, values in sorted(ratios.items())}
 
 
 def _speedup(arm: dict[int, Records], reference: dict[int, Records]) -> float | None:
@@ -244,6 +282,7 @@ def serving_summary(
             if reference is not None:
                 mine, theirs = groups.get((arm, level.key), []), groups.get((reference, level.key), [])
                 stats["speedup"] = _speedup(_by_repeat(mine), _by_repeat(theirs))
+                stats["speedup_by_mode"] = _speedup_by_mode(_by_repeat(mine), _by_repeat(theirs))
             deltas = [v for (a, k, _), v in (server_counters or {}).items() if (a, k) == (arm, level.key)]
             _server_acceptance(stats, deltas)
             serving[arm][level.key] = stats

@@ -2,7 +2,8 @@
 
 A summary.json with ``mode: serving`` has no batch-1 ``arms``; ``render.write_report`` hands it here.
 Sections: a headline (the primary drafting arm's speedup at the lowest and highest load, where
-speculation stops paying and the ``serve.spec_max_batch`` to set), conditions, level × arm results,
+speculation stops paying and the ``serve.spec_max_batch`` to set), conditions, level × arm results, speedup
+per sampling mode (a ``serve.sampling_mix`` run),
 scheduler facts per level, load curves (knee, saturation, crossover: :mod:`spectoolkit.metrics.load_curves`),
 the cost per output token per level (``report.token_cost``),
 α by task type per level, the draft length k per round per level (``report.draft_lengths``), exactness
@@ -222,6 +223,28 @@ def _conditions_section(summary: Summary, serving: ServingSummary, records: Reco
     return ["## Conditions", "", *md_table(["condition", "value"], rows)]
 
 
+def _modes_section(summary: Summary, serving: ServingSummary, records: Records, plots: Plots) -> list[str]:
+    """Speedup per sampling mode (``serve.sampling_mix``: greedy and sampled requests in one batch); nothing for a
+    run whose requests all sampled alike."""
+    modes = {mode for arm in serving.arms for level in serving.levels
+             for mode in serving.stats(arm, level.key).requests_by_mode}  # fmt: skip
+    if len(modes) < 2:
+        return []
+    rows = []
+    for level, arm in _measured(serving):
+        if arm == BASELINE:
+            continue
+        stats = serving.stats(arm, level.key)
+        for mode in sorted(stats.requests_by_mode):
+            rows.append([level.label, arm, mode, fmt(stats.requests_by_mode.get(mode), ".0f"),
+                         fmt(stats.acceptance_by_mode.get(mode)), speed(stats.speedup_by_mode.get(mode))])  # fmt: skip
+    note = ("The requests of a level took the temperatures of `serve.sampling_mix` in turn, in one batch; per mode, "
+            "speedup = that mode's output tokens per second of the run's window / the baseline's (same requests, "
+            "same window), median over repeats; α = accepted / drafted drafts of that mode's requests.")  # fmt: skip
+    headers = ["load", "arm", "sampling", "requests", "α", "speedup"]
+    return ["## Speedup per sampling mode", "", note, "", *(md_table(headers, rows) if rows else ["n/a", ""])]
+
+
 def _exact_cell(stats: LevelStats, mode: str | None) -> str:
     return "n/a (sampling)" if mode == "sampling" else fmt(stats.exact_match, ".1%")
 
@@ -354,7 +377,7 @@ def _k_section(summary: Summary, serving: ServingSummary, records: Records, plot
     return k_section(summary, plots, "by_load_level", "load level", serving.label_of)
 
 
-SERVING_SECTIONS: tuple[Section, ...] = (_conditions_section, _results_section, _curves_section,
+SERVING_SECTIONS: tuple[Section, ...] = (_conditions_section, _results_section, _modes_section, _curves_section,
                                          serving_token_cost_section, _task_section, _k_section, _exactness_section,
                                          _interpretation_section, _checklist_section)  # fmt: skip
 

@@ -130,6 +130,7 @@ class FakeServingEngine:
             verify_rounds=state.verify_rounds, drafted_tokens=sum(state.draft_lengths),
             accepted_tokens=sum(state.accept_lengths), accept_lengths=state.accept_lengths,
             draft_lengths=state.draft_lengths, prompt_len=len(state.request.prompt_ids),
+            sampling=state.request.sampling,
         )  # fmt: skip
 
     def _stats(self, batch: int, finished: int) -> None:

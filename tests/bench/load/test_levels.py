@@ -3,6 +3,7 @@ per level, resets between runs, prompts that cannot run recorded without stoppin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -61,11 +62,22 @@ def test_levels_in_run_order_and_sizes() -> None:
 
 def test_level_sequence_cycles_runnable_prompts_with_unique_ids_and_seeds() -> None:
     cfg = _cfg()
-    sent = level_requests(CASES, load_levels(cfg.serve)[1], cfg.serve, MAX_NEW_TOKENS, 11, repeat_idx=2)
+    sampling = SamplingConfig(seed=11)
+    sent = level_requests(CASES, load_levels(cfg.serve)[1], cfg.serve, MAX_NEW_TOKENS, sampling, repeat_idx=2)
     assert [s.case.case_id for s in sent] == ["a", "b", "c", "a", "b", "c", "a", "b"]  # max(3, 2 x 4)
     assert len({s.request.request_id for s in sent}) == 8
     assert all(s.request.seed == request_seed(11, s.case.case_id, 2) for s in sent)
     assert all(s.request.max_new_tokens == MAX_NEW_TOKENS for s in sent)
+    assert all(s.request.sampling is None for s in sent)  # no mix: the engine's own sampling
+
+
+def test_sampling_mix_gives_the_requests_its_temperatures_in_turn() -> None:
+    cfg = _cfg()
+    serve = dataclasses.replace(cfg.serve, sampling_mix=(0, 0.7))
+    sampling = SamplingConfig(top_p=0.9, seed=11)
+    sent = level_requests(CASES, load_levels(cfg.serve)[1], serve, MAX_NEW_TOKENS, sampling, repeat_idx=0)
+    assert [s.request.sampling.temperature for s in sent] == [0.0, 0.7] * 4
+    assert all(s.request.sampling.top_p == 0.9 for s in sent)  # the rest of the run's sampling kept
 
 
 def test_arms_alternate_across_repeats(swept) -> None:

@@ -179,6 +179,18 @@ def test_sampling_runs_have_no_exactness_and_no_reference_run(patched, tiny_chec
     assert format_serving_table(summary).splitlines()[-1].startswith("greedy exactness: n/a (sampling)")
 
 
+def test_a_sampling_mix_sends_each_request_its_rule_and_splits_speedup_by_mode(patched, tiny_checkpoint,
+                                                                                 tmp_path) -> None:  # fmt: skip
+    patched()
+    cfg = _cfg(tiny_checkpoint, tmp_path, concurrency=(2,), rate=(), step_log=False, sampling_mix=(0.0, 0.7))
+    summary = run_serving(cfg, progress=False)
+    records = read_records(tmp_path / RECORDS_FILE)  # the fake engine reports the rule each request brought
+    assert [r.temperature for r in records[:4]] == [0.0, 0.7, 0.0, 0.7]
+    spec = summary["serving"]["spec"]["2"]
+    assert spec["requests_by_mode"] == {"greedy": 6, "T=0.7": 6} and set(spec["speedup_by_mode"]) == {"greedy", "T=0.7"}
+    assert summary["serving_exactness"]["checked"] == 2 * 2 * BUILTIN_CASES // 2  # the greedy half only
+
+
 def test_the_cli_bench_job_runs_serving_when_enabled(monkeypatch, tiny_checkpoint, tmp_path) -> None:
     from spectoolkit.__main__ import _bench_job
 

@@ -166,3 +166,20 @@ def test_the_policys_expectation_is_totalled_against_the_measurement():
     assert stats["policy_draft_ratio"] == pytest.approx(0.04 / 0.06)
     assert stats["policy_predicted_rate"] == pytest.approx(12 / 0.28)
     assert stats["policy_measured_rate"] == pytest.approx(10 / 0.30)
+
+
+def test_a_sampling_mix_gets_speedup_per_mode_and_only_its_greedy_requests_checked() -> None:
+    """One run window per arm: the baseline's 0..4 s, the spec arm's 0..2 s; per mode, its share of the tokens."""
+    records = [
+        _rec("baseline", "4", 0, "a", 0.0, 4.0),  # greedy, 10 tokens
+        _rec("baseline", "4", 0, "b", 0.0, 4.0, temperature=0.7, output_ids=[7, 7, 7], output_len=30),
+        _spec(0, "a", 0.0, 2.0),
+        _spec(0, "b", 0.0, 2.0, temperature=0.7, output_ids=[8, 8, 8], output_len=10),
+    ]
+    summary = serving_summary(records, [LEVELS[1]], ARMS, {}, REFERENCES, greedy=True)
+    spec = summary["serving"]["spec"]["4"]
+    assert spec["requests_by_mode"] == {"greedy": 1, "T=0.7": 1}
+    # greedy: 10 tok / 2 s vs 10 tok / 4 s -> 2.0; T=0.7: 10 / 2 vs 30 / 4 -> 0.667
+    assert spec["speedup_by_mode"] == pytest.approx({"T=0.7": 5 / 7.5, "greedy": 2.0})
+    assert spec["acceptance_by_mode"] == {"T=0.7": 2 / 8, "greedy": 6 / 8}
+    assert summary["serving_exactness"]["checked"] == 2 and not summary["serving_exactness"]["divergent"]

@@ -289,3 +289,22 @@ def test_near_tie_divergences_pass_as_exact_up_to_near_ties_and_unexplained_ones
     summary["serving_exactness"].update(verdict="unexplained divergence", near_ties=0, unexplained=1)
     summary["serving_exactness"]["divergent"][0]["classification"] = "unexplained"
     assert checklist(summary)["exact under batching"].status == cl.FAIL
+
+
+def test_a_sampling_mix_run_shows_speedup_per_sampling_mode(tmp_path: Path) -> None:
+    summary = serving_summary(concurrency=(1, 8), serve={"sampling_mix": [0.0, 0.7]})
+    for arm in ("baseline", "spec"):
+        for stats in summary["serving"][arm].values():
+            stats["requests_by_mode"] = {"greedy": 6, "T=0.7": 6}
+    summary["serving"]["spec"]["8"] |= {"speedup_by_mode": {"greedy": 1.25, "T=0.7": 0.9},
+                                        "acceptance_by_mode": {"greedy": 0.8, "T=0.7": 0.4}}  # fmt: skip
+    text = write_report(write_serving_run(tmp_path / "mix", summary)).read_text(encoding="utf-8")
+    assert "## Speedup per sampling mode" in text
+    assert "| concurrency 8 | spec | greedy | 6 | 0.800 | 1.25× |" in text
+    assert "| concurrency 8 | spec | T=0.7 | 6 | 0.400 | 0.90× |" in text
+    assert "| concurrency 1 | spec | T=0.7 | 6 | n/a | n/a |" in text
+
+
+def test_a_run_of_one_sampling_mode_has_no_per_mode_section(tmp_path: Path) -> None:
+    text = write_report(write_serving_run(tmp_path / "one", serving_summary())).read_text(encoding="utf-8")
+    assert "## Speedup per sampling mode" not in text
