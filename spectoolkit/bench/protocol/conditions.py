@@ -61,12 +61,14 @@ def host_rss_bytes() -> int | None:
 
 
 def read_bandwidth_gbs(mib: int = 512, repeats: int = 3) -> float:
-    """GB/s of one pass reading a ``mib`` MiB fp32 buffer on this process's threads (best of ``repeats``, after one
-    untimed pass): the rate a decode step's weight stream can reach here, measured in the process that runs it."""
-    buffer = torch.ones(mib * 2**18)
-    buffer.sum()
-    best = min(_timed(buffer.sum) for _ in range(repeats))
-    return buffer.numel() * 4 / best / 1e9
+    """GB/s of one pass reading a ``mib`` MiB buffer on this process's threads with our kernels' read loop
+    (``spectoolkit::read_words``; best of ``repeats``, after one untimed pass): the rate a decode step's weight
+    stream can reach here, measured in the process that runs it."""
+    cpu_ops.load()
+    buffer = torch.ones(mib * 2**20, dtype=torch.uint8)
+    torch.ops.spectoolkit.read_words(buffer)
+    best = min(_timed(lambda: torch.ops.spectoolkit.read_words(buffer)) for _ in range(repeats))
+    return buffer.numel() / best / 1e9
 
 
 def _timed(call) -> float:
