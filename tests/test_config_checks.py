@@ -314,7 +314,8 @@ def _jobs(command: str) -> list[tuple[str, list[str]]]:
 
 def _shown_commands() -> list[str]:
     conf = files("spectoolkit.conf")
-    texts = [README.read_text(encoding="utf-8")]
+    texts = [README.read_text(encoding="utf-8")]  # the page, and the reference it points to (docs/)
+    texts += [page.read_text(encoding="utf-8") for page in sorted((README.parent / "docs").glob("*.md"))]
     texts += [f.read_text(encoding="utf-8") for group in conf.iterdir() if group.is_dir()
               for f in group.iterdir() if f.name.endswith(".yaml")]  # fmt: skip
     return [c for text in texts for c in _commands(text) if c.split()[2] in ("spectoolkit", "spectoolkit.serve")]
