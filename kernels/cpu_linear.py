@@ -154,9 +154,20 @@ def widen(packed: PackedWeight) -> PackedWeight:
     issue 55); the wide layouts as they are."""
     if not packed.fmt:
         return packed
-    kind, data, scales, zeros, group = formats.wide_parts(packed.data, packed.fmt, packed.out_features)
-    return PackedWeight(data, scales, _EMPTY if zeros is None else zeros, packed.out_features, packed.in_features,
-                        group)  # fmt: skip
+    kind = formats.WIDE_KIND.get(packed.fmt)
+    if kind is None:
+        raise ValueError(f"{packed.fmt} has no wide layout (its codes do not fit the wide int8/int4 kinds)")
+    fmt = formats.FORMATS[packed.fmt]
+    codes, scales, zeros = formats.decode(packed.data, packed.fmt)  # [P, K or G, 16]
+
+    def rows(panels: torch.Tensor) -> torch.Tensor:  # [P, X, 16] -> [N, X]
+        return panels.transpose(1, 2).reshape(-1, panels.shape[1])[: packed.out_features]
+
+    if kind == "int8":
+        wide = pack_int8_codes(rows(codes - fmt.offset), rows(scales), fmt.sub)
+    else:
+        wide = pack_int4_codes(rows(codes), rows(scales), rows(zeros), fmt.sub)
+    return to_int8_activations(wide)
 
 
 def float_layout(packed: PackedWeight) -> PackedWeight:
@@ -168,21 +179,26 @@ def float_layout(packed: PackedWeight) -> PackedWeight:
 
 def dequantized(packed: PackedWeight) -> torch.Tensor:
     """The weight [N, K] as fp64, from the panels (what the kernel multiplies by)."""
-    if packed.fmt:
-        return formats.dequantized(packed.data, packed.fmt, packed.out_features)
+    if packed.fmt:  # the scales and zeros the kernel computes from the records (formats.decode)
+        fmt = formats.FORMATS[packed.fmt]
+        codes, scales, zeros = formats.decode(packed.data, packed.fmt)
+        return _scaled(codes.double() - fmt.offset, scales, zeros, fmt.sub, packed.out_features)
     data = _float_layout(packed).data
     if packed.kind in ("int4", "nf4"):
         codes = torch.stack([data & 15, data >> 4], dim=2).flatten(1, 2)  # [P, K, 16] u
         codes = codes.double() - 8 if packed.kind == "int4" else NF4.double()[codes.long()]
     else:
         codes = data.double()
-    if packed.kind in ("int8", "int4", "nf4"):
-        per_group = packed.group
-        codes = codes * packed.scales.double().repeat_interleave(per_group, dim=1)
-        if packed.kind == "int4":
-            codes = codes + packed.zeros.double().repeat_interleave(per_group, dim=1)
-    weight = codes.transpose(1, 2).reshape(-1, packed.in_features)  # [P*16, K]
-    return weight[: packed.out_features]
+    return _scaled(codes, packed.scales, packed.zeros, packed.group, packed.out_features)
+
+
+def _scaled(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group: int, out_features: int):
+    """Codes [P, K, 16] fp64 times their group's scale, plus its zero (empty or None: none) -> the weight [N, K]."""
+    if scales.numel():
+        codes = codes * scales.double().repeat_interleave(group, dim=1)
+    if zeros is not None and zeros.numel():
+        codes = codes + zeros.double().repeat_interleave(group, dim=1)
+    return codes.transpose(1, 2).reshape(-1, codes.shape[1])[:out_features]
 
 
 QBLOCK = 32  # activation elements per int8 scale (csrc QBLOCK)
@@ -220,7 +236,6 @@ def to_int8_activations(packed: PackedWeight) -> PackedWeight:
 
 def _float_layout(packed: PackedWeight) -> PackedWeight:
     """``packed`` in the panels of float activations (the inverse of :func:`to_int8_activations`)."""
-    packed = widen(packed)
     if packed.activations == "float":
         return packed
     data = packed.data

@@ -20,7 +20,8 @@ sequential run (three interleaved regions halved Q6_K's read rate from memory).
 
 The kernel computes each sub-block's fp32 scale (and zero) from these fields as gguf's dequantization does, so the
 integer sums and the fp32 epilogue are those of the wide layout the same tensor had before: :func:`decode` is that
-computation in torch, :func:`widen` the wide layout back (the tests compare both ways, and the kernel's bits).
+computation in torch; ``cpu_linear.widen`` packs the wide layout back from it (the tests compare both ways, and
+the kernel's bits).
 """
 
 from __future__ import annotations
@@ -225,34 +226,3 @@ def decode(data: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, t
     if zero is not None:
         zero = zero.expand(P, R, fmt.block // fmt.sub, PANEL).reshape(P, -1, PANEL)
     return codes_of(data, name), scale.contiguous(), None if zero is None else zero.contiguous()
-
-
-def dequantized(data: torch.Tensor, name: str, out_features: int) -> torch.Tensor:
-    """The weight [N, K] as fp64 (what the kernel multiplies by)."""
-    fmt = FORMATS[name]
-    codes, scale, zero = decode(data, name)
-    weight = (codes.double() - fmt.offset) * scale.double().repeat_interleave(fmt.sub, dim=1)
-    if zero is not None:
-        weight = weight + zero.double().repeat_interleave(fmt.sub, dim=1)
-    return weight.transpose(1, 2).reshape(-1, codes.shape[1])[:out_features]
-
-
-def wide_parts(
-    data: torch.Tensor, name: str, out_features: int
-) -> tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
-    """The wide int8-activation layout the same weight had before (issue 47's): (kind, data, scales, zeros, group),
-    data int8 [P, K/4, 16, 4] (q = u - offset; 0 in padded columns) or uint8 nibbles [P, K/8, 16, 4]; scales/zeros
-    fp32 [P, G, 16]."""
-    kind = WIDE_KIND.get(name)
-    if kind is None:
-        raise ValueError(f"{name} has no wide layout (its codes do not fit the wide int8/int4 kinds)")
-    fmt = FORMATS[name]
-    codes, scale, zero = decode(data, name)
-    P = codes.shape[0]
-    if kind == "int8":
-        q = (codes - fmt.offset).to(torch.int8)  # [P, K, 16]
-        q[-1, :, out_features - (P - 1) * PANEL :] = 0
-        return kind, q.view(P, -1, 4, PANEL).transpose(2, 3).contiguous(), scale, None, fmt.sub
-    u = codes.to(torch.uint8).view(P, -1, 2, 4, PANEL)
-    nibbles = (u[:, :, 0] | (u[:, :, 1] << 4)).transpose(2, 3).contiguous()
-    return kind, nibbles, scale, zero, fmt.sub
