@@ -29,7 +29,7 @@ very scales and zeros above.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -99,18 +99,14 @@ def to_packed(tensor: GgufTensor, rows: torch.Tensor | None = None) -> PackedWei
 
     ``rows`` (int64 [N']): output rows to take, in this order (e.g. undoing a converter's q/k row permutation);
     None takes all N."""
-    why = unpackable(tensor)
-    if why is not None:
-        raise ValueError(why)
-    layout, blocks = _LAYOUTS[Type(tensor.tensor_type)], _blocks(tensor)
-    order = np.arange(blocks.shape[0]) if rows is None else rows.numpy()
-    count, columns = len(order), int(tensor.shape[0])
+    count, chunks = _row_chunks(tensor, rows)
+    layout, columns = _LAYOUTS[Type(tensor.tensor_type)], int(tensor.shape[0])
     codes = torch.empty(count, columns, dtype=torch.int8 if layout.kind == "int8" else torch.uint8)
     scales = torch.empty(count, columns // layout.group)  # fp32
     zeros = torch.empty(count, columns // layout.group) if layout.kind == "int4" else None
-    for start in range(0, count, _ROW_CHUNK):
-        part = blocks[order[start : start + _ROW_CHUNK]]  # [R, B, S]
-        stop = start + part.shape[0]
+    stop = 0
+    for part in chunks:
+        start, stop = stop, stop + part.shape[0]
         part_scales, part_zeros = layout.params(part)
         codes[start:stop] = torch.from_numpy(layout.codes(part))
         scales[start:stop] = torch.from_numpy(part_scales.astype(np.float32))
@@ -124,19 +120,25 @@ def to_packed(tensor: GgufTensor, rows: torch.Tensor | None = None) -> PackedWei
 def to_compact(tensor: GgufTensor, rows: torch.Tensor | None = None) -> PackedWeight:
     """A tensor :func:`unpackable` accepts -> the kernel's records at the file's size (:mod:`spectoolkit.kernels.
     formats`), the same weight as :func:`to_packed`'s; ``rows`` as there."""
-    why = unpackable(tensor)
-    if why is not None:
-        raise ValueError(why)
-    name, blocks = gguf_type_name(tensor), _blocks(tensor)
-    order = np.arange(blocks.shape[0]) if rows is None else rows.numpy()
-    columns, parts = int(tensor.shape[0]), []
-    for start in range(0, len(order), _ROW_CHUNK):  # a multiple of 16 rows: whole panels
-        part = blocks[order[start : start + _ROW_CHUNK]]  # [R, B, S]
+    count, chunks = _row_chunks(tensor, rows)
+    name, parts = gguf_type_name(tensor), []
+    for part in chunks:  # _ROW_CHUNK rows, a multiple of 16: whole panels
         codes = torch.from_numpy(np.ascontiguousarray(_UNSIGNED[name](part)))
         fields = {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in _fields(name, part).items()}
         parts.append(formats.records(name, codes, fields))
     data = torch.cat(parts) if len(parts) > 1 else parts[0]
-    return PackedWeight(data, _EMPTY, _EMPTY, len(order), columns, formats.FORMATS[name].sub, name)
+    return PackedWeight(data, _EMPTY, _EMPTY, count, int(tensor.shape[0]), formats.FORMATS[name].sub, name)
+
+
+def _row_chunks(tensor: GgufTensor, rows: torch.Tensor | None) -> tuple[int, Iterator[np.ndarray]]:
+    """A tensor :func:`unpackable` accepts (else ValueError): how many rows ``rows`` takes (None: all), and their
+    blocks [R, B, S] in that order, :data:`_ROW_CHUNK` rows at a time."""
+    why = unpackable(tensor)
+    if why is not None:
+        raise ValueError(why)
+    blocks = _blocks(tensor)
+    order = np.arange(blocks.shape[0]) if rows is None else rows.numpy()
+    return len(order), (blocks[order[start : start + _ROW_CHUNK]] for start in range(0, len(order), _ROW_CHUNK))
 
 
 _EMPTY = torch.empty(0)
