@@ -74,8 +74,9 @@ def main() -> None:
                 widened(loaded.model)
             key = f"{name}[{layout}]" if len(args.layouts) > 1 else name
             steps[key], streamed[key] = model_step(loaded.model), loaded.streamed_bytes()
+            in_file = file_bytes(loaded.path)
             print(f"{key}: streams {streamed[key] / 1e6:.1f} MB a step; the GGUF file's tensors "
-                  f"{file_bytes(loaded.path) / 1e6:.1f} MB ({streamed[key] / file_bytes(loaded.path):.3f}x)")
+                  f"{in_file / 1e6:.1f} MB ({streamed[key] / in_file:.3f}x)")
     names = list(steps)
     times: dict[tuple[str, int], list[float]] = {(name, w): [] for name in steps for w in args.widths}
     bandwidth: list[float] = []

@@ -17,6 +17,7 @@ import torch
 from spectoolkit.config_checks import HEAD_PRUNING
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.kernels.kernel_choice import choose_kernels
+from spectoolkit.kernels.layer_wrapper import leaf_linears
 from spectoolkit.models.eagle3_head import draft_vocabulary
 from spectoolkit.models.float_model import DTYPES, load_float_model
 from spectoolkit.models.paths import Checkpoint, location_of, resolve_checkpoint
@@ -56,31 +57,24 @@ class LoadedModel:
         ``shared`` (the bytes are the other model's)."""
         if self.shared:
             return 0
-        seen: set[int] = set()
-        total = 0
-        for tensor in list(self.model.parameters()) + list(self.model.buffers()):
-            if tensor.data_ptr() not in seen:
-                seen.add(tensor.data_ptr())
-                total += tensor.numel() * tensor.element_size()
-        if self.precision in ("int8", "nf4"):  # bitsandbytes keeps its scales outside params/buffers
-            total += scale_bytes(self.model)
-        return total
+        return self._bytes([*self.model.parameters(), *self.model.buffers()])
 
     def streamed_bytes(self) -> int:
         """Bytes of weights one decode step reads: every linear layer's, packed or not, the output head included (the
         input embedding gives one row a token, not counted); 0 when ``shared``."""
         if self.shared:
             return 0
+        return self._bytes([t for _, m in leaf_linears(self.model) for t in (*m.parameters(), *m.buffers())])
+
+    def _bytes(self, tensors: list[torch.Tensor]) -> int:
+        """Bytes of ``tensors`` (one storage counted once), plus bitsandbytes scales."""
         seen: set[int] = set()
         total = 0
-        for module in self.model.modules():
-            if not hasattr(module, "in_features") or any(module.children()):
-                continue
-            for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-                if tensor.numel() and tensor.data_ptr() not in seen:
-                    seen.add(tensor.data_ptr())
-                    total += tensor.numel() * tensor.element_size()
-        if self.precision in ("int8", "nf4"):
+        for tensor in tensors:
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                total += tensor.numel() * tensor.element_size()
+        if self.precision in ("int8", "nf4"):  # bitsandbytes keeps its scales outside params/buffers
             total += scale_bytes(self.model)
         return total
 
