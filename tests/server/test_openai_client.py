@@ -51,34 +51,16 @@ def test_chat_with_every_sampling_parameter(client: openai.OpenAI, server: Serve
 
 
 def test_completion_with_seed_best_of_and_logprobs(client: openai.OpenAI, server: Server):
-    response = client.completions.create(
-        model=MODEL,
-        prompt=PROMPTS[2],
-        max_tokens=MAX_TOKENS,
-        temperature=0.8,
-        seed=3,
-        n=2,
-        best_of=3,
-        logprobs=2,
-        extra_body={"return_token_ids": True},
-    )
+    request = dict(model=MODEL, prompt=PROMPTS[2], max_tokens=MAX_TOKENS, temperature=0.8, seed=3, n=2, best_of=3,
+                   logprobs=2, extra_body={"return_token_ids": True})  # fmt: skip
+    response = client.completions.create(**request)
     assert [c.index for c in response.choices] == [0, 1]
     totals = [sum(c.logprobs.token_logprobs) for c in response.choices]
     assert totals[0] >= totals[1], "best_of returns the samples of highest cumulative logprob first"
     for choice in response.choices:
         assert choice.text and len(choice.logprobs.tokens) == len(_ids(choice))
         assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
-    again = client.completions.create(
-        model=MODEL,
-        prompt=PROMPTS[2],
-        max_tokens=MAX_TOKENS,
-        temperature=0.8,
-        seed=3,
-        n=2,
-        best_of=3,
-        logprobs=2,
-        extra_body={"return_token_ids": True},
-    )
+    again = client.completions.create(**request)
     assert [_ids(c) for c in again.choices] == [_ids(c) for c in response.choices], "a seed replays"
     assert wait_idle(server)
 
