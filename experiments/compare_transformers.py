@@ -74,7 +74,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from spectoolkit.models import resolve_path
+    from spectoolkit.checkpoints import resolve_path
 
     tokenizer = load_tokenizer(None)
     target = load_model(None, "fp32", torch.device("cpu"))

@@ -34,7 +34,16 @@ from torch.profiler import ProfilerActivity, profile
 from spectoolkit.runtime.lone import LoneSequence, lone_sequence
 from spectoolkit.wiring.loading import load_model
 
-LINEAR = ("aten::mm", "aten::addmm", "aten::linear", "mkl::", "_weight_int4pack", "_weight_int8pack", "row_linear", "spectoolkit::linear")
+LINEAR = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::linear",
+    "mkl::",
+    "_weight_int4pack",
+    "_weight_int8pack",
+    "row_linear",
+    "spectoolkit::linear",
+)
 ATTENTION = ("attention", "aten::bmm")  # SDPA, spectoolkit::paged_attention
 PROMPT = list(range(100, 180))
 

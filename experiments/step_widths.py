@@ -75,8 +75,10 @@ def main() -> None:
             key = f"{name}[{layout}]" if len(args.layouts) > 1 else name
             steps[key], streamed[key] = model_step(loaded.model), loaded.streamed_bytes()
             in_file = file_bytes(loaded.path)
-            print(f"{key}: streams {streamed[key] / 1e6:.1f} MB a step; the GGUF file's tensors "
-                  f"{in_file / 1e6:.1f} MB ({streamed[key] / in_file:.3f}x)")
+            print(
+                f"{key}: streams {streamed[key] / 1e6:.1f} MB a step; the GGUF file's tensors "
+                f"{in_file / 1e6:.1f} MB ({streamed[key] / in_file:.3f}x)"
+            )
     names = list(steps)
     times: dict[tuple[str, int], list[float]] = {(name, w): [] for name in steps for w in args.widths}
     bandwidth: list[float] = []
@@ -96,8 +98,12 @@ def main() -> None:
         medians = {w: statistics.median(times[name, w]) for w in args.widths}
         cells = [f"V({w})={seconds * 1e3:.1f}ms/{seconds / t1:.2f}T1" for w, seconds in medians.items()]
         floor = streamed[name] / (gbs * 1e9)
-        print(name, args.activations, " ".join(cells), f"| floor {floor * 1e3:.1f}ms, V(1)/floor "
-              f"{medians[args.widths[0]] / floor:.2f}")
+        print(
+            name,
+            args.activations,
+            " ".join(cells),
+            f"| floor {floor * 1e3:.1f}ms, V(1)/floor {medians[args.widths[0]] / floor:.2f}",
+        )
 
 
 if __name__ == "__main__":

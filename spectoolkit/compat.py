@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spectoolkit.embedded import embedded_dir
+from spectoolkit.checkpoints import Checkpoint, resolve_checkpoint
 from spectoolkit.errors import SpecToolkitError, first_line, run_cli
-from spectoolkit.pair import gguf_checkpoint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
@@ -259,20 +257,16 @@ def _text(text: str | None, limit: int = 60) -> str:
     return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
 
 
-def check_pair(target: str, draft: str) -> CompatReport:
-    """Load both tokenizers and configs (local dir, .gguf file, hub id or ``embedded``) and compare them."""
-    return _check(_resolve(target, "target"), _resolve(draft, "draft"), target, draft)
-
-
-def check_resolved(target: str, draft: str) -> CompatReport:
-    """:func:`check_pair` of two locations a run already resolved (:mod:`spectoolkit.wiring.resolve`)."""
-    return _check(target, draft, target, draft)
-
-
-def _check(target_source: str, draft_source: str, target: str, draft: str) -> CompatReport:
-    target_tokenizer, target_vocab_size = _load(target_source, target, "target")
-    draft_tokenizer, draft_vocab_size = _load(draft_source, draft, "draft")
+def check_pair(target: Checkpoint, draft: Checkpoint) -> CompatReport:
+    """Load both checkpoints' tokenizers and configs (resolved once: :func:`~spectoolkit.checkpoints.
+    resolve_checkpoint`) and compare them."""
+    target_tokenizer, target_vocab_size = _load(target.location, _named(target), "target")
+    draft_tokenizer, draft_vocab_size = _load(draft.location, _named(draft), "draft")
     return check_compat(target_tokenizer, draft_tokenizer, target_vocab_size, draft_vocab_size)
+
+
+def _named(checkpoint: Checkpoint) -> str:
+    return checkpoint.spec or "embedded"
 
 
 def _load(source: str, spec: str, role: str) -> tuple[Tokenizer, int]:
@@ -298,26 +292,6 @@ def _load(source: str, spec: str, role: str) -> tuple[Tokenizer, int]:
     return tokenizer, vocab_size
 
 
-def _resolve(spec: str, role: str) -> str:
-    """``embedded`` -> the cached embedded directory; a GGUF file or pair model -> its converted directory; an
-    existing path -> itself; else a hub id."""
-    if spec == "embedded":
-        return str(embedded_dir())
-    converted = gguf_checkpoint(spec)
-    if converted is not None:
-        return str(converted)
-    path = Path(spec).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            message = f"{role} {spec!r} is a file; give a model directory, a .gguf file, a hub id or 'embedded'"
-            raise SpecToolkitError(message)
-        return str(path)
-    # Hub ids are `name` or `owner/name`; anything else shaped like a path is a missing directory.
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:
-        raise SpecToolkitError(f"{role} directory {spec!r} does not exist")
-    return spec
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m spectoolkit.compat",
@@ -331,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 1
 
     def work() -> int:
-        report = check_pair(args.target, args.draft)
+        report = check_pair(resolve_checkpoint(args.target), resolve_checkpoint(args.draft))
         print(report.message(), file=sys.stdout if report.compatible else sys.stderr)
         return 0 if report.compatible else 1
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from spectoolkit.checkpoints import resolve_checkpoint
 from spectoolkit.compat import CompatReport, check_compat, check_pair, main
 from spectoolkit.embedded import embedded_dir
 
@@ -124,7 +125,7 @@ def test_padded_model_vocab_is_compatible_with_warning(base_dir, tmp_path):
     target_dir = _variant(base_dir, tmp_path / "target")
     _edit_json(target_dir / "config.json", lambda data: data.update(vocab_size=VOCAB_SIZE + 64))
 
-    report = check_pair(str(target_dir), str(base_dir))
+    report = check_pair(resolve_checkpoint(str(target_dir)), resolve_checkpoint(str(base_dir)))
     assert report.compatible, report.message()
     assert report.shared_vocab_size == VOCAB_SIZE
     assert len(report.warnings) == 1
@@ -132,7 +133,10 @@ def test_padded_model_vocab_is_compatible_with_warning(base_dir, tmp_path):
     assert "warnings:" in report.message()
 
     # Symmetric: a padded draft gives the same shared size.
-    assert check_pair(str(base_dir), str(target_dir)).shared_vocab_size == VOCAB_SIZE
+    assert (
+        check_pair(resolve_checkpoint(str(base_dir)), resolve_checkpoint(str(target_dir))).shared_vocab_size
+        == VOCAB_SIZE
+    )
 
 
 def test_chat_template_on_one_side_only_is_a_mismatch(base_tokenizer):
@@ -193,6 +197,10 @@ def test_cli_unloadable_directory_is_an_error(base_dir, tmp_path, capsys):
     empty.mkdir()
     assert main([str(base_dir), str(empty)]) == 1
     captured = capsys.readouterr()
+    assert captured.err.startswith("error: model directory") and "has no config.json" in captured.err
+    (empty / "config.json").write_text("not json")
+    assert main([str(base_dir), str(empty)]) == 1
+    captured = capsys.readouterr()
     assert captured.err.startswith("error: could not load the draft config")
     assert "Traceback" not in captured.err
 
@@ -219,4 +227,4 @@ def test_cli_takes_gguf_files_and_refuses_other_files(tmp_path, capsys):
     other.write_bytes(b"\0")
     assert main([str(copy), str(other)]) == 1
     error = capsys.readouterr().err
-    assert error.startswith("error: draft ") and "is a file; give a model directory, a .gguf file" in error
+    assert error.startswith("error: model path ") and "is a file: give a model directory, a .gguf file" in error

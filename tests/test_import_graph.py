@@ -37,6 +37,7 @@ NESTED = ("spectoolkit.bench",)  # bench's sub-packages (protocol, load, report,
 #   drafting, policy and runtime, which it uses.
 # - wiring (loading models with quantization, building a run's arms) sits below eval, bench and server.
 # - training (a draft head's data, objective and loop) sits above wiring: it loads its target through it.
+# - checkpoints (a model spec resolved once) sits low, beside compat, which checks the pair it resolves.
 # - backends sit below bench: the load benchmark measures them; server and the entry points top it off.
 LAYERS: list[tuple[str, ...]] = [
     ("spectoolkit", "spectoolkit.errors", "spectoolkit.precisions", "spectoolkit.embedded", "spectoolkit.pair"),
@@ -45,6 +46,7 @@ LAYERS: list[tuple[str, ...]] = [
         "spectoolkit.sampling",
         "spectoolkit.config_checks",
         "spectoolkit.path_checks",
+        "spectoolkit.checkpoints",
         "spectoolkit.compat",
     ),
     ("spectoolkit.workloads",),

@@ -29,6 +29,7 @@ from spectoolkit.backends.process import ManagedServer
 from spectoolkit.backends.vllm import find_vllm_python, vllm_command, vllm_env, vllm_server_args
 from spectoolkit.config import BackendConfig, RunConfig
 from spectoolkit.errors import SpecToolkitError
+from spectoolkit.wiring.resolve import ResolvedRun
 
 FLOAT_DTYPES = ("fp32", "bf16", "fp16")
 VLLM_DRAFTERS = {"ngram": "ngram", "model": "model", "none": None}  # our draft.kind -> what vLLM runs
@@ -70,11 +71,12 @@ def _threads_bind(setting: str | None) -> str | None:
     return setting or f"0-{max(0, (os.cpu_count() or 1) - 1)}"
 
 
-def start_vllm_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[RunConfig, dict[str, Any], dict]:
-    """Start the servers; returns ``cfg`` with their URLs as the endpoint back-end's, how each was started,
-    and what each arm runs (vLLM's servers do not report their speculation settings)."""
-    from spectoolkit.embedded import embedded_dir
-
+def start_vllm_servers(
+    cfg: RunConfig, stack: contextlib.ExitStack, run: ResolvedRun
+) -> tuple[RunConfig, dict[str, Any], dict]:
+    """Start the servers of ``cfg`` (its checkpoints resolved once as ``run``); returns ``cfg`` with their URLs as
+    the endpoint back-end's, how each was started, and what each arm runs (vLLM's servers do not report their
+    speculation settings)."""
     backend = cfg.backend
     if cfg.target.precision not in FLOAT_DTYPES:
         raise SpecToolkitError(
@@ -82,7 +84,8 @@ def start_vllm_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[Run
             f"target={cfg.target.precision}: use +target=bf16 (or point model.target_path at a checkpoint vLLM loads)"
         )
     python = find_vllm_python(backend.vllm_env)
-    model_dir = cfg.model.target_path or str(embedded_dir())
+    model_dir = run.target.location
+    draft_dir = run.draft.location if run.separate_draft else None  # None: a self-draft
     drafter = _drafter(cfg)
     env = vllm_env(backend.vllm_kv_cache_gib, _threads_bind(backend.vllm_threads_bind))
     commands = {}
@@ -90,7 +93,7 @@ def start_vllm_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[Run
         args = vllm_server_args(
             role, model_dir=model_dir, served_model_name=cfg.model.name, host=backend.host, port=_port(backend, role),
             dtype=cfg.target.precision, gamma=cfg.speculate.gamma, drafter=drafter or "ngram",
-            ngram_max=cfg.draft.ngram_max, ngram_min=cfg.draft.ngram_min, draft_model_dir=cfg.model.draft_path,
+            ngram_max=cfg.draft.ngram_max, ngram_min=cfg.draft.ngram_min, draft_model_dir=draft_dir,
             draft_precision=cfg.draft.precision if drafter == "model" else None, eagle_dir=_eagle_dir(cfg),
             extra_args=backend.vllm_args,
         )  # fmt: skip
@@ -162,11 +165,11 @@ def _llamacpp_spec_type(cfg: RunConfig) -> str | None:
     )
 
 
-def start_llamacpp_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple[RunConfig, dict[str, Any], dict]:
-    """Start llama-server for the target alone and, with a drafter, speculative; returns as
-    :func:`start_vllm_servers` does."""
-    from spectoolkit.models.paths import gguf_file
-
+def start_llamacpp_servers(
+    cfg: RunConfig, stack: contextlib.ExitStack, run: ResolvedRun
+) -> tuple[RunConfig, dict[str, Any], dict]:
+    """Start llama-server for the target alone and, with a drafter, speculative (the GGUF files behind ``run``'s
+    checkpoints); returns as :func:`start_vllm_servers` does."""
     backend = cfg.backend
     if cfg.target.precision != LLAMACPP_PRECISION:
         raise SpecToolkitError(
@@ -175,8 +178,8 @@ def start_llamacpp_servers(cfg: RunConfig, stack: contextlib.ExitStack) -> tuple
         )
     binary, version = find_llama_server(backend.llamacpp_dir)
     spec_type = _llamacpp_spec_type(cfg)
-    target = gguf_file(cfg.model.target_path)
-    draft = gguf_file(cfg.model.draft_path, "model.draft_path") if spec_type == DRAFT_TYPE else None
+    target = run.target.gguf_file()
+    draft = run.draft.gguf_file("model.draft_path") if spec_type == DRAFT_TYPE else None
     slots = backend.llamacpp_slots or max([*cfg.serve.concurrency, 1])
     threads = os.cpu_count() or 1
     commands = {}

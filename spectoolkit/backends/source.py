@@ -18,6 +18,7 @@ from spectoolkit.backends.endpoint import LoopThread
 from spectoolkit.backends.wire import LLAMACPP, OPENAI
 from spectoolkit.config import RunConfig
 from spectoolkit.wiring.loading import load_tokenizer
+from spectoolkit.wiring.resolve import resolve_run
 
 UNKNOWN_CONTEXT = 1 << 30  # no server said: the servers refuse what does not fit, one request at a time
 
@@ -37,8 +38,10 @@ class ServerSource:
 
 @contextlib.contextmanager
 def server_source(cfg: RunConfig) -> Iterator[ServerSource]:
-    """The arms of ``cfg.backend`` (endpoint: the given URLs; vllm: servers started here), closed on exit."""
-    tokenizer = load_tokenizer(cfg.model.target_path)
+    """The arms of ``cfg.backend`` (endpoint: the given URLs; vllm: servers started here), closed on exit. The
+    config is resolved once, here, as a local run's is (:func:`~spectoolkit.wiring.resolve.resolve_run`)."""
+    run = resolve_run(cfg)
+    tokenizer = load_tokenizer(run.target)
     loop = LoopThread()
     with contextlib.ExitStack() as stack:
         stack.callback(loop.close)
@@ -48,7 +51,7 @@ def server_source(cfg: RunConfig) -> Iterator[ServerSource]:
             from spectoolkit.backends.managed import start_llamacpp_servers, start_vllm_servers
 
             start = start_vllm_servers if cfg.backend.kind == "vllm" else start_llamacpp_servers
-            cfg, managed, declared = start(cfg, stack)
+            cfg, managed, declared = start(cfg, stack, run)
         wire = LLAMACPP if cfg.backend.kind == "llamacpp" else OPENAI
         arms = endpoint_arms(cfg, loop, tokenizer, declared, wire)
         for arm in arms:

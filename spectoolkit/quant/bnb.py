@@ -48,10 +48,10 @@ from dataclasses import dataclass
 
 import torch
 
+from spectoolkit.checkpoints import Checkpoint
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.kernels.kernel_choice import MAX_CHUNKED_ROWS
 from spectoolkit.kernels.layer_wrapper import LayerWrapper, leaf_linears, replace_module
-from spectoolkit.models.paths import Checkpoint, location_of
 
 BNB_KINDS = ("int8", "nf4")
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -95,24 +95,22 @@ class BnbConfig:
         )
 
 
-def load_quantized(
-    path: Checkpoint | str | None, precision: str, device: torch.device, group_size: int
-) -> torch.nn.Module:
-    """Load ``path`` with bitsandbytes ``precision`` (``int8`` | ``nf4``) onto ``device``, in eval mode.
+def load_quantized(checkpoint: Checkpoint, precision: str, device: torch.device, group_size: int) -> torch.nn.Module:
+    """Load ``checkpoint`` with bitsandbytes ``precision`` (``int8`` | ``nf4``) onto ``device``, in eval mode.
 
     ``group_size`` is ignored: bitsandbytes fixes its own blocking (per row for int8, 64 for nf4).
     """
     del group_size
-    return load_bnb(path, BnbConfig(kind=precision), device)
+    return load_bnb(checkpoint, BnbConfig(kind=precision), device)
 
 
-def load_bnb(path: Checkpoint | str | None, config: BnbConfig, device: torch.device) -> torch.nn.Module:
-    """Load ``path`` (a resolved checkpoint, or a spec: :func:`spectoolkit.models.paths.resolve_path`) quantized as
+def load_bnb(checkpoint: Checkpoint, config: BnbConfig, device: torch.device) -> torch.nn.Module:
+    """Load ``checkpoint`` (resolved once: :func:`spectoolkit.models.paths.resolve_checkpoint`) quantized as
     ``config``."""
     from transformers import AutoModelForCausalLM
 
     _import_bitsandbytes()
-    location = location_of(path)
+    location = checkpoint.location
     try:
         model = AutoModelForCausalLM.from_pretrained(
             location,

@@ -21,14 +21,13 @@ This precision is its own kernel: ``runtime.kernels=reference`` does not unpack 
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
 from torch import nn
 
-from spectoolkit.embedded import gguf_source
+from spectoolkit.checkpoints import Checkpoint
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.cpu_linear import PackedLinear, pack_float
 from spectoolkit.quant import gguf_codes
@@ -39,26 +38,25 @@ _ARCHS = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}  # "llama"
 LinearTensors = dict[str, tuple[gguf.ReaderTensor, torch.Tensor | None]]  # module name -> tensor, HF row order
 
 
-def load_quantized(path: str | None, precision: str, device, group_size: int) -> nn.Module:
-    """The GGUF-backed checkpoint ``path`` (None: the embedded model) with its linears at the file's own
+def load_quantized(checkpoint: Checkpoint, precision: str, device, group_size: int) -> nn.Module:
+    """The GGUF-backed ``checkpoint`` (resolved once, its GGUF file found then) with its linears at the file's own
     quantization (module docstring); ``group_size`` is unused (the file fixes its blocks)."""
     from spectoolkit.models.float_model import load_float_model
-    from spectoolkit.models.paths import resolve_device, resolve_path
+    from spectoolkit.models.paths import resolve_device
 
     if precision != PRECISION:
         raise SpecToolkitError(f"precision '{precision}' is not the gguf precision")
     device = resolve_device(device) if isinstance(device, str) else device
-    location = resolve_path(path)
-    source = gguf_source(Path(location))
+    source = checkpoint.gguf
     if source is None:
         raise SpecToolkitError(
-            f"precision gguf runs a GGUF checkpoint at its own quantization, but '{path}' is not GGUF-backed: give "
-            "model.target_path / model.draft_path a .gguf file, a `make pair` model name or the embedded model "
-            "(unset), or choose another precision (fp32, bf16, rtn-int4, ...)"
+            f"precision gguf runs a GGUF checkpoint at its own quantization, but '{checkpoint.spec}' is not "
+            "GGUF-backed: give model.target_path / model.draft_path a .gguf file, a `make pair` model name or the "
+            "embedded model (unset), or choose another precision (fp32, bf16, rtn-int4, ...)"
         )
     if device.type != "cpu":
         raise SpecToolkitError(f"precision gguf runs on our CPU kernels, not on {device.type}: use device=cpu")
-    model = load_float_model(location, "fp32", device)
+    model = load_float_model(checkpoint.location, "fp32", device)
     pack_gguf_linears(model, TensorReader(source))
     return model
 

@@ -40,10 +40,11 @@ from typing import Any
 
 import torch
 
+from spectoolkit.checkpoints import Checkpoint, checkpoint_identity
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.paths import Checkpoint, checkpoint_identity, local_dir, resolve_device
+from spectoolkit.models.paths import resolve_device
 from spectoolkit.workloads.datasets import HUMANEVAL_FILE, HUMANEVAL_PACKAGE, iter_humaneval_tasks, package_data_file
 from spectoolkit.workloads.prompts import load_workload
 
@@ -122,15 +123,15 @@ def is_gptq_checkpoint(directory: Path) -> bool:
     return _quantization_config(directory).get("quant_method") == "gptq"
 
 
-def quantized_checkpoint(path: Checkpoint | str | None, cfg: GptqConfig) -> Path:
-    """A GPTQ checkpoint directory for ``path`` (None: the embedded model), quantizing on first use.
+def quantized_checkpoint(checkpoint: Checkpoint, cfg: GptqConfig) -> Path:
+    """A GPTQ checkpoint directory for ``checkpoint`` (resolved once), quantizing on first use.
 
     A GPTQ checkpoint (directory or cached hub id) is returned as is. A float checkpoint is
     quantized with ``cfg`` into ``cache_root()/gptq/<name>-<bits>b-g<group>-<hash>``, the hash
     covering the source, its weight files (size, mtime), ``cfg``, the calibration set and the
     GPTQModel version; later calls with the same inputs return that directory.
     """
-    source = local_dir(path)
+    source = checkpoint.directory()
     if is_gptq_checkpoint(source):
         return source
     _check_group_size(source, cfg.group_size)
@@ -140,8 +141,8 @@ def quantized_checkpoint(path: Checkpoint | str | None, cfg: GptqConfig) -> Path
     return cached_directory(target, "quantize_config.json", lambda tmp: _quantize(source, cfg, tmp))
 
 
-def load_quantized(path: Checkpoint | str | None, precision: str, device, group_size: int) -> torch.nn.Module:
-    """GPTQ ``precision`` (``int4``) model of ``path`` on ``device``: a transformers causal LM, eval mode.
+def load_quantized(checkpoint: Checkpoint, precision: str, device, group_size: int) -> torch.nn.Module:
+    """GPTQ ``precision`` (``int4``) model of ``checkpoint`` on ``device``: a transformers causal LM, eval mode.
 
     A GPTQ checkpoint is loaded as is (its own ``group_size`` applies); a float checkpoint is
     quantized first with ``GptqConfig(bits, group_size)`` (:func:`quantized_checkpoint`, cached).
@@ -151,11 +152,11 @@ def load_quantized(path: Checkpoint | str | None, precision: str, device, group_
     if precision not in PRECISION_BITS:
         raise SpecToolkitError(f"precision '{precision}' is not a GPTQ precision ({', '.join(PRECISION_BITS)})")
     device = resolve_device(device) if isinstance(device, str) else device
-    checkpoint = quantized_checkpoint(path, GptqConfig(bits=PRECISION_BITS[precision], group_size=group_size))
+    quantized = quantized_checkpoint(checkpoint, GptqConfig(bits=PRECISION_BITS[precision], group_size=group_size))
     dtype = activation_dtype(device)
-    backend = _cpu_backend(checkpoint) if device.type == "cpu" else "auto"
+    backend = _cpu_backend(quantized) if device.type == "cpu" else "auto"
     with gptqmodel_quietly() as gptqmodel:
-        wrapper = gptqmodel.GPTQModel.load(str(checkpoint), device=str(device), backend=backend, dtype=dtype)
+        wrapper = gptqmodel.GPTQModel.load(str(quantized), device=str(device), backend=backend, dtype=dtype)
     return wrapper.model.eval()  # the transformers model; the wrapper holds nothing it needs at run time
 
 

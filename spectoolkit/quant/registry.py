@@ -11,7 +11,7 @@ from importlib import import_module
 
 import torch
 
-from spectoolkit.models.paths import Checkpoint
+from spectoolkit.checkpoints import Checkpoint
 
 _BACKEND_MODULES = {
     "int8": "bnb", "nf4": "bnb", "int4": "gptq", "rtn-int8": "rtn", "rtn-int4": "rtn", "gguf": "gguf_native",
@@ -22,16 +22,14 @@ HEAD_QUANTIZING = ("rtn-int8", "rtn-int4")  # backends that can quantize (or cut
 
 
 def load_quantized(
-    path: Checkpoint | str | None, precision: str, device, group_size: int, quantize_head: bool = False,
+    checkpoint: Checkpoint, precision: str, device, group_size: int, quantize_head: bool = False,
     head_rows: torch.Tensor | None = None,
 ) -> torch.nn.Module:  # fmt: skip
-    """Load ``path`` (a resolved checkpoint, which the backends load without resolving it again, or a spec) quantized
+    """Load ``checkpoint`` (resolved once: the backends never resolve a spec) quantized
     to ``precision`` with its backend (imported only when used); ``quantize_head`` quantizes ``lm_head`` too,
     ``head_rows`` (target ids) keeps only those rows of it (RTN backends only: the caller checks)."""
     module = import_module(f"spectoolkit.quant.{_BACKEND_MODULES[precision]}")
-    if precision == "gguf" and isinstance(path, Checkpoint):  # gguf_native takes a location string (and resolves it)
-        path = path.location
     if quantize_head or head_rows is not None:
-        return module.load_quantized(path, precision, device, group_size, quantize_lm_head=quantize_head,
+        return module.load_quantized(checkpoint, precision, device, group_size, quantize_lm_head=quantize_head,
                                      head_rows=head_rows)  # fmt: skip
-    return module.load_quantized(path, precision, device, group_size)
+    return module.load_quantized(checkpoint, precision, device, group_size)

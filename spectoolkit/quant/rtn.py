@@ -46,7 +46,7 @@ from spectoolkit.kernels.runtime import interpreting, kernels_usable
 from spectoolkit.quant import rtn_kernels as kernels
 
 if TYPE_CHECKING:
-    from spectoolkit.models.paths import Checkpoint
+    from spectoolkit.checkpoints import Checkpoint
 
 PRECISION_BITS = {"rtn-int8": 8, "rtn-int4": 4}
 BASE_PRECISION = "fp32"  # float checkpoint the linears are quantized from; see load_quantized
@@ -265,7 +265,7 @@ def quantize_model_rtn(model: nn.Module, cfg: RtnConfig, skip: tuple[str, ...] =
 
 
 def load_quantized(
-    path: Checkpoint | str | None,
+    checkpoint: Checkpoint,
     precision: str,
     device,
     group_size: int,
@@ -273,8 +273,8 @@ def load_quantized(
     quantize_lm_head: bool = False,
     head_rows: torch.Tensor | None = None,
 ) -> nn.Module:
-    """Load ``path`` (a resolved checkpoint, or a spec; None: the embedded model) and RTN-quantize its linears
-    (``rtn-int8``/``rtn-int4``).
+    """Load ``checkpoint`` (resolved once: :func:`~spectoolkit.models.paths.resolve_checkpoint`) and RTN-quantize
+    its linears (``rtn-int8``/``rtn-int4``).
 
     The checkpoint is loaded at :data:`BASE_PRECISION` (fp32: a bf16 base measured no faster on the
     CPU and adds error outside the linears) with the fp32 CPU GEMM path for layers left in float;
@@ -285,12 +285,12 @@ def load_quantized(
     # Here, not at the top: the model modules import transformers, which
     # ``import spectoolkit.quant.rtn`` (the kernels' tests, the CPU linears) does not need.
     from spectoolkit.models.float_model import load_float_model
-    from spectoolkit.models.paths import location_of, resolve_device
+    from spectoolkit.models.paths import resolve_device
 
     if precision not in PRECISION_BITS:
         raise SpecToolkitError(f"precision '{precision}' is not an RTN precision ({', '.join(PRECISION_BITS)})")
     cfg = RtnConfig(PRECISION_BITS[precision], group_size)
     device = resolve_device(device) if isinstance(device, str) else device
-    model = load_float_model(location_of(path), BASE_PRECISION, device, head_rows)
+    model = load_float_model(checkpoint.location, BASE_PRECISION, device, head_rows)
     quantize_model_rtn(model, cfg, skip=() if quantize_lm_head else ("lm_head",))
     return model

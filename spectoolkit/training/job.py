@@ -29,14 +29,15 @@ from pathlib import Path
 
 import torch
 
+from spectoolkit.checkpoints import Checkpoint, checkpoint_identity
 from spectoolkit.config import DraftConfig, RunConfig, _number, _require, drafter_kinds
 from spectoolkit.embedded import cache_root, cached_directory
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.eagle3_head import WEIGHTS_FILE, Eagle3Head, HeadShape, draft_vocabulary
-from spectoolkit.models.paths import checkpoint_identity, local_dir
 from spectoolkit.precisions import precision_label, resolve_activations
 from spectoolkit.training.data import output_rows, target_sequence
 from spectoolkit.training.loop import TrainSettings, train
+from spectoolkit.wiring.resolve import ResolvedRun, resolve_run
 from spectoolkit.workloads.prompts import encode_prompt, iter_requests
 
 SOURCES = ("humaneval", "sharegpt", "jsonl")
@@ -96,9 +97,9 @@ def train_config_from_dict(values: dict | None) -> TrainConfig:
     return TrainConfig(**(values or {}))
 
 
-def head_directory(cfg: RunConfig, train_cfg: TrainConfig) -> Path:
-    """Where the head of (``cfg``'s target, ``train_cfg``) is cached."""
-    source = local_dir(cfg.model.target_path)
+def head_directory(cfg: RunConfig, train_cfg: TrainConfig, target: Checkpoint) -> Path:
+    """Where the head of (``cfg``'s target, resolved once as ``target``; ``train_cfg``) is cached."""
+    source = target.directory()
     label = precision_label(cfg.target.precision, resolve_activations(cfg.target.precision, cfg.target.activations))
     identity = {**checkpoint_identity(source), "precision": cfg.target.precision,
                 "group_size": cfg.target.group_size, "train": train_cfg.key(), "version": JOB_VERSION}  # fmt: skip
@@ -110,9 +111,11 @@ def head_directory(cfg: RunConfig, train_cfg: TrainConfig) -> Path:
 
 def train_draft(cfg: RunConfig, train_cfg: TrainConfig, progress: bool = True) -> Path:
     """The trained head's directory for ``cfg``'s target: cached, else trained now (resuming a broken job)."""
-    target_dir = head_directory(cfg, train_cfg)
+    cfg = dataclasses.replace(cfg, draft=DraftConfig(kind="none"))  # the target alone labels the data
+    run = resolve_run(cfg)  # once: the cache key and the target the job loads
+    target_dir = head_directory(cfg, train_cfg, run.target)
     work = target_dir.with_name(target_dir.name + ".work")
-    out = cached_directory(target_dir, WEIGHTS_FILE, lambda tmp: _build(cfg, train_cfg, work, tmp, progress))
+    out = cached_directory(target_dir, WEIGHTS_FILE, lambda tmp: _build(cfg, run, train_cfg, work, tmp, progress))
     shutil.rmtree(work, ignore_errors=True)
     if train_cfg.out:
         shutil.copytree(out, Path(train_cfg.out).expanduser(), dirs_exist_ok=True)
@@ -128,11 +131,10 @@ def with_trained_head(cfg: RunConfig, progress: bool = True) -> RunConfig:
     return dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, eagle_path=str(path)))
 
 
-def _build(cfg: RunConfig, train_cfg: TrainConfig, work: Path, out: Path, progress: bool) -> None:
+def _build(cfg: RunConfig, run: ResolvedRun, train_cfg: TrainConfig, work: Path, out: Path, progress: bool) -> None:
     from spectoolkit.wiring.setup import build, frozen_heap  # the target as a run loads it (precision, packing)
 
-    cfg = dataclasses.replace(cfg, draft=DraftConfig(kind="none"))
-    setup = build(cfg, arms=False)
+    setup = build(cfg, arms=False, run=run)
     models = setup.models
     began = time.perf_counter()
     with frozen_heap():

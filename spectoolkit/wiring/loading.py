@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spectoolkit.checkpoints import Checkpoint, resolve_checkpoint
 from spectoolkit.config_checks import HEAD_PRUNING
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.kernels.layer_wrapper import leaf_linears
 from spectoolkit.models.eagle3_head import draft_vocabulary
 from spectoolkit.models.float_model import DTYPES, load_float_model
-from spectoolkit.models.paths import Checkpoint, location_of, resolve_checkpoint
 from spectoolkit.precisions import precision_label, resolve_activations
 from spectoolkit.quant import QUANT_PRECISIONS
 from spectoolkit.quant.bnb_scales import scale_bytes
@@ -91,10 +91,10 @@ def frequent_tokens(tokenizer, size: int, vocab_size: int, keep: frozenset[int])
 
 
 def load_tokenizer(model: Checkpoint | str | None):
-    """The tokenizer of ``model`` (a resolved checkpoint, or a spec: :func:`~spectoolkit.models.paths.resolve_path`)."""
+    """The tokenizer of ``model`` (a resolved checkpoint, or a spec resolved here: a library caller's door)."""
     from transformers import AutoTokenizer
 
-    location = location_of(model)
+    location = (model if isinstance(model, Checkpoint) else resolve_checkpoint(model)).location
     try:
         return AutoTokenizer.from_pretrained(location)
     except (OSError, ValueError) as exc:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from spectoolkit.checkpoints import Checkpoint, resolve_checkpoint
 from spectoolkit.config import RunConfig, drafter_kinds
-from spectoolkit.models.paths import Checkpoint, resolve_checkpoint, resolve_device
+from spectoolkit.models.paths import resolve_device
 
 DRAFT_WIDTHS = (1, 2)  # a draft model's kernels are timed at a decode step and a two-row catch-up
 

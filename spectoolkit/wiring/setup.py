@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from spectoolkit.compat import check_resolved
+from spectoolkit.compat import check_pair
 from spectoolkit.config import ARM_DRAFTERS, RunConfig, TreeConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.verifier import make_verifier
@@ -161,14 +161,14 @@ class _Parts:
                    policy.name)  # fmt: skip
 
 
-def build(cfg: RunConfig, arms: bool = True) -> RunSetup:
+def build(cfg: RunConfig, arms: bool = True, run: ResolvedRun | None = None) -> RunSetup:
     """Load and wire everything ``cfg`` asks for; user mistakes raise SpecToolkitError. ``arms=False``: the
     models only (a server or a serving run builds its own arms, :mod:`spectoolkit.serving.assemble`).
 
-    The config is resolved first, once (:func:`~spectoolkit.wiring.resolve.resolve_run`); everything after takes
-    the resolved checkpoints and choices."""
+    The config is resolved first, once (:func:`~spectoolkit.wiring.resolve.resolve_run`; ``run``: a caller's own
+    resolution of ``cfg``); everything after takes the resolved checkpoints and choices."""
     _check_arm_set(cfg)
-    run = resolve_run(cfg)
+    run = run or resolve_run(cfg)
     device = run.device
     tokenizer = load_tokenizer(run.target)
     target = load_model(run.target, cfg.target.precision, device, cfg.target.group_size, run.kernel_mode,
@@ -291,7 +291,7 @@ def _load_draft(cfg: RunConfig, run: ResolvedRun, target: LoadedModel, tokenizer
     compat check first."""
     warnings = []
     if run.separate_draft:
-        report = check_resolved(run.target.location, run.draft.location)
+        report = check_pair(run.target, run.draft)
         if not report.compatible:
             raise SpecToolkitError(report.message())
         warnings = report.warnings

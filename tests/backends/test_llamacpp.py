@@ -18,6 +18,7 @@ from spectoolkit.backends.wire import LLAMACPP, LLAMACPP_NEUTRAL, OPENAI
 from spectoolkit.config import DRAFT_KINDS, BackendConfig, DraftConfig, RunConfig, SamplingConfig, TargetConfig
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.serving.api import ServeRequest
+from spectoolkit.wiring.resolve import resolve_run
 from tests.backends.fake_servers import MODEL, TEXT_CHUNKS, FakeOpenAIServer, expected_ids
 
 TIMEOUTS = Timeouts(connect_s=5.0, read_s=5.0, request_s=20.0)
@@ -89,7 +90,7 @@ def test_a_chosen_type_wins() -> None:
 def test_target_runs_at_the_files_own_precision(tmp_path) -> None:
     cfg = RunConfig(backend=BackendConfig(kind="llamacpp", llamacpp_dir=str(tmp_path)))
     with contextlib.ExitStack() as stack, pytest.raises(SpecToolkitError, match=r"add \+target=gguf"):
-        start_llamacpp_servers(cfg, stack)
+        start_llamacpp_servers(cfg, stack, resolve_run(cfg))
 
 
 def test_missing_server_names_make_llama_cpp(tmp_path) -> None:
@@ -177,11 +178,10 @@ llamacpp:prompt_tokens_total 99
 
 
 def test_llama_cpp_is_given_the_gguf_file_behind_a_checkpoint(tmp_path) -> None:
+    from spectoolkit.checkpoints import resolve_checkpoint
     from spectoolkit.embedded import embedded_dir, gguf_path
-    from spectoolkit.models.paths import gguf_file
 
-    assert gguf_file(None) == gguf_path() and gguf_file(str(embedded_dir())) == gguf_path()
-    (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    assert gguf_file(str(tmp_path / "m.gguf")) == (tmp_path / "m.gguf").resolve()
+    assert resolve_checkpoint(None).gguf_file() == gguf_path() == resolve_checkpoint(str(embedded_dir())).gguf_file()
+    (tmp_path / "config.json").write_text("{}")  # a float checkpoint directory: no GGUF file behind it
     with pytest.raises(SpecToolkitError, match="model.draft_path=.* is not a GGUF checkpoint"):
-        gguf_file(str(tmp_path), "model.draft_path")
+        resolve_checkpoint(str(tmp_path)).gguf_file("model.draft_path")

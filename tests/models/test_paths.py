@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from spectoolkit.checkpoints import resolve_path
 from spectoolkit.embedded import GGUF_DIR, cache_root, embedded_dir, gguf_path, sha256_of
-from spectoolkit.models.paths import resolve_path
 from spectoolkit.wiring.loading import load_model, load_tokenizer
 
 

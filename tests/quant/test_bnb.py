@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from spectoolkit.checkpoints import resolve_checkpoint
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.quant.bnb import BnbConfig, RowwiseLinear8bitLt, load_bnb, load_quantized
@@ -43,7 +44,7 @@ def fp32_model(checkpoint: Path) -> torch.nn.Module:
 
 @pytest.fixture(scope="module", params=["int8", "nf4"])
 def quantized(request: pytest.FixtureRequest, checkpoint: Path) -> tuple[str, torch.nn.Module]:
-    return request.param, load_quantized(str(checkpoint), request.param, CPU, 64)
+    return request.param, load_quantized(resolve_checkpoint(str(checkpoint)), request.param, CPU, 64)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,7 @@ def _first_int8_linear(model: torch.nn.Module) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def int8_model(checkpoint: Path) -> torch.nn.Module:
-    return load_quantized(str(checkpoint), "int8", CPU, 64)
+    return load_quantized(resolve_checkpoint(str(checkpoint)), "int8", CPU, 64)
 
 
 def test_int8_rows_are_independent_without_outliers(int8_model: torch.nn.Module) -> None:
@@ -171,7 +172,7 @@ def test_a_verify_window_equals_decode_steps_on_a_lone_sequence(checkpoint: Path
     """What the swapped-in row-wise attention used to guarantee, now the runner's: a lone sequence (eager runner,
     ``chosen`` rows) computes each verify row as the decode step at its position, so rounding activations to
     int8 / bf16 cannot amplify a difference between the two (float linears on the reference kernels)."""
-    model = load_quantized(str(checkpoint), kind, CPU, 64)
+    model = load_quantized(resolve_checkpoint(str(checkpoint)), kind, CPU, 64)
     choose_kernels(model, "reference")  # the float head (bitsandbytes int8 layers keep their row-wise forward)
     ids = token_ids[0].tolist()
     runner = lone_sequence(model)
@@ -184,7 +185,7 @@ def test_a_verify_window_equals_decode_steps_on_a_lone_sequence(checkpoint: Path
 
 
 def test_int8_without_outliers_keeps_stock_linears(checkpoint: Path) -> None:
-    model = load_bnb(str(checkpoint), BnbConfig("int8", llm_int8_threshold=0.0), CPU)
+    model = load_bnb(resolve_checkpoint(str(checkpoint)), BnbConfig("int8", llm_int8_threshold=0.0), CPU)
     assert type(_first_int8_linear(model)) is bnb.nn.Linear8bitLt  # rows are independent already
 
 
@@ -207,13 +208,13 @@ def test_config_maps_to_transformers() -> None:
 
 def test_bad_precision_is_a_user_error(checkpoint: Path) -> None:
     with pytest.raises(SpecToolkitError, match="not one of int8, nf4"):
-        load_quantized(str(checkpoint), "fp8", CPU, 64)
+        load_quantized(resolve_checkpoint(str(checkpoint)), "fp8", CPU, 64)
 
 
 def test_missing_bitsandbytes_is_a_user_error(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # makes `import bitsandbytes` raise ImportError
     with pytest.raises(SpecToolkitError, match="needs bitsandbytes"):
-        load_quantized(str(checkpoint), "nf4", CPU, 64)
+        load_quantized(resolve_checkpoint(str(checkpoint)), "nf4", CPU, 64)
 
 
 @pytest.mark.parametrize("nested", [False, True])
@@ -247,7 +248,10 @@ def test_nf4_models_run_our_kernel_and_int8_keeps_bitsandbytes(checkpoint: Path,
     from spectoolkit.kernels.cpu_linear import fully_packed
     from spectoolkit.quant.packing import pack_model
 
-    nf4, dense = load_quantized(str(checkpoint), "nf4", CPU, 64), load_quantized(str(checkpoint), "nf4", CPU, 64)
+    nf4, dense = (
+        load_quantized(resolve_checkpoint(str(checkpoint)), "nf4", CPU, 64),
+        load_quantized(resolve_checkpoint(str(checkpoint)), "nf4", CPU, 64),
+    )
     for name, module in list(dense.named_modules()):  # the reference: bitsandbytes' weights, in fp32 nn.Linear
         if isinstance(module, bnb.nn.Linear4bit):
             linear = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
@@ -258,5 +262,5 @@ def test_nf4_models_run_our_kernel_and_int8_keeps_bitsandbytes(checkpoint: Path,
     assert fully_packed(nf4) and report[f"bnb-nf4 b64 {HIDDEN}x{HIDDEN}"] == "packed", report
     with torch.inference_mode():  # same weights, fp32 both (bitsandbytes' own kernel here would compute in bf16)
         torch.testing.assert_close(nf4(token_ids).logits, dense(token_ids).logits, rtol=1e-4, atol=1e-4)
-    int8 = load_quantized(str(checkpoint), "int8", CPU, 64)
+    int8 = load_quantized(resolve_checkpoint(str(checkpoint)), "int8", CPU, 64)
     assert set(pack_model(int8).values()) >= {"own path: RowwiseLinear8bitLt (its own kernel)"}

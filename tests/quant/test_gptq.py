@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from spectoolkit.checkpoints import resolve_checkpoint
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.quant import gptq
 from spectoolkit.quant.gptq import GptqConfig, calibration_texts, is_gptq_checkpoint, load_quantized
@@ -54,7 +55,7 @@ def cache_env(gptq_cache: Path, tiny_float: Path, monkeypatch: pytest.MonkeyPatc
 def tiny_quantized(tiny_float: Path, gptq_cache: Path) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECTOOLKIT_CACHE", str(gptq_cache))
-        return gptq.quantized_checkpoint(str(tiny_float), TINY_CFG)
+        return gptq.quantized_checkpoint(resolve_checkpoint(str(tiny_float)), TINY_CFG)
 
 
 # --- config and calibration ---------------------------------------------------------------------
@@ -91,18 +92,18 @@ def test_calibration_is_disjoint_from_benchmark_prompts() -> None:
 def test_group_size_must_divide_layer_widths(tiny_float: Path, cache_env: Path) -> None:
     cfg = GptqConfig(group_size=256)  # hidden 128
     with pytest.raises(SpecToolkitError, match="group_size=128"):
-        gptq.quantized_checkpoint(str(tiny_float), cfg)
+        gptq.quantized_checkpoint(resolve_checkpoint(str(tiny_float)), cfg)
 
 
 def test_bad_precision_raises(tiny_float: Path) -> None:
     with pytest.raises(SpecToolkitError, match="not a GPTQ precision"):
-        load_quantized(str(tiny_float), "rtn-int4", "cpu", 32)
+        load_quantized(resolve_checkpoint(str(tiny_float)), "rtn-int4", "cpu", 32)
 
 
 def test_missing_hub_model_is_a_clear_error(cache_env: Path) -> None:
     # Offline: "not cached here and the hub cannot be reached"; online: "not a model on the hub".
     with pytest.raises(SpecToolkitError, match="'nobody-here/no-such-model' is not"):
-        gptq.quantized_checkpoint("nobody-here/no-such-model", TINY_CFG)
+        gptq.quantized_checkpoint(resolve_checkpoint("nobody-here/no-such-model"), TINY_CFG)
 
 
 # --- checkpoints --------------------------------------------------------------------------------
@@ -141,10 +142,12 @@ def test_cache_hit_does_not_requantize(
         raise AssertionError("quantized again")
 
     monkeypatch.setattr(gptq, "_quantize", fail)
-    assert gptq.quantized_checkpoint(str(tiny_float), TINY_CFG) == tiny_quantized
-    assert gptq.quantized_checkpoint(str(tiny_quantized), TINY_CFG) == tiny_quantized  # already GPTQ: as is
+    assert gptq.quantized_checkpoint(resolve_checkpoint(str(tiny_float)), TINY_CFG) == tiny_quantized
+    assert (
+        gptq.quantized_checkpoint(resolve_checkpoint(str(tiny_quantized)), TINY_CFG) == tiny_quantized
+    )  # already GPTQ: as is
     with pytest.raises(AssertionError, match="quantized again"):  # another config is another checkpoint
-        gptq.quantized_checkpoint(str(tiny_float), GptqConfig(group_size=64))
+        gptq.quantized_checkpoint(resolve_checkpoint(str(tiny_float)), GptqConfig(group_size=64))
 
 
 def test_failed_quantization_leaves_no_checkpoint(
@@ -157,7 +160,7 @@ def test_failed_quantization_leaves_no_checkpoint(
     monkeypatch.setattr(gptq, "_quantize", half_then_fail)
     cfg = GptqConfig(group_size=16, num_samples=4)
     with pytest.raises(RuntimeError, match="mid-way"):
-        gptq.quantized_checkpoint(str(tiny_float), cfg)
+        gptq.quantized_checkpoint(resolve_checkpoint(str(tiny_float)), cfg)
     assert not [p for p in (cache_env / "gptq").iterdir() if "-g16-" in p.name and p.suffix != ".lock"]
 
 
@@ -166,7 +169,9 @@ def test_failed_quantization_leaves_no_checkpoint(
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_quantized: Path) -> torch.nn.Module:
-    return load_quantized(str(tiny_quantized), "int4", torch.device("cpu"), 64)  # the checkpoint's 32 applies
+    return load_quantized(
+        resolve_checkpoint(str(tiny_quantized)), "int4", torch.device("cpu"), 64
+    )  # the checkpoint's 32 applies
 
 
 def test_loaded_model_is_a_transformers_lm_with_gptq_linears(tiny_model: torch.nn.Module) -> None:
@@ -185,7 +190,7 @@ def test_stock_transformers_loads_our_checkpoint_with_the_same_weights(
     (optimum + GPTQModel, as a transformers user would load it) holds the very weights we load."""
     from spectoolkit.bench.protocol.stock_models import load_stock
 
-    stock, description = load_stock(str(tiny_quantized), "int4", 32, torch.device("cpu"))
+    stock, description = load_stock(resolve_checkpoint(str(tiny_quantized)), "int4", 32, torch.device("cpu"))
     assert "optimum" in description and "gptqmodel" in description and "g32" in description, description
     ours_q, stock_q = tiny_model.model.layers[0].self_attn.q_proj, stock.model.layers[0].self_attn.q_proj
     assert stock_q.__class__.__module__.startswith("gptqmodel") and stock.dtype == torch.bfloat16
@@ -239,8 +244,10 @@ def test_gptq_layers_are_repacked_for_our_kernel_with_exactly_their_weights(tiny
     from spectoolkit.quant.gptq_codes import is_gptq_layer
     from spectoolkit.quant.packing import pack_layer, pack_model, packable
 
-    model = load_quantized(str(tiny_quantized), "int4", torch.device("cpu"), 64)
-    own = load_quantized(str(tiny_quantized), "int4", torch.device("cpu"), 64)  # GPTQModel's kernel, unpacked
+    model = load_quantized(resolve_checkpoint(str(tiny_quantized)), "int4", torch.device("cpu"), 64)
+    own = load_quantized(
+        resolve_checkpoint(str(tiny_quantized)), "int4", torch.device("cpu"), 64
+    )  # GPTQModel's kernel, unpacked
     layers = [module for module in model.modules() if is_gptq_layer(module)]
     assert len(layers) == 2 * 7
     for layer in layers:
@@ -260,7 +267,7 @@ def test_gptq_layers_are_repacked_for_our_kernel_with_exactly_their_weights(tiny
 def test_gptq_layers_the_bits_do_not_allow_keep_their_path_and_say_why(tiny_quantized: Path) -> None:
     from spectoolkit.quant.gptq_codes import unpackable
 
-    model = load_quantized(str(tiny_quantized), "int4", torch.device("cpu"), 64)
+    model = load_quantized(resolve_checkpoint(str(tiny_quantized)), "int4", torch.device("cpu"), 64)
     attn = model.model.layers[0].self_attn
     attn.q_proj.g_idx = attn.q_proj.g_idx.flip(0)  # act-order: groups are no longer runs of columns
     assert "act-order" in unpackable(attn.q_proj)
@@ -316,7 +323,7 @@ def test_float_path_is_quantized_then_loaded(
     # load_quantized's calibration defaults are TINY_CFG's here, so its checkpoint is the cached one.
     small = {"num_samples": TINY_CFG.num_samples, "max_length": TINY_CFG.max_length}
     monkeypatch.setattr(gptq, "GptqConfig", lambda **kwargs: GptqConfig(**small, **kwargs))
-    model = load_quantized(str(tiny_float), "int4", "cpu", 32)
+    model = load_quantized(resolve_checkpoint(str(tiny_float)), "int4", "cpu", 32)
     assert seen == [tiny_quantized]
     assert model.config.num_hidden_layers == 2
 
@@ -335,7 +342,7 @@ def test_embedded_model_int4_agrees_with_fp32() -> None:
     held = [r.prompt + "\n" + (r.reference or "") for r in chats]
     ids = [row for row in (tokenizer(text).input_ids[:100] for text in held) if len(row) == 100][:3]
     reference = lone_sequence(load_model(None, "fp32", torch.device("cpu")).model)
-    quantized = lone_sequence(load_quantized(None, "int4", torch.device("cpu"), 64))
+    quantized = lone_sequence(load_quantized(resolve_checkpoint(None), "int4", torch.device("cpu"), 64))
     agree = []
     for row in ids:
         reference.reset()

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spectoolkit.checkpoints import resolve_checkpoint
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.quant import rtn_kernels
@@ -218,12 +219,12 @@ def test_quantized_weight_bytes(bits, bytes_per_weight):
 
 def test_load_quantized(tiny_checkpoint):
     with pytest.raises(SpecToolkitError):
-        load_quantized(str(tiny_checkpoint), "int4", "cpu", 64)
-    model = load_quantized(str(tiny_checkpoint), "rtn-int4", "cpu", 32)
+        load_quantized(resolve_checkpoint(str(tiny_checkpoint)), "int4", "cpu", 64)
+    model = load_quantized(resolve_checkpoint(str(tiny_checkpoint)), "rtn-int4", "cpu", 32)
     assert sum(isinstance(m, RtnLinear) for m in model.modules()) == 2 * 7
     assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight.dtype == torch.float32  # left in float
     with torch.no_grad():
         logits = model(input_ids=torch.arange(3, 12)[None]).logits
     assert logits.shape[:2] == (1, 9) and torch.isfinite(logits).all()
-    with_head = load_quantized(str(tiny_checkpoint), "rtn-int8", "cpu", 32, quantize_lm_head=True)
+    with_head = load_quantized(resolve_checkpoint(str(tiny_checkpoint)), "rtn-int8", "cpu", 32, quantize_lm_head=True)
     assert isinstance(with_head.lm_head, RtnLinear) and with_head.lm_head.has_kernel

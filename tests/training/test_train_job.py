@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from spectoolkit.bench.protocol.runner import run
+from spectoolkit.checkpoints import resolve_checkpoint
 from spectoolkit.config import BenchConfig, DraftConfig, ModelConfig, RunConfig, WorkloadConfig
 from spectoolkit.embedded import embedded_dir
 from spectoolkit.errors import SpecToolkitError
@@ -70,7 +71,7 @@ def trained(checkpoint, prompts_file, tmp_path_factory):
 
 def test_the_job_exports_a_head_vllm_reads_with_its_facts(trained, prompts_file):
     cfg, path, cache, _ = trained
-    assert path == head_directory(cfg, _train_cfg(prompts_file))
+    assert path == head_directory(cfg, _train_cfg(prompts_file), resolve_checkpoint(cfg.model.target_path))
     config = json.loads((path / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 512
     head = Eagle3Head.load(path)
@@ -87,7 +88,7 @@ def test_the_same_settings_reuse_the_head_and_others_train_anew(trained, checkpo
     weights = (path / "model.safetensors").stat().st_mtime_ns
     assert train_draft(cfg, _train_cfg(prompts_file), progress=False) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == weights
-    assert head_directory(cfg, _train_cfg(prompts_file, steps=31)) != path
+    assert head_directory(cfg, _train_cfg(prompts_file, steps=31), resolve_checkpoint(cfg.model.target_path)) != path
 
 
 def test_training_prompts_skip_the_held_out_ones(trained, prompts_file):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spectoolkit.checkpoints import resolve_path
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels.cpu_linear import PackedLinear, fully_packed
 from spectoolkit.kernels.kernel_choice import BY_NAME, ChunkedLinear, linear_layers
-from spectoolkit.models import resolve_device, resolve_path
+from spectoolkit.models import resolve_device
 from spectoolkit.models.tiny import save_tiny_llama
 from spectoolkit.wiring.loading import frequent_tokens, load_model, load_tokenizer
 

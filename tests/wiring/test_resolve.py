@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spectoolkit import compat
-from spectoolkit.models import paths
+from spectoolkit import checkpoints
 from spectoolkit.wiring.resolve import resolve_run
 from spectoolkit.wiring.setup import build
 from tests.test_config import _run_config
@@ -24,14 +23,13 @@ def test_a_run_resolves_each_spec_once(tiny_checkpoint: Path, tmp_path: Path, mo
     cfg = _run_config(f"model.target_path={tiny_checkpoint}", f"model.draft_path={draft_dir}", "+target=rtn-int4",
                       "+draft=fp32", "runtime.kernels=reference")  # fmt: skip
     resolved: list[str | None] = []
-    resolve_path = paths.resolve_path
+    resolve_path = checkpoints.resolve_path
 
     def counted(spec: str | None) -> str:
         resolved.append(spec)
         return resolve_path(spec)
 
-    monkeypatch.setattr(paths, "resolve_path", counted)
-    monkeypatch.setattr(compat, "_resolve", lambda *args: pytest.fail("the compat check resolved a spec again"))
+    monkeypatch.setattr(checkpoints, "resolve_path", counted)  # the one resolver: the compat check has none
     setup = build(cfg)
     assert sorted(resolved) == sorted([str(tiny_checkpoint), str(draft_dir)])
     run = setup.resolved

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from spectoolkit.models.paths import Checkpoint
+from spectoolkit.checkpoints import Checkpoint
 
 BNB = ("int8", "nf4")  # stock transformers loads these through BitsAndBytesConfig
 RTN = ("rtn-int8", "rtn-int4")
@@ -35,15 +35,15 @@ class StockUnavailable(Exception):
 
 
 def load_stock(
-    source: Checkpoint | str, precision: str, group_size: int, device: torch.device
+    source: Checkpoint, precision: str, group_size: int, device: torch.device
 ) -> tuple[torch.nn.Module, str]:
-    """A fresh stock copy of checkpoint ``source`` (the run's resolved checkpoint, or a loadable location) at
+    """A fresh stock copy of checkpoint ``source`` (the run's resolved checkpoint) at
     ``precision`` on ``device`` (eval), and how it was loaded."""
     import transformers
 
     from spectoolkit.models.float_model import DTYPES
 
-    path = source.location if isinstance(source, Checkpoint) else source
+    path = source.location
     if precision in DTYPES:
         model, how = _float(path, DTYPES[precision], device), precision
     elif precision in BNB:
@@ -79,7 +79,7 @@ def _bitsandbytes(path: str, precision: str, device: torch.device) -> tuple[torc
     return model, f"bitsandbytes {precision}, {bnb.compute_dtype} compute"
 
 
-def _gptq(path: Checkpoint | str, group_size: int, device: torch.device) -> tuple[torch.nn.Module, str]:
+def _gptq(path: Checkpoint, group_size: int, device: torch.device) -> tuple[torch.nn.Module, str]:
     """Our cached GPTQ checkpoint of ``path`` through transformers' GPTQ loading (optimum + GPTQModel)."""
     from importlib.metadata import PackageNotFoundError, version
 

@@ -19,6 +19,7 @@ import torch
 from spectoolkit.bench.protocol.baseline_check import _Deadline, stock_baseline_check
 from spectoolkit.bench.protocol.runner import SUMMARY_FILE, run
 from spectoolkit.bench.report.checklist import FAIL, NA, STOCK_RATIO_LIMIT, check_baseline_vs_stock
+from spectoolkit.checkpoints import resolve_checkpoint
 from spectoolkit.config import BenchConfig, DraftConfig, ModelConfig, RunConfig, TargetConfig, WorkloadConfig
 from spectoolkit.metrics.summary_schema import Summary
 from spectoolkit.wiring.setup import build
@@ -238,5 +239,5 @@ def test_a_gguf_target_is_timed_against_its_dequantized_float_checkpoint() -> No
     from spectoolkit.bench.protocol.stock_models import load_stock
     from spectoolkit.embedded import embedded_dir
 
-    model, how = load_stock(str(embedded_dir()), "gguf", 64, torch.device("cpu"))
+    model, how = load_stock(resolve_checkpoint(str(embedded_dir())), "gguf", 64, torch.device("cpu"))
     assert "GGUF dequantized to fp32" in how and next(model.parameters()).dtype == torch.float32

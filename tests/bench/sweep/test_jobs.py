@@ -14,9 +14,9 @@ import pytest
 from spectoolkit import job_dir_name
 from spectoolkit.bench.sweep import jobs
 from spectoolkit.bench.sweep.table import axis_key, sweep_rows, write_sweep_csv
+from spectoolkit.checkpoints import resolve_path
 from spectoolkit.embedded import cached_directory
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.models.paths import resolve_path
 
 CONFIG = {"draft": {"kind": "ngram"}, "speculate": {"gamma": 4}, "output_dir": "/a", "resume": True}
 
