@@ -7,7 +7,7 @@ empty file, a file where a directory belongs (or the reverse), a directory witho
 
 What each kind holds is what its loader reads:
 
-- a model (``model.target_path`` / ``model.draft_path``; :mod:`spectoolkit.models.paths`): ``embedded`` or
+- a model (``model.target_path`` / ``model.draft_path``; :mod:`spectoolkit.checkpoints`): ``embedded`` or
   null, a local HF checkpoint directory (config.json and ``*.safetensors`` / ``*.bin`` weights), a hub id
   (``org/name`` that is no local path: :func:`is_hub_id`), which the loader finds in the Hugging Face cache or
   on the hub when it loads, a GGUF file (:data:`MODEL_FILE_SUFFIXES`; it must start with the GGUF magic; whether

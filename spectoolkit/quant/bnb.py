@@ -105,7 +105,7 @@ def load_quantized(checkpoint: Checkpoint, precision: str, device: torch.device,
 
 
 def load_bnb(checkpoint: Checkpoint, config: BnbConfig, device: torch.device) -> torch.nn.Module:
-    """Load ``checkpoint`` (resolved once: :func:`spectoolkit.models.paths.resolve_checkpoint`) quantized as
+    """Load ``checkpoint`` (resolved once: :func:`spectoolkit.checkpoints.resolve_checkpoint`) quantized as
     ``config``."""
     from transformers import AutoModelForCausalLM
 

@@ -273,7 +273,7 @@ def load_quantized(
     quantize_lm_head: bool = False,
     head_rows: torch.Tensor | None = None,
 ) -> nn.Module:
-    """Load ``checkpoint`` (resolved once: :func:`~spectoolkit.models.paths.resolve_checkpoint`) and RTN-quantize
+    """Load ``checkpoint`` (resolved once: :func:`~spectoolkit.checkpoints.resolve_checkpoint`) and RTN-quantize
     its linears (``rtn-int8``/``rtn-int4``).
 
     The checkpoint is loaded at :data:`BASE_PRECISION` (fp32: a bf16 base measured no faster on the

@@ -1,8 +1,8 @@
 """Load causal LMs and tokenizers from a local directory, a hub id, or the embedded default.
 
-A model is given as a :class:`~spectoolkit.models.paths.Checkpoint` a run resolved once
+A model is given as a :class:`~spectoolkit.checkpoints.Checkpoint` a run resolved once
 (:mod:`spectoolkit.wiring.resolve`), or, from plain Python, as a spec resolved here by
-:mod:`spectoolkit.models.paths` (``None`` means the embedded SmolLM2-135M-Instruct; a missing model is a clear
+:mod:`spectoolkit.checkpoints` (``None`` means the embedded SmolLM2-135M-Instruct; a missing model is a clear
 :class:`SpecToolkitError`, never a traceback). :func:`load_model` chooses between the float loader
 (:mod:`spectoolkit.models.float_model`) and the quantization backends
 (:func:`spectoolkit.quant.registry.load_quantized`), none of which imports this module.
