@@ -117,6 +117,12 @@ class ServingEngine(Protocol):
     def reset(self) -> None:
         """Drop every request and free all KV (between load levels)."""
 
+    def runners(self) -> dict:
+        """The model runners it drives, by role (a run's conditions read a compiled runner's graphs)."""
+
+    def peak_kv_bytes(self) -> dict[str, int]:
+        """The most KV bytes its requests held at once: ``{"target_kv_bytes": …, "draft_kv_bytes": …}``."""
+
 
 @dataclass
 class GenerationOutput:

@@ -438,6 +438,12 @@ class ContinuousEngine:
         """The runners this engine drives: the target's, and the draft model's when it drafts with one."""
         return {"target": self.runner} | (self.drafter.runners() if self.drafter is not None else {})
 
+    def peak_kv_bytes(self) -> dict[str, int]:
+        """The most KV bytes the running requests held at once (the target's pool, candidates included; a shared
+        prefix once per holder) and the most the drafter's KV held at a target forward."""
+        return {"target_kv_bytes": self.peak_kv_tokens * self.pool.slot_bytes(),
+                "draft_kv_bytes": self.peak_draft_kv_bytes}  # fmt: skip
+
     def kv_bytes(self) -> dict[str, int]:
         used = (self.allocator.num_blocks - self.allocator.num_free) * self.allocator.block_size
         draft = self.drafter.kv_bytes() if self.drafter is not None else 0

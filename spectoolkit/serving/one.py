@@ -41,8 +41,11 @@ class Engine(Protocol):
     ) -> GenerationOutput:
         """Decode up to ``max_new_tokens`` tokens after ``prompt_ids``; ``on_token(id)`` streams them."""
 
-    def kv_bytes(self) -> dict[str, int]:
-        """Allocated KV-cache bytes: ``{"target_kv_bytes": …, "draft_kv_bytes": …}``."""
+    def runners(self) -> dict:
+        """The model runners it drives, by role."""
+
+    def peak_kv_bytes(self) -> dict[str, int]:
+        """The most KV bytes a request held at once: ``{"target_kv_bytes": …, "draft_kv_bytes": …}``."""
 
 
 class OneRequestEngine:
@@ -86,10 +89,9 @@ class OneRequestEngine:
             raise SpecToolkitError(f"the request failed: {result.error}")
         return _output(result, steps, start, end)
 
-    def kv_bytes(self) -> dict[str, int]:
-        """The most KV bytes the request held at once, in the target's pool (candidates included) and the drafter's."""
-        target = self.engine.peak_kv_tokens * self.engine.pool.slot_bytes()
-        return {"target_kv_bytes": target, "draft_kv_bytes": self.engine.peak_draft_kv_bytes}
+    def peak_kv_bytes(self) -> dict[str, int]:
+        """The most KV bytes a request held at once, in the target's pool (candidates included) and the drafter's."""
+        return self.engine.peak_kv_bytes()
 
 
 def _output(result: FinishedRequest, steps: list[StepStats], start: float, end: float) -> GenerationOutput:

@@ -23,6 +23,7 @@ from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.layer_skip import kept_layers, layer_skip_model
 from spectoolkit.policy import DraftLengthPolicy, make_policy
 from spectoolkit.precisions import QUANT_PRECISIONS
+from spectoolkit.serving.api import ServingEngine
 from spectoolkit.serving.one import Engine
 from spectoolkit.wiring.loading import LoadedModel, frequent_tokens, load_model, load_tokenizer
 from spectoolkit.wiring.one_engine import OneEngines
@@ -38,7 +39,7 @@ class Arm:
     """
 
     name: str
-    engine: Engine
+    engine: Engine | ServingEngine  # a serving run's arms are its continuous engines (memory and compile read them)
     target: LoadedModel
     target_precision: str
     drafter: str = "none"
@@ -49,11 +50,11 @@ class Arm:
     policy: str = "none"  # the draft-length policy (spectoolkit.policy) of a drafting arm
 
     def memory(self) -> dict[str, int]:
-        """Weights + KV bytes (allocated now) of this arm's target and draft, and their total."""
+        """Weights + KV bytes (the most its requests held at once) of this arm's target and draft, and their total."""
         parts = {
             "target_weight_bytes": self.target.weight_bytes(),
             "draft_weight_bytes": self.draft.weight_bytes() if self.draft else 0,
-            **self.engine.kv_bytes(),
+            **self.engine.peak_kv_bytes(),
         }
         streamed = {
             "target_streamed_bytes": self.target.streamed_bytes(),
@@ -180,14 +181,15 @@ def build(cfg: RunConfig, arms: bool = True, run: ResolvedRun | None = None) -> 
     max_positions = getattr(target.model.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
     models = LoadedModels(device, tokenizer, target, draft, eos_ids, max_positions)
     verifier = make_verifier(cfg.sampling, device)
+    checked = run.separate_draft and run.model_drafts
     if not arms:
-        return RunSetup(models, ArmSet([], None), RunFacts("none", warnings), run)
+        return RunSetup(models, ArmSet([], None), RunFacts("none", warnings, checked), run)
     one = OneEngines(cfg, models, verifier)
     drafter = one.drafter() if cfg.draft.kind != "none" else None
     arms, primary = _ARM_SETS[cfg.bench.arms](_Parts(cfg, run, target, one, draft))
     if cfg.runtime.compiled:  # every graph the arms can use, compiled before anything is measured
         one.warm_compiled(run.verify_sizes, cfg.bench.arms == "tree_chain")
-    facts = RunFacts(drafter.name if drafter else "none", warnings, run.separate_draft and run.model_drafts)
+    facts = RunFacts(drafter.name if drafter else "none", warnings, checked)
     return RunSetup(models, ArmSet(arms, primary), facts, run)
 
 

@@ -31,7 +31,7 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.metrics.records import RecordWriter, read_records, write_json_atomic
 from spectoolkit.metrics.summary_schema import SUMMARY_SCHEMA_VERSION
 from spectoolkit.metrics.token_cost import serving_token_cost
-from spectoolkit.wiring.setup import RunSetup, build, frozen_heap
+from spectoolkit.wiring.setup import Arm, ArmSet, RunSetup, build, frozen_heap
 from spectoolkit.workloads.prompts import load_workload
 
 STEPS_FILE = "steps.jsonl"
@@ -44,6 +44,21 @@ def _serving_arms(cfg: RunConfig, setup: RunSetup) -> list[ServingArmLike]:
     if not arms:
         raise SpecToolkitError("serve.enabled=true but no serving arm was built: check draft and bench.arms")
     return arms
+
+
+def _with_arms(setup: RunSetup, arms: list[ServingArmLike]) -> RunSetup:
+    """``setup`` (its models) with the serving arms as the arms its conditions report: what each runs, its
+    footprint (weights, the most KV its requests held at once) and its compiled graphs."""
+    models = setup.models
+    reported = [
+        Arm(arm.name, arm.engine, models.target, arm.target_precision, arm.drafter,
+            models.draft if arm.draft_precision else None, arm.draft_precision, arm.gamma, arm.reference, arm.policy)
+        for arm in arms
+    ]  # fmt: skip
+    primary = _primary(arms)
+    drafter = next((arm.drafter for arm in arms if arm.name == primary), "none")
+    facts = dataclasses.replace(setup.facts, drafter_name=drafter)
+    return dataclasses.replace(setup, arm_set=ArmSet(reported, primary), facts=facts)
 
 
 def _step_log(out_dir: Path, enabled: bool) -> contextlib.AbstractContextManager[StepLog | None]:
@@ -66,10 +81,11 @@ class _Source:
 def _source(cfg: RunConfig) -> Iterator[_Source]:
     """backend=local: our engine in process; endpoint / vllm: servers (:mod:`spectoolkit.backends.source`)."""
     if cfg.backend.kind == "local":
-        setup = build(cfg)
+        setup = build(cfg, arms=False)  # the models: the serving arms are the run's only engines
         arms = _serving_arms(cfg, setup)
+        setup = _with_arms(setup, arms)
         with frozen_heap():
-            yield _Source(setup.models, arms, lambda arms: _conditions(cfg, setup, arms))
+            yield _Source(setup.models, arms, lambda _arms: _conditions(cfg, setup))
         return
     from spectoolkit.backends.source import server_source
     from spectoolkit.bench.load.server_conditions import server_conditions
@@ -119,15 +135,10 @@ def _reference_arm(arms: list[ServingArmLike]) -> ServingArmLike:
     return next((arm for arm in arms if arm.reference is None), arms[0])
 
 
-def _conditions(cfg: RunConfig, setup: RunSetup, arms: list[ServingArmLike]) -> dict[str, Any]:
-    """The batch-1 run conditions, with the serving arms and load settings in place of batch 1."""
+def _conditions(cfg: RunConfig, setup: RunSetup) -> dict[str, Any]:
+    """The run conditions of ``setup`` (its arms the serving arms: :func:`_with_arms`), with the load settings in
+    place of batch 1."""
     conditions = run_conditions(cfg, setup)
-    conditions["arms"] = [
-        {"name": arm.name, "target_precision": arm.target_precision, "drafter": arm.drafter, "gamma": arm.gamma,
-         "policy": arm.policy, "reference": arm.reference}
-        for arm in arms
-    ]  # fmt: skip
-    conditions["primary_arm"] = _primary(arms)
     conditions["batch_size"] = conditions["concurrency"] = None  # they vary: see serving_levels
     conditions["serve"] = dataclasses.asdict(cfg.serve)
     return conditions

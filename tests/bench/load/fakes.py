@@ -133,6 +133,12 @@ class FakeServingEngine:
             sampling=state.request.sampling,
         )  # fmt: skip
 
+    def runners(self) -> dict:
+        return {}
+
+    def peak_kv_bytes(self) -> dict[str, int]:
+        return {"target_kv_bytes": 0, "draft_kv_bytes": 0}
+
     def _stats(self, batch: int, finished: int) -> None:
         if self.on_step is None:
             return

@@ -61,7 +61,7 @@ def patched(monkeypatch, setup):
     """Returns a function installing fake arms (``spec`` keyword arguments go to the spec engine).
 
     The report (plots: most of a second) is written only by the end-to-end test."""
-    monkeypatch.setattr(runner, "build", lambda cfg: setup)
+    monkeypatch.setattr(runner, "build", lambda cfg, arms=True: setup)
     monkeypatch.setattr(runner, "_report", lambda out_dir: None)
 
     def install(**spec):
