@@ -6,6 +6,10 @@ and reports the round and the step's scripted seconds (with multiplicative noise
 way :class:`~spectoolkit.serving.engine.ContinuousEngine` does. The policy is scored by what it chose, not by the
 draws: expected committed tokens (E_i(k_i) = 1 + Σ_{j<=k_i} S_ij from the true survival) over the noise-free
 seconds, so a fixed γ's value is exact in closed form and the comparison has no sampling error on either side.
+
+A draft model first feeds what it has not seen of a request (its prompt, the rounds it sat out) before it drafts for
+it: with ``Workload.prompt`` rows and ``Costs.catch_up`` seconds a row, a request's first drafting round pays its
+prompt's rows, and a round after more than ``BACKLOG_ROWS`` plain tokens pays those, as the engine's drafters do.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spectoolkit.drafting.base import BACKLOG_ROWS
 from spectoolkit.policy.base import DraftLengthPolicy
 
 
@@ -24,6 +29,7 @@ class Costs:
 
     target: Callable[[int, int], float]  # (sequences, tokens) -> seconds
     draft: Callable[[int], float]  # (sequences drafting) -> seconds of one draft forward
+    catch_up: float = 0.0  # seconds per row a draft model feeds before it drafts (its prompt, rounds sat out)
 
     def step(self, sequences: int, tokens: int, forwards: int, drafting: int) -> float:
         return self.target(sequences, tokens) + (self.draft(drafting) * forwards if forwards else 0.0)
@@ -37,6 +43,7 @@ class Workload:
     acceptance: tuple[float, ...]
     output_len: int = 200
     switch: tuple[int, tuple[float, ...]] | None = None
+    prompt: int = 0  # rows a draft model feeds before it first drafts for a request (0: a lookup, a head fed along)
 
     def conditional(self, round_idx: int) -> tuple[float, ...]:
         if self.switch is not None and round_idx >= self.switch[0]:
@@ -53,11 +60,13 @@ def expected_tokens(survival: Sequence[float], k: int) -> float:
 
 
 def best_fixed(costs: Costs, workload: Workload, batch: int, gammas: Sequence[int]) -> tuple[int, float]:
-    """The best fixed γ (0: the target alone) of a homogeneous level, and its committed tokens per second, exactly."""
+    """The best fixed γ (0: the target alone) of a homogeneous level, and its committed tokens per second, exactly
+    (a drafting request's prompt catch-up spread over its rounds)."""
     best = (0, batch / costs.step(batch, batch, 0, 0))
     for gamma in gammas:
         emitted = batch * expected_tokens(workload.survival(0, gamma), gamma)
-        value = emitted / costs.step(batch, batch * (1 + gamma), gamma, batch)
+        catch_up = workload.prompt * costs.catch_up * emitted / workload.output_len  # per step, over the batch
+        value = emitted / (costs.step(batch, batch * (1 + gamma), gamma, batch) + catch_up)
         if value > best[1]:
             best = (gamma, value)
     return best
@@ -67,7 +76,13 @@ def best_fixed(costs: Costs, workload: Workload, batch: int, gammas: Sequence[in
 class _Request:
     key: int
     room: int
+    unfed: int = 0  # rows its draft model has not seen
     rounds: int = 0
+
+    @property
+    def backlog(self) -> int:
+        """Rows a drafting round first feeds apart (:meth:`spectoolkit.drafting.base.OwnKV._backlog`)."""
+        return self.unfed - 1 if self.unfed > BACKLOG_ROWS else 0
 
 
 def run_level(
@@ -83,7 +98,7 @@ def run_level(
     next_key = 0
     running = []
     for _ in range(batch):
-        running.append(_Request(next_key, workload.output_len))
+        running.append(_Request(next_key, workload.output_len, workload.prompt))
         next_key += 1
     tokens_total = seconds_total = 0.0
     for step in range(warmup + steps):
@@ -91,15 +106,19 @@ def run_level(
             tokens_total = seconds_total = 0.0
         keys = [r.key for r in running]
         caps = [min(policy.max_gamma, r.room - 1) for r in running]
-        lengths = policy.choose(keys, caps, batch, budget, None, [r.room for r in running])
+        lengths = policy.choose(keys, caps, batch, budget, [r.backlog for r in running], [r.room for r in running])
         forwards = max(lengths, default=0)
         drafting = sum(1 for k in lengths if k)
         tokens = batch + sum(lengths)
         target = costs.target(batch, tokens)
         draft = costs.draft(drafting) * forwards if forwards else 0.0
+        fed = sum(r.backlog for r, k in zip(running, lengths, strict=True) if k)
+        catch_up = fed * costs.catch_up
+        if fed and costs.catch_up:
+            policy.observe_catch_up(fed, catch_up)
         pairs = zip(running, lengths, strict=True)
         tokens_total += sum(expected_tokens(workload.survival(r.rounds, k), k) for r, k in pairs)
-        seconds_total += target + draft
+        seconds_total += target + draft + catch_up
         for i, (request, k) in enumerate(zip(running, lengths, strict=True)):
             accepted = 0
             a = workload.conditional(request.rounds)
@@ -108,9 +127,10 @@ def run_level(
             policy.observe(request.key, k, k, accepted)
             request.rounds += 1
             request.room -= accepted + 1
+            request.unfed = 1 if k else request.unfed + accepted + 1  # a draft forward feeds all but the pending
             if request.room <= 0:
                 policy.release(request.key)
-                running[i] = _Request(next_key, workload.output_len)
+                running[i] = _Request(next_key, workload.output_len, workload.prompt)
                 next_key += 1
         jitter = rng.lognormal(0.0, noise, size=2) if noise else np.ones(2)
         policy.observe_step(tokens, forwards, target * jitter[0], draft * jitter[1], batch, drafting)
