@@ -31,11 +31,16 @@ from spectoolkit.kernels.layer_wrapper import leaf_linears, replace_module
 Converter = Callable[[nn.Module], "PackedLinear | str"]  # a leaf linear -> its packed twin, or why it keeps its path
 
 
-def pack_model(model: nn.Module, convert: Converter, activations: str = "float") -> dict[str, str]:
+def pack_model(model: nn.Module, convert: Converter, activations: str | None = None) -> dict[str, str]:
     """Replace every linear of ``model`` that ``convert`` packs by its packed twin (idempotent); with ``activations=
-    "int8"`` its integer layers run integer dot products. Returns what each kind of layer runs:
+    "int8"`` its integer layers run integer dot products; None: as the layers packed already run (int8 if one does,
+    so packing a model again keeps its records and integer layouts). Returns what each kind of layer runs:
     ``{"<source> <N>x<K>": "packed" | "packed, int8 activations" | "packed, float activations: <why>" |
     "own path: <why>"}``."""
+    if activations is None:
+        layers = [library_layer(module) for _, module in leaf_linears(model)]
+        integer = any(isinstance(layer, PackedLinear) and layer.activations == "int8" for layer in layers)
+        activations = "int8" if integer else "float"
     report: dict[str, str] = {}
     for name, module in leaf_linears(model):
         module = library_layer(module)  # a layer run as a measured variant is packed itself, its wrapper dropped

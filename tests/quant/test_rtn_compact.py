@@ -4,7 +4,7 @@ records at groups of 32, 64, 128, from cpu_linear.pack_rtn_records and gptq_code
 Per format and group: the records take the checkpoint's own bytes (codes, scales, zeros; panels padded to 16
 columns); they widen to exactly the wide layout the weight was packed as before (and to its float panels); the kernel
 gives the same bits from both on every path this CPU runs, at 1 to 9 rows; its int32 sub-block sums equal an int64
-reference; a planted wrong code, scale or zero breaks the comparisons (so they can fail).
+reference; a planted wrong code, scale or zero breaks the comparisons (so they can fail); the loader packs them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 
 from spectoolkit.kernels import cpu_ops, formats
 from spectoolkit.kernels.cpu_linear import (
@@ -30,6 +31,8 @@ from spectoolkit.kernels.cpu_linear import (
 )
 from spectoolkit.kernels.rtn_format import RtnConfig, quantize_weight
 from spectoolkit.quant import gptq_codes
+from spectoolkit.quant.packing import pack_model
+from spectoolkit.quant.rtn import RtnLinear
 
 ROWS, COLUMNS = 40, 256  # 40 rows: the last panel padded; a multiple of 8 (GPTQ packs 8 zero points a word)
 CASES = [(family, group) for family in ("rtn-int4", "rtn-int8", "gptq-int4") for group in formats.OWN_GROUPS]
@@ -139,3 +142,25 @@ def test_gptq_scales_that_are_not_bf16_values_stay_wide() -> None:
     assert gptq_codes.to_records(layer) is not None
     layer.scales = layer.scales.float() * (1 + 2**-12)  # off the bf16 grid: no record holds it exactly
     assert gptq_codes.to_records(layer) is None
+
+
+@pytest.mark.parametrize("group", [16, 64, -1])
+def test_the_loader_packs_rtn_at_its_own_size_for_int8_activations_only(group: int) -> None:
+    """Group 64: records at int8 activations, today's float panels at float ones; 16 and per channel (K = 256) have
+    no format: wide either way."""
+    weight = torch.randn(ROWS, COLUMNS, generator=torch.Generator().manual_seed(6))
+    for activations in ("int8", "float"):
+        model = nn.Sequential(RtnLinear.from_linear(_linear(weight), RtnConfig(4, group)))
+        expected = pack_rtn(model[0].quantized())
+        assert set(pack_model(model, activations).values()) == {"packed, int8 activations" if activations == "int8"
+                                                               else "packed"}  # fmt: skip
+        own = group == 64 and activations == "int8"
+        assert model[0].fmt == ("rtn-int4-g64" if own else "")
+        wide = to_int8_activations(expected) if activations == "int8" else expected
+        assert torch.equal(widen(model[0].packed).data, wide.data)
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    layer.weight.data.copy_(weight)
+    return layer
