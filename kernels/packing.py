@@ -24,6 +24,7 @@ from spectoolkit.kernels.cpu_linear import (
     float_layout,
     int8_activations_why,
     to_int8_activations,
+    widen,
 )
 from spectoolkit.kernels.kernel_choice import library_layer
 from spectoolkit.kernels.layer_wrapper import leaf_linears, replace_module
@@ -107,6 +108,19 @@ def _fuse(parent: nn.Module, name: str, parts: tuple[str, ...]) -> None:
                 setattr(layer, field, getattr(fused, field)[panel : panel + panels])
         panel += panels
     object.__setattr__(parent, name, fused)  # not a submodule: its buffers are the parts' (no double count)
+
+
+def widen_formats(model: nn.Module) -> None:
+    """Every format at its own size in ``model`` back to the wide int8-activation layout of before issue 55 (the fused
+    calls too): the same weights and bits in more bytes, for measurements against the layout of before."""
+    layers = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    for module in model.modules():
+        for name in ("qkv_fused", "gate_up_fused"):
+            if isinstance(module.__dict__.get(name), PackedLinear):
+                layers.append(module.__dict__[name])
+    for layer in layers:
+        if layer.fmt:
+            layer.set_packed(to_int8_activations(widen(layer.packed)))
 
 
 def packed_bytes(model: nn.Module) -> int:
