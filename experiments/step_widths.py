@@ -2,16 +2,19 @@
 
     python experiments/step_widths.py --activations int8            # the real pair (make pair), 1.5B and 0.5B
     python experiments/step_widths.py --activations float --models embedded
+    python experiments/step_widths.py --precision rtn-int4 --models embedded --layouts compact wide
 
 Each model runs :func:`~spectoolkit.runtime.lone.model_step` (one forward of w tokens on a 64-token context on the
 eager runner, rolled back after: what a decode step, w = 1, or a verify window costs). Models and widths are
 interleaved per repeat, the first repeat is warm-up, and the median is printed in ms and in units of the first
 model's decode step (T₁). Run it alone: two 2-thread processes wreck each other's numbers.
 
-Per model it also prints the bytes a decode step streams (linears and head) against the GGUF file's bytes of the same
-tensors, and T₁ against streamed bytes / the read bandwidth measured between repeats in this process (the floor).
-``--layouts compact wide`` loads each model twice, the second with every GGUF format widened back to the wide
-int8-activation layout of before issue 55, interleaved in the same repeats.
+Per model it also prints the bytes a decode step streams (linears and head), for ``gguf`` against the GGUF file's
+bytes of the same tensors, and T₁ against streamed bytes / the read bandwidth measured between repeats in this process
+(the floor). ``--layouts compact wide`` loads each model twice, the second with every format at its own size (GGUF,
+rtn, GPTQ) widened back to the wide int8-activation layout of before issue 55, interleaved in the same repeats.
+``--precision`` loads another precision (``rtn-int4``, ``rtn-int8``, GPTQ ``int4``; ``--group-size``,
+``--quantize-head`` as ``draft.group_size`` / ``draft.quantize_head``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 
 from spectoolkit.bench.protocol.conditions import read_bandwidth_gbs
 from spectoolkit.embedded import gguf_source
-from spectoolkit.kernels.cpu_linear import PackedLinear, to_int8_activations, widen
+from spectoolkit.kernels.packing import widen_formats
 from spectoolkit.pair import PAIR
 from spectoolkit.quant.gguf_native import TensorReader
 from spectoolkit.runtime.lone import model_step
@@ -44,18 +47,6 @@ def file_bytes(path: str) -> int:
     )
 
 
-def widened(model: torch.nn.Module) -> None:
-    """Every format at its own size back to the wide int8-activation layout (the fused calls too)."""
-    layers = [m for m in model.modules() if isinstance(m, PackedLinear)]
-    for module in model.modules():
-        for name in ("qkv_fused", "gate_up_fused"):
-            if isinstance(module.__dict__.get(name), PackedLinear):
-                layers.append(module.__dict__[name])
-    for layer in layers:
-        if layer.fmt:
-            layer.set_packed(to_int8_activations(widen(layer.packed)))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--activations", choices=("float", "int8"), default="int8")
@@ -63,17 +54,24 @@ def main() -> None:
     parser.add_argument("--widths", nargs="+", type=int, default=[1, 2, 4, 5, 8, 9])
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--layouts", nargs="+", choices=("compact", "wide"), default=["compact"])
+    parser.add_argument("--precision", choices=("gguf", "rtn-int4", "rtn-int8", "int4"), default="gguf")
+    parser.add_argument("--group-size", type=int, default=64)
+    parser.add_argument("--quantize-head", action="store_true")
     args = parser.parse_args()
     cpu = torch.device("cpu")
     steps, streamed = {}, {}
     for name in args.models:
         path = None if name == "embedded" else name
         for layout in args.layouts:
-            loaded = load_model(path, "gguf", cpu, activations=args.activations)
+            loaded = load_model(path, args.precision, cpu, args.group_size, quantize_head=args.quantize_head,
+                                activations=args.activations)  # fmt: skip
             if layout == "wide":
-                widened(loaded.model)
+                widen_formats(loaded.model)
             key = f"{name}[{layout}]" if len(args.layouts) > 1 else name
             steps[key], streamed[key] = model_step(loaded.model), loaded.streamed_bytes()
+            if args.precision != "gguf":
+                print(f"{key} {args.precision}: streams {streamed[key] / 1e6:.1f} MB a step ({loaded.kernels})")
+                continue
             in_file = file_bytes(loaded.path)
             print(
                 f"{key}: streams {streamed[key] / 1e6:.1f} MB a step; the GGUF file's tensors "

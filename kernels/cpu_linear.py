@@ -23,9 +23,10 @@ for quantized weights, per group g, ``block = fma(x[m, k], q[n, k], block)`` ove
 dequantized weight is ``q * scale`` (int8), ``(u - 8) * scale + zero`` (int4, as the canonical format) and
 ``NF4[u] * absmax`` (nf4).
 
-A GGUF format held at its own size (:mod:`spectoolkit.kernels.formats`, issue 55) is a third layout, for int8
-activations only: ``data`` uint8 [P, K/B, REC] records with the file's codes and scales, ``fmt`` its name, scales
-and zeros empty; :func:`widen` gives the wide layout of the same weight (the same bits through the kernel).
+A format held at its own size (:mod:`spectoolkit.kernels.formats`, issue 55: a GGUF block type, rtn-int4/int8 and
+GPTQ int4 at groups of 32, 64, 128) is a third layout, for int8 activations only: ``data`` uint8 [P, K/B, REC] records
+with the checkpoint's codes and scales, ``fmt`` its name, scales and zeros empty (:func:`pack_records`,
+:func:`pack_rtn_records`); :func:`widen` gives the wide layout of the same weight (the same bits through the kernel).
 """
 
 from __future__ import annotations
@@ -107,6 +108,25 @@ def pack_rtn(quantized: QuantizedWeight) -> PackedWeight:
     return pack_int4_codes(unpack_int4(quantized.qweight), quantized.scales.float(), quantized.zeros.float(), group)
 
 
+def pack_rtn_records(quantized: QuantizedWeight) -> PackedWeight | None:
+    """A canonical RTN weight at its own size (bf16 scales and zeros, codes at their width: ``rtn-int4-g64``, ...),
+    the same weight as :func:`pack_rtn`'s; None where its group has no format (it stays wide)."""
+    name = formats.own_size(f"rtn-int{quantized.bits}", quantized.group_size)
+    if name is None:
+        return None
+    if quantized.bits == 8:
+        return pack_records(name, quantized.qweight, {"s": quantized.scales})
+    return pack_records(name, unpack_int4(quantized.qweight), {"s": quantized.scales, "z": quantized.zeros})
+
+
+def pack_records(name: str, codes: torch.Tensor, fields: dict[str, torch.Tensor]) -> PackedWeight:
+    """Codes [N, K] and header fields [N, K/B, count] of format ``name`` (:func:`~spectoolkit.kernels.formats.records`)
+    -> its records."""
+    rows, columns = codes.shape
+    data = formats.records(name, codes, fields)
+    return PackedWeight(data, _EMPTY, _EMPTY, rows, columns, formats.FORMATS[name].group, name)
+
+
 def pack_int8_codes(codes: torch.Tensor, scales: torch.Tensor, group: int) -> PackedWeight:
     """int8 codes q [N, K] and fp32 ``scales`` [N, K / group] -> panels; the weight is ``q * scale`` (the canonical
     formula; other int8 formats map onto it exactly, e.g. GGUF's Q8_0)."""
@@ -164,9 +184,9 @@ def widen(packed: PackedWeight) -> PackedWeight:
         return panels.transpose(1, 2).reshape(-1, panels.shape[1])[: packed.out_features]
 
     if kind == "int8":
-        wide = pack_int8_codes(rows(codes - fmt.offset), rows(scales), fmt.sub)
+        wide = pack_int8_codes(rows(codes - fmt.offset), rows(scales), fmt.group)
     else:
-        wide = pack_int4_codes(rows(codes), rows(scales), rows(zeros), fmt.sub)
+        wide = pack_int4_codes(rows(codes), rows(scales), rows(zeros), fmt.group)
     return to_int8_activations(wide)
 
 
@@ -182,7 +202,7 @@ def dequantized(packed: PackedWeight) -> torch.Tensor:
     if packed.fmt:  # the scales and zeros the kernel computes from the records (formats.decode)
         fmt = formats.FORMATS[packed.fmt]
         codes, scales, zeros = formats.decode(packed.data, packed.fmt)
-        return _scaled(codes.double() - fmt.offset, scales, zeros, fmt.sub, packed.out_features)
+        return _scaled(codes.double() - fmt.offset, scales, zeros, fmt.group, packed.out_features)
     data = _float_layout(packed).data
     if packed.kind in ("int4", "nf4"):
         codes = torch.stack([data & 15, data >> 4], dim=2).flatten(1, 2)  # [P, K, 16] u

@@ -24,6 +24,7 @@ from spectoolkit.kernels.cpu_linear import (
     float_layout,
     int8_activations_why,
     to_int8_activations,
+    widen,
 )
 from spectoolkit.kernels.kernel_choice import library_layer
 from spectoolkit.kernels.layer_wrapper import leaf_linears, replace_module
@@ -31,11 +32,16 @@ from spectoolkit.kernels.layer_wrapper import leaf_linears, replace_module
 Converter = Callable[[nn.Module], "PackedLinear | str"]  # a leaf linear -> its packed twin, or why it keeps its path
 
 
-def pack_model(model: nn.Module, convert: Converter, activations: str = "float") -> dict[str, str]:
+def pack_model(model: nn.Module, convert: Converter, activations: str | None = None) -> dict[str, str]:
     """Replace every linear of ``model`` that ``convert`` packs by its packed twin (idempotent); with ``activations=
-    "int8"`` its integer layers run integer dot products. Returns what each kind of layer runs:
+    "int8"`` its integer layers run integer dot products; None: as the layers packed already run (int8 if one does,
+    so packing a model again keeps its records and integer layouts). Returns what each kind of layer runs:
     ``{"<source> <N>x<K>": "packed" | "packed, int8 activations" | "packed, float activations: <why>" |
     "own path: <why>"}``."""
+    if activations is None:
+        layers = [library_layer(module) for _, module in leaf_linears(model)]
+        integer = any(isinstance(layer, PackedLinear) and layer.activations == "int8" for layer in layers)
+        activations = "int8" if integer else "float"
     report: dict[str, str] = {}
     for name, module in leaf_linears(model):
         module = library_layer(module)  # a layer run as a measured variant is packed itself, its wrapper dropped
@@ -102,6 +108,19 @@ def _fuse(parent: nn.Module, name: str, parts: tuple[str, ...]) -> None:
                 setattr(layer, field, getattr(fused, field)[panel : panel + panels])
         panel += panels
     object.__setattr__(parent, name, fused)  # not a submodule: its buffers are the parts' (no double count)
+
+
+def widen_formats(model: nn.Module) -> None:
+    """Every format at its own size in ``model`` back to the wide int8-activation layout of before issue 55 (the fused
+    calls too): the same weights and bits in more bytes, for measurements against the layout of before."""
+    layers = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    for module in model.modules():
+        for name in ("qkv_fused", "gate_up_fused"):
+            if isinstance(module.__dict__.get(name), PackedLinear):
+                layers.append(module.__dict__[name])
+    for layer in layers:
+        if layer.fmt:
+            layer.set_packed(to_int8_activations(widen(layer.packed)))
 
 
 def packed_bytes(model: nn.Module) -> int:

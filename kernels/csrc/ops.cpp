@@ -54,10 +54,18 @@ struct Q8Rows {
 //   Q5_K  (B 256) the Q4_K header | per sub-block: high-bit plane u32 [16], nibbles [4][16][4] = 176
 //   Q6_K  (B 256) d | per sub-block: scale int8 [16], 2-bit plane u32 [16], nibbles [2][16][4]  = 210
 // (Q5_K/Q6_K interleave each sub-block's fields in the order the kernel reads them: one sequential stream.)
+// rtn and GPTQ at their own size, one format per group size g (B = g: one record per group, S = 32 as the wide
+// layouts' sub-blocks; the record's scale serves each of its sub-blocks):
+//   RTN4  s bf16 [16] | z bf16 [16] | nibbles [g/8][16][4]       w = (u - 8) * s + z      = 4 + g/2 bytes/column
+//   RTN8  s bf16 [16] | quads int8 [g/4][16][4]                  w = q * s                = 2 + g
+//   GPTQ4 s bf16 [16] | z 4-bit [8] (column c: byte c % 8, nibble c / 8) | nibbles      w = (u - 8) * s + (8 - z) * s
 // Nibbles as the WIDE int4 quads (byte (i, c, j): element 8i + j low, 8i + 4 + j high). A plane word holds a
 // column's high bits of one sub-block: 1-bit, element 8i + 4h + j at bit 2i + h of byte j; 2-bit (16 elements),
 // bits 2p, 2p + 1 of byte j with p = 2i + h. Codes are unsigned, w = (u - OFF) * scale (+ zero).
-enum Fmt : int { WIDE = 0, FQ8_0, FQ4_0, FQ4_1, FQ5_0, FQ4_K, FQ5_K, FQ6_K, FMT_COUNT };
+enum Fmt : int {
+  WIDE = 0, FQ8_0, FQ4_0, FQ4_1, FQ5_0, FQ4_K, FQ5_K, FQ6_K,
+  FRTN4_32, FRTN4_64, FRTN4_128, FRTN8_32, FRTN8_64, FRTN8_128, FGPTQ4_32, FGPTQ4_64, FGPTQ4_128, FMT_COUNT
+};
 struct FmtLayout {
   int64_t B, S, REC;  // elements per record, per sub-block (one scale), bytes per record
   int BITS, OFF;      // code width (8: int8 quads), code offset
@@ -74,7 +82,18 @@ constexpr FmtLayout FMT[FMT_COUNT] = {
     {256, 32, 2304, 4, 8, 256, 0, true, 0, 0},
     {256, 32, 2816, 5, 0, 64, 0, true, 256, 320},
     {256, 16, 3360, 6, 32, 80, 16, false, 32, 208},
+    {32, 32, 320, 4, 8, 64, 0, true, 0, 0},
+    {64, 32, 576, 4, 8, 64, 0, true, 0, 0},
+    {128, 32, 1088, 4, 8, 64, 0, true, 0, 0},
+    {32, 32, 544, 8, 0, 32, 0, false, 0, 0},
+    {64, 32, 1056, 8, 0, 32, 0, false, 0, 0},
+    {128, 32, 2080, 8, 0, 32, 0, false, 0, 0},
+    {32, 32, 296, 4, 8, 40, 0, true, 0, 0},
+    {64, 32, 552, 4, 8, 40, 0, true, 0, 0},
+    {128, 32, 1064, 4, 8, 40, 0, true, 0, 0},
 };
+constexpr bool rtn_fmt(int f) { return f >= FRTN4_32 && f <= FRTN8_128; }  // a bf16 scale (and zero), nothing else
+constexpr bool gptq_fmt(int f) { return f >= FGPTQ4_32 && f <= FGPTQ4_128; }
 
 }  // namespace
 
@@ -162,6 +181,11 @@ inline VI vi_sll(VI v, int n) { return _mm512_sll_epi32(v, _mm_cvtsi32_si128(n))
 inline VI vi_srl(VI v, int n) { return _mm512_srl_epi32(v, _mm_cvtsi32_si128(n)); }
 inline V vload_h(const uint8_t* p) {  // VL fp16 -> fp32, exact
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline V vload_u4(const uint8_t* p, int) {  // 16 4-bit values (column c: byte c % 8, nibble c / 8) -> fp32
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(15);
+  const __m128i both = _mm_unpacklo_epi64(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(both));
 }
 #include "isa_body.inc"
 #include "int_body.inc"
@@ -257,6 +281,11 @@ inline VI vi_sll(VI v, int n) { return _mm256_sll_epi32(v, _mm_cvtsi32_si128(n))
 inline VI vi_srl(VI v, int n) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(n)); }
 inline V vload_h(const uint8_t* p) {  // F16C: VL fp16 -> fp32, exact
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline V vload_u4(const uint8_t* p, int v) {  // columns 8v..8v+7 of 16 4-bit values (byte c % 8, nibble c / 8)
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i nib = _mm_and_si128(v ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nib));
 }
 #include "isa_body.inc"
 #include "int_body.inc"
@@ -362,6 +391,9 @@ inline V vload_h(const uint8_t* p) {  // c10's fp16 -> fp32 conversion, exact
   uint16_t bits;
   std::memcpy(&bits, p, 2);
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+inline V vload_u4(const uint8_t* p, int v) {  // column v of 16 4-bit values (byte v % 8, nibble v / 8)
+  return static_cast<float>((p[v % 8] >> (4 * (v / 8))) & 15);
 }
 #include "isa_body.inc"
 #include "int_body.inc"
@@ -571,7 +603,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
 }
 
 // The integer-activation layout's checks; returns (kind 0 int8 / 1 int4, sub-block S, groups G). ``fmt`` > 0: a
-// GGUF format's records (FMT), kind and G unused.
+// format's records (FMT: GGUF, rtn, GPTQ), kind and G unused.
 std::tuple<int, int64_t, int64_t> int_layout(const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
                                              int64_t K, int64_t n, int64_t group, int64_t fmt) {
   if (fmt != WIDE) {
@@ -647,7 +679,7 @@ at::Tensor with_bias(at::Tensor out, const c10::optional<at::Tensor>& bias, int6
 
 // x [M, K] fp32 @ packed weight -> [M, n] fp32 (+ bias). Packed (kernels/cpu.py): fp32/bf16 [P, K, 16];
 // int8 [P, K, 16] codes; int4 (uint8) [P, K/2, 16] bytes; scales/zeros fp32 [P, G, 16] (quantized only).
-// ``fmt`` > 0: a GGUF format's records (FMT), int8 activations.
+// ``fmt`` > 0: a format's records (FMT: GGUF, rtn, GPTQ), int8 activations.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
                   const c10::optional<at::Tensor>& bias, int64_t n, int64_t group, int64_t isa, int64_t fmt) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "spectoolkit::linear: x is fp32 [M, K]");

@@ -14,12 +14,19 @@ The weight is ``w[n, k] = scale[g, n] * (q[k, n] - z[g, n])`` with g = g_idx[k].
 exact in fp32, hence the packed layer multiplies by exactly GPTQ's weights. The bits allow it for 4 bits
 with groups of consecutive columns (g_idx = k // group, i.e. no act-order permutation), the group even and
 dividing K; anything else keeps GPTQModel's kernel, and :func:`unpackable` says why.
+
+At groups of 32, 64, 128 :func:`to_records` keeps the layer's own size instead (issue 55): the codes and 4-bit zero
+points packed, the scale as the layer holds it (bf16: GPTQModel converts the file's fp16 on the CPU), from which the
+kernel computes exactly the scale and zero above.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from spectoolkit.kernels import formats
+from spectoolkit.kernels.cpu_linear import PackedWeight, pack_records
 
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble s of a word at bits 4s..4s+3
 
@@ -53,13 +60,30 @@ def unpackable(layer: nn.Module) -> str | None:
 def int4_codes(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(codes u uint8 [N, K], scales fp32 [N, G], zeros fp32 [N, G], group) of a layer :func:`unpackable`
     accepts, with ``(u - 8) * scale + zero`` = GPTQ's weight exactly (module docstring)."""
-    rows, columns, group = layer.out_features, layer.in_features, _group(layer)
+    codes, zeros = _codes(layer)
+    scales = layer.scales.float().t()  # [N, G]
+    return codes, scales.contiguous(), ((8 - zeros) * scales).contiguous(), _group(layer)
+
+
+def to_records(layer: nn.Module) -> PackedWeight | None:
+    """A layer :func:`unpackable` accepts at its own size (``gptq-int4-g128``, ...), the same weight as
+    :func:`int4_codes`'; None where its group has no format or its scales are not bf16 values (it stays wide)."""
+    name = formats.own_size("gptq-int4", _group(layer))
+    scales = layer.scales.t().contiguous()  # [N, G]
+    if name is None or not torch.equal(scales.bfloat16().float(), scales.float()):
+        return None
+    codes, zeros = _codes(layer)
+    return pack_records(name, codes, {"s": scales.bfloat16(), "zq": zeros.to(torch.uint8)})
+
+
+def _codes(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes q uint8 [N, K], zero points z int32 [N, G], both in 0..15) of a layer :func:`unpackable` accepts."""
+    rows, columns = layer.out_features, layer.in_features
     codes = (layer.qweight[:, None, :] >> _SHIFTS[None, :, None]) & 15  # [K/8, 8, N]
     codes = codes.reshape(columns, rows).t()  # [N, K]
     zeros = (layer.qzeros[:, :, None] >> _SHIFTS[None, None, :]) & 15  # [G, N/8, 8]
     zeros = zeros.reshape(zeros.shape[0], -1)[:, :rows].t()  # [N, G], z in 0..15
-    scales = layer.scales.float().t()  # [N, G]
-    return codes.to(torch.uint8).contiguous(), scales.contiguous(), ((8 - zeros) * scales).contiguous(), group
+    return codes.to(torch.uint8).contiguous(), zeros.contiguous()
 
 
 def _group(layer: nn.Module) -> int:

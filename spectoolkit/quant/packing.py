@@ -5,7 +5,9 @@ Every CPU linear our kernel runs becomes a :class:`~spectoolkit.kernels.cpu_line
 ``nn.Linear`` (fp32 or bf16 weights, kept in their dtype) and RTN layers (int8/int4, any group size
 that divides K, or per channel) from their canonical codes, and GPTQModel's 4-bit GPTQ layers from
 their codes (:mod:`spectoolkit.quant.gptq_codes`), bitsandbytes NF4 layers likewise
-(:mod:`spectoolkit.quant.bnb_codes`): the same weights exactly. The original weight is dropped, except a
+(:mod:`spectoolkit.quant.bnb_codes`): the same weights exactly. RTN and GPTQ layers whose group has a format
+(32, 64, 128) keep their own size (:mod:`spectoolkit.kernels.formats`, issue 55), records that run int8 activations
+and become the wide panels of before at float activations. The original weight is dropped, except a
 tied output embedding, which stays as the input embedding. Layers the kernel cannot take keep their own
 path, and :func:`pack_model` says which and why: bitsandbytes LLM.int8 (it quantizes activations too),
 GPTQ with act-order or other bit widths, fp16 weights, and anything off the CPU.
@@ -18,7 +20,15 @@ from __future__ import annotations
 from torch import nn
 
 from spectoolkit.kernels import packing
-from spectoolkit.kernels.cpu_linear import FLOAT_DTYPES, PackedLinear, pack_float, pack_int4_codes, pack_nf4, pack_rtn
+from spectoolkit.kernels.cpu_linear import (
+    FLOAT_DTYPES,
+    PackedLinear,
+    pack_float,
+    pack_int4_codes,
+    pack_nf4,
+    pack_rtn,
+    pack_rtn_records,
+)
 from spectoolkit.quant import bnb_codes, gptq_codes
 from spectoolkit.quant.rtn import RtnLinear
 
@@ -46,11 +56,16 @@ def packable(layer: nn.Module) -> str | None:
 def pack_layer(layer: nn.Module) -> PackedLinear:
     """The packed twin of a layer :func:`packable` accepts."""
     bias = layer.bias.detach() if layer.bias is not None else None
-    if isinstance(layer, RtnLinear):
-        return PackedLinear(pack_rtn(layer.quantized()), bias, f"rtn-int{layer.bits} g{layer.group_size}")
+    if isinstance(layer, RtnLinear):  # at their own size where a format has their group (issue 55), else wide
+        quantized = layer.quantized()
+        packed = pack_rtn_records(quantized) or pack_rtn(quantized)
+        return PackedLinear(packed, bias, f"rtn-int{layer.bits} g{layer.group_size}")
     if gptq_codes.is_gptq_layer(layer):
-        codes, scales, zeros, group = gptq_codes.int4_codes(layer)
-        return PackedLinear(pack_int4_codes(codes, scales, zeros, group), bias, f"gptq-int4 g{group}")
+        packed = gptq_codes.to_records(layer)
+        if packed is None:
+            codes, scales, zeros, group = gptq_codes.int4_codes(layer)
+            packed = pack_int4_codes(codes, scales, zeros, group)
+        return PackedLinear(packed, bias, f"gptq-int4 g{packed.group}")
     if bnb_codes.is_nf4_layer(layer):
         codes, absmax, block = bnb_codes.nf4_codes(layer)
         return PackedLinear(pack_nf4(codes, absmax, block), bias, f"bnb-nf4 b{block}")
@@ -63,6 +78,6 @@ def convert(layer: nn.Module) -> PackedLinear | str:
     return why if why is not None else pack_layer(layer)
 
 
-def pack_model(model: nn.Module, activations: str = "float") -> dict[str, str]:
+def pack_model(model: nn.Module, activations: str | None = None) -> dict[str, str]:
     """:func:`spectoolkit.kernels.packing.pack_model` with the formats of this package."""
     return packing.pack_model(model, convert, activations)

@@ -88,7 +88,7 @@ class CompiledRunner:
                 f"runtime.compile=true stores KV as {', '.join(KERNEL_KV)}, not {pool.precision}: "
                 "pick another kv precision or runtime.compile=false"
             )
-        unpacked = {kind: why for kind, why in pack_model(model).items() if why != "packed"}
+        unpacked = {kind: why for kind, why in pack_model(model).items() if why.startswith("own path")}
         if unpacked:
             kind, why = next(iter(unpacked.items()))
             raise SpecToolkitError(

@@ -264,6 +264,25 @@ def test_gptq_layers_are_repacked_for_our_kernel_with_exactly_their_weights(tiny
     torch.testing.assert_close(ours, theirs, atol=0.15, rtol=0.05)  # same weights; their kernel rounds x to bf16
 
 
+def test_gptq_layers_keep_their_own_size_with_exactly_the_wide_layouts_weights_and_bits(tiny_quantized: Path) -> None:
+    """Issue 55: GPTQModel's own layers (bf16 scales on the CPU) become gptq-int4-g32 records at the checkpoint's bytes,
+    which widen to exactly the wide int4 layout of the same codes and give its bits through the kernel."""
+    from spectoolkit.kernels.cpu_linear import linear, pack_int4_codes, to_int8_activations, widen
+    from spectoolkit.quant.gptq_codes import int4_codes, is_gptq_layer, to_records
+
+    model = load_quantized(str(tiny_quantized), "int4", torch.device("cpu"), 64)
+    generator = torch.Generator().manual_seed(0)
+    for layer in (module for module in model.modules() if is_gptq_layer(module)):
+        x = torch.randn(5, layer.in_features, generator=generator)
+        packed, wide = to_records(layer), to_int8_activations(pack_int4_codes(*int4_codes(layer)))
+        stored = sum(t.numel() * t.element_size() for t in (layer.qweight, layer.qzeros, layer.scales))
+        assert packed.fmt == "gptq-int4-g32"
+        assert packed.nbytes() * layer.out_features == stored * packed.data.shape[0] * 16  # panels of 16 columns
+        for field in ("data", "scales", "zeros"):
+            assert torch.equal(getattr(widen(packed), field), getattr(wide, field)), field
+        assert torch.equal(linear(x, packed), linear(x, wide)), layer.name
+
+
 def test_gptq_layers_the_bits_do_not_allow_keep_their_path_and_say_why(tiny_quantized: Path) -> None:
     from spectoolkit.quant.gptq_codes import unpackable
 
