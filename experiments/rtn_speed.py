@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from spectoolkit.checkpoints import resolve_checkpoint
 from spectoolkit.config import WorkloadConfig
 from spectoolkit.quant.rtn import load_quantized
 from spectoolkit.runtime.lone import LoneSequence, lone_sequence
@@ -38,7 +39,7 @@ def build_arm(name: str, group_size: int) -> torch.nn.Module:
         return load_model(None, name, CPU).model
     precision, _, head = name.partition("+")
     precision, _, group = precision.partition("@")
-    return load_quantized(None, precision, CPU, int(group) if group else group_size, quantize_lm_head=bool(head))
+    return load_quantized(resolve_checkpoint(None), precision, CPU, int(group) if group else group_size, quantize_lm_head=bool(head))
 
 
 def time_steps(runners: dict[str, LoneSequence], repeats: int) -> dict[str, dict[str, float]]:

@@ -270,7 +270,7 @@ def test_gptq_layers_keep_their_own_size_with_exactly_the_wide_layouts_weights_a
     from spectoolkit.kernels.cpu_linear import linear, pack_int4_codes, to_int8_activations, widen
     from spectoolkit.quant.gptq_codes import int4_codes, is_gptq_layer, to_records
 
-    model = load_quantized(str(tiny_quantized), "int4", torch.device("cpu"), 64)
+    model = load_quantized(resolve_checkpoint(str(tiny_quantized)), "int4", torch.device("cpu"), 64)
     generator = torch.Generator().manual_seed(0)
     for layer in (module for module in model.modules() if is_gptq_layer(module)):
         x = torch.randn(5, layer.in_features, generator=generator)
