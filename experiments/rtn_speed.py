@@ -39,7 +39,8 @@ def build_arm(name: str, group_size: int) -> torch.nn.Module:
         return load_model(None, name, CPU).model
     precision, _, head = name.partition("+")
     precision, _, group = precision.partition("@")
-    return load_quantized(resolve_checkpoint(None), precision, CPU, int(group) if group else group_size, quantize_lm_head=bool(head))
+    group_size = int(group) if group else group_size
+    return load_quantized(resolve_checkpoint(None), precision, CPU, group_size, quantize_lm_head=bool(head))
 
 
 def time_steps(runners: dict[str, LoneSequence], repeats: int) -> dict[str, dict[str, float]]:
