@@ -38,16 +38,18 @@ class ServerSource:
 
 @contextlib.contextmanager
 def server_source(cfg: RunConfig) -> Iterator[ServerSource]:
-    """The arms of ``cfg.backend`` (endpoint: the given URLs; vllm: servers started here), closed on exit. The
-    config is resolved once, here, as a local run's is (:func:`~spectoolkit.wiring.resolve.resolve_run`)."""
-    run = resolve_run(cfg)
-    tokenizer = load_tokenizer(run.target)
+    """The arms of ``cfg.backend`` (endpoint: the given URLs; vllm: servers started here), closed on exit. Servers
+    started here take the config resolved once, as a local run's is (:func:`~spectoolkit.wiring.resolve.resolve_run`:
+    their target and draft checkpoints); an endpoint's servers are someone else's, and only the target's
+    tokenizer is resolved for it."""
+    run = resolve_run(cfg) if cfg.backend.kind in ("vllm", "llamacpp") else None
+    tokenizer = load_tokenizer(run.target if run is not None else cfg.model.target_path)
     loop = LoopThread()
     with contextlib.ExitStack() as stack:
         stack.callback(loop.close)
         managed: dict[str, Any] = {}
         declared: dict[str, Declared] | None = None
-        if cfg.backend.kind in ("vllm", "llamacpp"):
+        if run is not None:  # backend=vllm|llamacpp: the servers are ours to start
             from spectoolkit.backends.managed import start_llamacpp_servers, start_vllm_servers
 
             start = start_vllm_servers if cfg.backend.kind == "vllm" else start_llamacpp_servers
