@@ -60,6 +60,12 @@ def resolve_checkpoint(spec: str | None) -> Checkpoint:
     return Checkpoint(spec, location, gguf_source(local) if local.is_dir() else None)
 
 
+def checkpoint_of(model: Checkpoint | str | None) -> Checkpoint:
+    """``model`` as a resolved checkpoint: itself, or a spec resolved here (a library caller's door, as
+    ``load_model(None, ...)`` from plain Python)."""
+    return model if isinstance(model, Checkpoint) else resolve_checkpoint(model)
+
+
 def resolve_path(path: str | None) -> str:
     """A loadable location: the embedded directory for ``None``, the converted directory of a GGUF file or of a
     ``make pair`` model, else the directory or hub id."""

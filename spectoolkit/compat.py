@@ -260,18 +260,16 @@ def _text(text: str | None, limit: int = 60) -> str:
 def check_pair(target: Checkpoint, draft: Checkpoint) -> CompatReport:
     """Load both checkpoints' tokenizers and configs (resolved once: :func:`~spectoolkit.checkpoints.
     resolve_checkpoint`) and compare them."""
-    target_tokenizer, target_vocab_size = _load(target.location, _named(target), "target")
-    draft_tokenizer, draft_vocab_size = _load(draft.location, _named(draft), "draft")
+    target_tokenizer, target_vocab_size = _load(target, "target")
+    draft_tokenizer, draft_vocab_size = _load(draft, "draft")
     return check_compat(target_tokenizer, draft_tokenizer, target_vocab_size, draft_vocab_size)
 
 
-def _named(checkpoint: Checkpoint) -> str:
-    return checkpoint.spec or "embedded"
-
-
-def _load(source: str, spec: str, role: str) -> tuple[Tokenizer, int]:
-    """The tokenizer and vocabulary size at ``source`` (``spec`` resolved; errors name ``spec``)."""
+def _load(checkpoint: Checkpoint, role: str) -> tuple[Tokenizer, int]:
+    """The tokenizer and vocabulary size of ``checkpoint`` (errors name its spec, as configured)."""
     from transformers import AutoConfig, AutoTokenizer
+
+    source, spec = checkpoint.location, checkpoint.spec or "embedded"
 
     # Loading reads user files (or the hub); whatever fails there is a user problem, not a bug.
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectoolkit.checkpoints import Checkpoint, resolve_checkpoint
+from spectoolkit.checkpoints import Checkpoint, checkpoint_of
 from spectoolkit.config_checks import HEAD_PRUNING
 from spectoolkit.errors import SpecToolkitError, first_line
 from spectoolkit.kernels.kernel_choice import choose_kernels
@@ -94,7 +94,7 @@ def load_tokenizer(model: Checkpoint | str | None):
     """The tokenizer of ``model`` (a resolved checkpoint, or a spec resolved here: a library caller's door)."""
     from transformers import AutoTokenizer
 
-    location = (model if isinstance(model, Checkpoint) else resolve_checkpoint(model)).location
+    location = checkpoint_of(model).location
     try:
         return AutoTokenizer.from_pretrained(location)
     except (OSError, ValueError) as exc:
@@ -138,7 +138,7 @@ def load_model(
         raise SpecToolkitError(f"precision '{precision}' is not one of {', '.join((*DTYPES, *QUANT_PRECISIONS))}")
     if head_rows is not None and precision not in HEAD_PRUNING:
         raise SpecToolkitError(f"a draft head cut to fewer tokens needs a float or rtn-* draft, not '{precision}'")
-    checkpoint = model if isinstance(model, Checkpoint) else resolve_checkpoint(model)
+    checkpoint = checkpoint_of(model)
     location = checkpoint.location
     if precision in QUANT_PRECISIONS:
         model = load_quantized(checkpoint, precision, device, group_size, quantize_head, head_rows)
