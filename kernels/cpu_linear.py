@@ -307,6 +307,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("zeros", packed.zeros)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
         self.isa = cpu_ops.best_isa()
+        self.placed = False  # whether the buffers live in huge-page memory (kernels/placement.py)
 
     @property
     def packed(self) -> PackedWeight:
@@ -324,6 +325,7 @@ class PackedLinear(nn.Module):
         if (packed.out_features, packed.in_features) != (self.out_features, self.in_features):
             raise ValueError("set_packed takes the same weight in another layout")
         self.data, self.scales, self.zeros = packed.data, packed.scales, packed.zeros
+        self.placed = False
         self.group, self.kind, self.fmt, self.fmt_id = packed.group, packed.kind, packed.fmt, format_id(packed)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:

@@ -110,7 +110,7 @@ def _fake_kv_encode(rows, store, scaled):
     return rows.new_empty(rows.shape, dtype=store.dtype), rows.new_empty(scale_shape, dtype=torch.float32)
 
 
-def _fake_quantize_activations(x):
+def _fake_quantize_activations(x, isa=0):
     """x [M, K] -> codes int8 [M, K], scales fp32 [M, K / 32], for tracing."""
     return x.new_empty(x.shape, dtype=torch.int8), x.new_empty((x.shape[0], x.shape[1] // 32), dtype=torch.float32)
 

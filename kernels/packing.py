@@ -6,7 +6,8 @@ one); ``convert`` (the weight formats' own code, e.g.
 or says why it keeps its own path. With int8 activations (issue 47) every packed int8/int4 layer is re-laid for
 the integer dot products (:func:`~spectoolkit.kernels.cpu_linear.to_int8_activations`); a layer that cannot take
 them (nf4, float, a K not a multiple of 32) keeps float activations, and the report says so. Then q/k/v and
-gate/up become one call each (:func:`_fuse`), the parts views of it. A new weight kind or ISA path is added in
+gate/up become one call each (:func:`_fuse`), the parts views of it, and every packed buffer moves to huge-page
+memory (:func:`~spectoolkit.kernels.placement.place_packed`). A new weight kind or ISA path is added in
 this folder alone: the formats only hand over codes.
 """
 
@@ -28,6 +29,7 @@ from spectoolkit.kernels.cpu_linear import (
 )
 from spectoolkit.kernels.kernel_choice import library_layer
 from spectoolkit.kernels.layer_wrapper import leaf_linears, replace_module
+from spectoolkit.kernels.placement import place_packed
 
 Converter = Callable[[nn.Module], "PackedLinear | str"]  # a leaf linear -> its packed twin, or why it keeps its path
 
@@ -60,7 +62,18 @@ def pack_model(model: nn.Module, convert: Converter, activations: str | None = N
             _fuse(attn, "qkv_fused", ("q_proj", "k_proj", "v_proj"))
         if mlp is not None and not hasattr(mlp, "gate_up_fused"):
             _fuse(mlp, "gate_up_fused", ("gate_proj", "up_proj"))
+    place_packed(packed_layers(model))
     return report
+
+
+def packed_layers(model: nn.Module) -> list[PackedLinear]:
+    """Every packed linear of ``model``: its modules, then the fused calls (not submodules: their parts are views)."""
+    layers = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    for module in model.modules():
+        for name in ("qkv_fused", "gate_up_fused"):
+            if isinstance(module.__dict__.get(name), PackedLinear):
+                layers.append(module.__dict__[name])
+    return layers
 
 
 def _with_activations(layer: PackedLinear, activations: str) -> str:
@@ -113,14 +126,10 @@ def _fuse(parent: nn.Module, name: str, parts: tuple[str, ...]) -> None:
 def widen_formats(model: nn.Module) -> None:
     """Every format at its own size in ``model`` back to the wide int8-activation layout of before issue 55 (the fused
     calls too): the same weights and bits in more bytes, for measurements against the layout of before."""
-    layers = [module for module in model.modules() if isinstance(module, PackedLinear)]
-    for module in model.modules():
-        for name in ("qkv_fused", "gate_up_fused"):
-            if isinstance(module.__dict__.get(name), PackedLinear):
-                layers.append(module.__dict__[name])
-    for layer in layers:
+    for layer in packed_layers(model):
         if layer.fmt:
             layer.set_packed(to_int8_activations(widen(layer.packed)))
+    place_packed(packed_layers(model))
 
 
 def packed_bytes(model: nn.Module) -> int:

@@ -34,6 +34,14 @@ struct KvRows {
 
 constexpr int64_t QBLOCK = 32;  // activations quantize to int8 per row and block of this many elements
 
+// v rounded to the nearest integer, halves to even, for |v| < 2^22: adding and taking away 1.5 * 2^23 leaves no
+// fraction bits, and IEEE's default rounding of that sum is half to even; so exactly std::nearbyint(v), with no
+// library call in the loop (the compiler vectorizes it; -ffp-contract=off keeps the two operations).
+inline float round_even(float v) {
+  constexpr float MAGIC = 12582912.f;  // 1.5 * 2^23
+  return (v + MAGIC) - MAGIC;
+}
+
 // A step's activation rows quantized to int8 (quantize_rows), what the integer-activation linear reads.
 struct Q8Rows {
   const int8_t* q;   // [M, K] codes in [-127, 127]
@@ -124,6 +132,9 @@ inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
 inline V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
 inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
 inline V vmin(V a, V b) { return _mm512_min_ps(a, b); }
+inline V vabs(V a) { return _mm512_abs_ps(a); }
+inline V vround(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline float vhmax(V a) { return _mm512_reduce_max_ps(a); }  // exact: max in any order (no NaN: vmax drops them)
 inline float vfma_one(float a, float b, float c) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c))); }
 inline V vpow2(V n) {  // 2^n for integer-valued n in [-126, 127]
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
@@ -223,6 +234,13 @@ inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
 inline V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
 inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
 inline V vmin(V a, V b) { return _mm256_min_ps(a, b); }
+inline V vabs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), a); }
+inline V vround(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline float vhmax(V a) {  // exact: max in any order (no NaN: vmax drops them)
+  const __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
 inline float vfma_one(float a, float b, float c) { return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c))); }
 inline V vpow2(V n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
@@ -321,6 +339,9 @@ inline V vmul(V a, V b) { return a * b; }
 inline V vdiv(V a, V b) { return a / b; }
 inline V vmax(V a, V b) { return a > b ? a : b; }  // _mm*_max_ps: the second operand unless a > b
 inline V vmin(V a, V b) { return a < b ? a : b; }  // _mm*_min_ps: the second operand unless a < b
+inline V vabs(V a) { return std::fabs(a); }
+inline V vround(V a) { return round_even(a); }  // the vector paths' round-to-nearest-even instruction
+inline float vhmax(V a) { return a; }
 inline float vfma_one(float a, float b, float c) { return std::fma(a, b, c); }
 inline V vpow2(V n) {
   const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
@@ -459,10 +480,13 @@ constexpr AttendFn ATTEND[] = {isa_scalar::attend<>, isa_avx2::attend<>, isa_avx
 using NormFn = void (*)(const float*, const float*, float, int64_t, float*, int64_t, int64_t);
 using SiluFn = void (*)(const float*, const float*, float*, int64_t, int64_t);
 using RotaryFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, float*, int64_t, int64_t);
+using QuantBlockFn = float (*)(const float*, int8_t*);
 constexpr NormFn NORM[] = {isa_scalar::rms_norm_rows, isa_avx2::rms_norm_rows, isa_avx512::rms_norm_rows,
                            isa_avx512::rms_norm_rows, isa_avx2::rms_norm_rows};
 constexpr SiluFn SILU[] = {isa_scalar::silu_mul_range, isa_avx2::silu_mul_range, isa_avx512::silu_mul_range,
                            isa_avx512::silu_mul_range, isa_avx2::silu_mul_range};
+constexpr QuantBlockFn QUANT_BLOCK[] = {isa_scalar::quantize_block, isa_avx2::quantize_block,
+                                       isa_avx512::quantize_block, isa_avx512::quantize_block, isa_avx2::quantize_block};
 constexpr RotaryFn ROTARY[] = {isa_scalar::rotary_rows, isa_avx2::rotary_rows, isa_avx512::rotary_rows,
                                isa_avx512::rotary_rows, isa_avx2::rotary_rows};
 
@@ -560,14 +584,19 @@ float absmax_scale(const float* x, int64_t n, float limit) {
 }
 
 // n values to int8 codes: d = max |x| / 127, code = x / d (a zero d divides by 1) rounded half to even, clamped to
-// ±127; returns d. One rule for the KV pool's int8 rows and the integer linear's activation blocks.
+// ±127; returns d. One rule for the KV pool's int8 rows and the integer linear's activation blocks. |x / d| stays
+// below 2^8 (|x| <= max |x|, d rounded from it), inside round_even's range.
 float int8_codes(const float* x, int64_t n, int8_t* q) {
   const float d = absmax_scale(x, n, 127.f), safe = d == 0.f ? 1.f : d;
-  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] / safe), -127.f, 127.f));
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = round_even(x[i] / safe);
+    q[i] = static_cast<int8_t>(static_cast<int32_t>(v < -127.f ? -127.f : (v > 127.f ? 127.f : v)));
+  }
   return d;
 }
 
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t S, Q8Buffers& out) {
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t S, Q8Buffers& out, int64_t isa) {
+  const QuantBlockFn block = QUANT_BLOCK[isa];
   const int64_t A = K / QBLOCK, NB = K / S;
   out.q.resize(M * K);
   out.d.resize(M * A);
@@ -576,7 +605,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t S, Q8Buffers& o
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t a = 0; a < A; ++a)
-        out.d[m * A + a] = int8_codes(x + m * K + a * QBLOCK, QBLOCK, out.q.data() + m * K + a * QBLOCK);
+        out.d[m * A + a] = block(x + m * K + a * QBLOCK, out.q.data() + m * K + a * QBLOCK);
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t b = 0; b < NB; ++b) {
         int32_t sum = 0;
@@ -588,13 +617,13 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t S, Q8Buffers& o
   out.rows = Q8Rows{out.q.data(), out.d.data(), out.s.data(), out.sd.data(), K, S};
 }
 
-// x [M, K] fp32 -> (codes int8 [M, K], scales fp32 [M, K / 32]): quantize_rows' codes, for tests and the Python
-// reference.
-std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
+// x [M, K] fp32 -> (codes int8 [M, K], scales fp32 [M, K / 32]): quantize_rows' codes on path ``isa`` (0: scalar),
+// for tests and the Python reference.
+std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int64_t isa) {
   check_fp32(x, "quantize_activations x");
   TORCH_CHECK(x.dim() == 2 && x.size(1) % QBLOCK == 0, "spectoolkit::quantize_activations: x [M, K], K a multiple of 32");
   Q8Buffers buf;
-  quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), QBLOCK, buf);
+  quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), QBLOCK, buf, resolve_isa(isa));
   auto q = at::empty({x.size(0), x.size(1)}, x.options().dtype(at::kChar));
   auto d = at::empty({x.size(0), x.size(1) / QBLOCK}, x.options());
   std::memcpy(q.data_ptr(), buf.q.data(), buf.q.size());
@@ -639,7 +668,7 @@ at::Tensor int_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const int64_t M = x.size(0), K = x.size(1), P = w.size(0);
   const auto [kind, S, G] = int_layout(w, scales, zeros, K, n, group, fmt);
   Q8Buffers buf;
-  quantize_rows(x.data_ptr<float>(), M, K, S, buf);
+  quantize_rows(x.data_ptr<float>(), M, K, S, buf, resolve_isa(isa));
   auto out = sums ? at::empty({M, K / S, P * PANEL}, x.options().dtype(at::kInt)) : at::empty({M, P * PANEL}, x.options());
   float* op = sums ? nullptr : out.data_ptr<float>();
   int32_t* sp = sums ? out.data_ptr<int32_t>() : nullptr;
@@ -915,7 +944,7 @@ TORCH_LIBRARY(spectoolkit, m) {
   m.def("layer_tail(Tensor hidden, Tensor q, Tensor k_rows, Tensor v_rows, Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
         "Tensor starts, float scale, Tensor norm_w, float eps, Tensor[] linears, int[] meta, int isa=-1) -> Tensor");
   m.def("kv_encode(Tensor rows, Tensor store, bool scaled) -> (Tensor, Tensor)");
-  m.def("quantize_activations(Tensor x) -> (Tensor, Tensor)");
+  m.def("quantize_activations(Tensor x, int isa=0) -> (Tensor, Tensor)");
   m.def("int_sums(Tensor x, Tensor w, Tensor scales, Tensor zeros, int n, int group, int isa=-1, int fmt=0) -> Tensor");
   m.def("cpu_isa() -> int", &cpu_isa);
   m.def("read_words(Tensor buffer) -> int", &read_words);

@@ -73,6 +73,30 @@ def test_activations_quantize_per_block_half_to_even_the_same_in_the_kernel_and_
     assert codes.abs().max() <= 127  # never -128: the sign trick's |q| <= 128 times |x| <= 127 fits int16 pairs
 
 
+@pytest.mark.parametrize("isa", _paths())
+def test_every_path_quantizes_activations_to_the_scalar_paths_bits(isa):
+    """The vector paths' block quantization (max |x|, one division per lane, the nearest-even instruction) gives the
+    scalar rule's codes and scales: ties, zero and negative-zero blocks, tiny and huge blocks, a NaN ignored by the
+    maximum as std::max ignores it."""
+    cpu_ops.load()
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 6 * QBLOCK, generator=generator)
+    scale = x[0].abs().view(-1, QBLOCK).amax(-1) / 127
+    x[0] = (torch.randint(-254, 255, (6 * QBLOCK,), generator=generator).float() / 2).view(-1, QBLOCK).mul(
+        scale[:, None]).flatten()  # x / d lands on halves: every tie rule shows
+    x[1] = 0
+    x[2] = -0.0
+    x[3] *= 1e-40  # subnormal blocks
+    x[4] *= 1e30
+    x[5, 3] = float("nan")
+    codes, scales = torch.ops.spectoolkit.quantize_activations(x, isa)
+    ref_codes, ref_scales = torch.ops.spectoolkit.quantize_activations(x, 0)
+    assert torch.equal(codes, ref_codes)
+    assert torch.equal(scales.view(torch.int32), ref_scales.view(torch.int32))  # bit patterns: +0 and -0 differ
+    plain = torch.cat([x[:5], x[6:]])
+    assert torch.equal(codes[[0, 1, 2, 3, 4, 6, 7]], quantize_activations(plain)[0])
+
+
 @pytest.mark.parametrize("kind", CASES)
 def test_the_layouts_hold_the_same_weight(kind):
     packed = _codes(kind, 40, 128, torch.Generator().manual_seed(1))

@@ -15,6 +15,7 @@ from spectoolkit.config_checks import config_warnings
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels import cpu_ops
 from spectoolkit.kernels.kernel_choice import cpu_flags, cpu_model
+from spectoolkit.kernels.placement import streaming_buffer
 from spectoolkit.kernels.runtime import kernels_usable
 from spectoolkit.runtime.compiled import compiled_runners
 from spectoolkit.wiring.setup import ArmSet, RunFacts, RunSetup
@@ -62,10 +63,11 @@ def host_rss_bytes() -> int | None:
 
 def read_bandwidth_gbs(mib: int = 512, repeats: int = 3) -> float:
     """GB/s of one pass reading a ``mib`` MiB buffer on this process's threads with our kernels' read loop
-    (``spectoolkit::read_words``; best of ``repeats``, after one untimed pass): the rate a decode step's weight
-    stream can reach here, measured in the process that runs it."""
+    (``spectoolkit::read_words``; best of ``repeats``, after one untimed pass) in the memory the packed weights live in
+    (huge pages where offered: :func:`~spectoolkit.kernels.placement.streaming_buffer`): the rate a decode step's
+    weight stream can reach here, measured in the process that runs it."""
     cpu_ops.load()
-    buffer = torch.ones(mib * 2**20, dtype=torch.uint8)
+    buffer = streaming_buffer(mib * 2**20)
     torch.ops.spectoolkit.read_words(buffer)
     best = min(_timed(lambda: torch.ops.spectoolkit.read_words(buffer)) for _ in range(repeats))
     return buffer.numel() / best / 1e9
