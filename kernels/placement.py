@@ -12,6 +12,8 @@ pages are not offered (another OS, ``never``), both leave memory as torch alloca
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 from pathlib import Path
 
@@ -68,17 +70,22 @@ def place_packed(layers: list[PackedLinear]) -> int:
     layer whose buffers were placed already (``placed``) is skipped, so packing a model again copies nothing."""
     if not huge_pages_offered():
         return 0
-    views: dict[int, list[tuple[nn.Module, str, torch.Tensor]]] = {}
+    moved = _move([layer for layer in layers if not layer.placed])
+    for layer in layers:
+        layer.placed = True
+    return_freed_memory()  # the originals are gone now (nothing here holds them)
+    return moved
+
+
+def _move(layers: list[PackedLinear]) -> int:
+    views: dict[int, list[tuple[PackedLinear, str, torch.Tensor]]] = {}
     storages: dict[int, torch.UntypedStorage] = {}
     for layer in layers:
-        if layer.placed:
-            continue
         for name, tensor in layer.named_buffers(recurse=False):
-            if tensor is None or tensor.numel() == 0:
-                continue
-            storage = tensor.untyped_storage()
-            storages[storage.data_ptr()] = storage
-            views.setdefault(storage.data_ptr(), []).append((layer, name, tensor))
+            if tensor is not None and tensor.numel():
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage
+                views.setdefault(storage.data_ptr(), []).append((layer, name, tensor))
     arena, moved = HugePageArena(), 0
     for key, storage in storages.items():
         chunk, offset = arena.take(storage.nbytes())
@@ -89,6 +96,14 @@ def place_packed(layers: list[PackedLinear]) -> int:
             first = typed.storage_offset() + offset // tensor.element_size() + tensor.storage_offset()
             setattr(layer, name, typed.as_strided(tensor.shape, tensor.stride(), first))
         moved += storage.nbytes()
-    for layer in layers:
-        layer.placed = True
     return moved
+
+
+def return_freed_memory() -> None:
+    """Give the heap's free pages back to the OS: glibc keeps the pages of freed tensors for reuse, so the packed
+    buffers :func:`place_packed` copied away from would stay resident (measured: +0.8 GB on the 1.5B). Where the C
+    library has no ``malloc_trim`` (not glibc) nothing happens."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
