@@ -91,7 +91,7 @@ def test_the_layer_ops_give_the_bits_of_their_ops_one_by_one(case, fused, kv):
     report = pack_model(model, "int8" if "+a8" in case else "float")
     if "+a8" in case:  # integer dot products in every decoder linear
         assert all(v == "packed, int8 activations" for k, v in report.items() if "rtn" in k), report
-    if case.endswith("mixed"):  # v in the wide layout, q and k in their own: one pass over three formats (a GGUF's q/k/v)
+    if case.endswith("mixed"):  # v wide, q and k in their own format: one pass over two formats (a GGUF's q/k/v)
         if fused:
             pytest.skip("a fused call holds one format")
         for layer in model.model.layers:
