@@ -82,8 +82,12 @@ def test_every_path_quantizes_activations_to_the_scalar_paths_bits(isa):
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(8, 6 * QBLOCK, generator=generator)
     scale = x[0].abs().view(-1, QBLOCK).amax(-1) / 127
-    x[0] = (torch.randint(-254, 255, (6 * QBLOCK,), generator=generator).float() / 2).view(-1, QBLOCK).mul(
-        scale[:, None]).flatten()  # x / d lands on halves: every tie rule shows
+    x[0] = (
+        (torch.randint(-254, 255, (6 * QBLOCK,), generator=generator).float() / 2)
+        .view(-1, QBLOCK)
+        .mul(scale[:, None])
+        .flatten()
+    )  # x / d lands on halves: every tie rule shows
     x[1] = 0
     x[2] = -0.0
     x[3] *= 1e-40  # subnormal blocks
