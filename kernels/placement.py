@@ -24,6 +24,7 @@ from spectoolkit.kernels.cpu_linear import PackedLinear
 HUGE_PAGE = 2 << 20
 CHUNK = 64 << 20  # the arena maps memory in chunks of at least this (untouched pages cost nothing)
 ALIGN = 64
+TRIM_AT = 64 << 20  # bytes moved from which the originals' pages are handed back (a small model's are not worth it)
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -73,7 +74,8 @@ def place_packed(layers: list[PackedLinear]) -> int:
     moved = _move([layer for layer in layers if not layer.placed])
     for layer in layers:
         layer.placed = True
-    return_freed_memory()  # the originals are gone now (nothing here holds them)
+    if moved >= TRIM_AT:
+        return_freed_memory()  # the originals are gone now (nothing here holds them)
     return moved
 
 
