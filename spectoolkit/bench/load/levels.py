@@ -1,8 +1,9 @@
-"""The load-level protocol: every arm at every level, repeats alternating the arm order (DESIGN §3, §6).
+"""The load-level protocol: every arm at every level, repeats mirroring the arm order in pairs (DESIGN §3, §6).
 
 For each level: an untimed warm-up of ``serve.warmup_requests`` requests per arm at that load, then
-``bench.repeat`` timed runs per arm over the same request sequence, the arm order rotating per repeat
-(baseline, spec; spec, baseline; …) so arms share the time window. ``engine.reset()`` before every run.
+``bench.repeat`` timed runs per arm over the same request sequence, the arm order mirrored in pairs of repeats
+and rotated between pairs (:func:`arm_order`: baseline, spec; spec, baseline; spec, baseline; …) so arms share the
+time window. ``engine.reset()`` before every run.
 Records are written as requests finish; step statistics are totalled per (arm, level, repeat) and, with
 ``serve.step_log``, appended to ``steps.jsonl``. An arm on a server (``snapshot()``: its ``/metrics``
 speculation counters) gets their change over each timed run in ``server_counters``. Afterwards, greedy
@@ -87,9 +88,13 @@ def drive(
 
 
 def arm_order(arms: list[ServingArmLike], repeat_idx: int) -> list[ServingArmLike]:
-    """The arms rotated by the repeat: every arm runs first equally often (2 arms: they alternate)."""
-    shift = repeat_idx % len(arms) if arms else 0
-    return arms[shift:] + arms[:shift]
+    """Repeats in mirrored pairs: repeat 2k runs the arms rotated by k, repeat 2k + 1 the same order reversed. A pair
+    gives every arm the same mean position, so a drift linear in time (bandwidth, clocks) cancels from
+    ``bench.repeat=2`` on, whatever the arm count; over 2 × the arm count repeats every arm also runs first, and
+    last, equally often."""
+    shift = (repeat_idx // 2) % len(arms) if arms else 0
+    order = arms[shift:] + arms[:shift]
+    return order[::-1] if repeat_idx % 2 else order
 
 
 def _warm_up(sweep: LoadSweep, arm: ServingArmLike, level: Level) -> None:
@@ -134,7 +139,7 @@ def _timed_run(sweep: LoadSweep, ctx: RunContext, writer: RecordWriter, step_log
 
 
 def run_levels(sweep: LoadSweep, writer: RecordWriter, step_log: StepLog | None = None) -> None:
-    """Every level: warm-up per arm, then the timed repeats with the arm order rotating."""
+    """Every level: warm-up per arm, then the timed repeats in :func:`arm_order`."""
     measure_start: float | None = None
     for level in sweep.levels:
         for arm in sweep.arms:

@@ -89,8 +89,19 @@ def test_arms_alternate_across_repeats(swept) -> None:
             arms.append(record.arm)
     for level in ("1", "4", "rate=50"):
         assert [order[(level, r)] for r in range(3)] == [["baseline", "spec"], ["spec", "baseline"],
-                                                         ["baseline", "spec"]]  # fmt: skip
+                                                         ["spec", "baseline"]]  # fmt: skip
     assert [arm.name for arm in arm_order(swept[0].arms, 1)] == ["spec", "baseline"]
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_arm_order_cancels_a_linear_drift_in_every_pair_and_balances_the_first_place(count):
+    arms = [f"arm{i}" for i in range(count)]
+    orders = [arm_order(arms, repeat) for repeat in range(2 * count)]
+    assert all(sorted(order) == arms for order in orders)
+    for pair in range(count):  # each pair of repeats: the same mean position for every arm (a linear drift cancels)
+        first, second = orders[2 * pair], orders[2 * pair + 1]
+        assert all(first.index(arm) + second.index(arm) == count - 1 for arm in arms)
+    assert sorted(order[0] for order in orders) == sorted(arms * 2)  # over 2n repeats: every arm first twice
 
 
 def _timed_runs(events) -> list[tuple[str, list]]:
