@@ -84,7 +84,7 @@ def _move(layers: list[PackedLinear]) -> int:
     storages: dict[int, torch.UntypedStorage] = {}
     for layer in layers:
         for name, tensor in layer.named_buffers(recurse=False):
-            if tensor is not None and tensor.numel():
+            if tensor.numel():
                 storage = tensor.untyped_storage()
                 storages[storage.data_ptr()] = storage
                 views.setdefault(storage.data_ptr(), []).append((layer, name, tensor))

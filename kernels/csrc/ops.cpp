@@ -661,6 +661,17 @@ std::tuple<int, int64_t, int64_t> int_layout(const at::Tensor& w, const at::Tens
   return {kind, std::min(group, QBLOCK), G};
 }
 
+// Panels [p0, p1) of one integer-activation linear (int_layout's kind and G) on path ``fn``, into ``out`` or the exact
+// ``sums`` (leading dimension ``ld``): a format's records carry their own scales, a wide layout reads its fp32 scales
+// (and an int4 layout its zeros).
+void int_panels(IntLinearFn fn, int kind, int64_t G, int64_t fmt, const Q8Rows& xr, const at::Tensor& w,
+                const at::Tensor& scales, const at::Tensor& zeros, int64_t M, int64_t group, float* out, int32_t* sums,
+                int64_t ld, int64_t p0, int64_t p1) {
+  const bool wide = fmt == WIDE;
+  fn(kind, static_cast<int>(fmt), xr, static_cast<const uint8_t*>(w.data_ptr()), wide ? scales.data_ptr<float>() : nullptr,
+     wide && kind == 1 ? zeros.data_ptr<float>() : nullptr, M, G, group, out, ld, sums, ld, p0, p1);
+}
+
 // x [M, K] fp32 @ integer-activation weights -> [M, P*16] fp32 (int_body.inc), or with ``sums`` the exact
 // sub-block sums [M, K/S, P*16] int32.
 at::Tensor int_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& zeros,
@@ -673,11 +684,8 @@ at::Tensor int_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   float* op = sums ? nullptr : out.data_ptr<float>();
   int32_t* sp = sums ? out.data_ptr<int32_t>() : nullptr;
   const IntLinearFn fn = INT_LINEAR[resolve_isa(isa)];
-  const uint8_t* wp = static_cast<const uint8_t*>(w.data_ptr());
-  const float* zp = fmt == WIDE && kind == 1 ? zeros.data_ptr<float>() : nullptr;
-  const float* scp = fmt == WIDE ? scales.data_ptr<float>() : nullptr;
   at::parallel_for(0, P, 1, [&, kind = kind, G = G](int64_t p0, int64_t p1) {
-    fn(kind, static_cast<int>(fmt), buf.rows, wp, scp, zp, M, G, group, op, P * PANEL, sp, P * PANEL, p0, p1);
+    int_panels(fn, kind, G, fmt, buf.rows, w, scales, zeros, M, group, op, sp, P * PANEL, p0, p1);
   });
   return out;
 }
