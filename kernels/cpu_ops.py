@@ -52,6 +52,7 @@ def load() -> None:
     for name in ("paged_attention", "rms_norm", "silu_mul", "rotary", "layer_tail"):  # the first argument's shape
         torch.library.register_fake(f"spectoolkit::{name}")(_fake_like_first)
     torch.library.register_fake("spectoolkit::attn_in")(_fake_attn_in)
+    torch.library.register_fake("spectoolkit::decoder_layers")(_fake_decoder_layers)
     torch.library.register_fake("spectoolkit::kv_encode")(_fake_kv_encode)
     torch.library.register_fake("spectoolkit::quantize_activations")(_fake_quantize_activations)
 
@@ -102,6 +103,12 @@ def _fake_attn_in(hidden, norm_w, eps, qkv, meta, cos, sin, heads, kv_heads, hea
     rows = hidden.shape[0]
     shapes = ((rows, heads, head_dim), (rows, kv_heads, head_dim), (rows, kv_heads, head_dim))
     return tuple(hidden.new_empty(shape, dtype=torch.float32) for shape in shapes)
+
+
+def _fake_decoder_layers(hidden, cos, sin, weights, meta, eps, stores, write, key_slots, starts, *rest):
+    """hidden [W, E] -> (hidden [W, E], the captured states [W, len(capture) * E]), for tracing."""
+    capture = rest[4]  # after heads, kv_heads, head_dim, scale
+    return torch.empty_like(hidden), hidden.new_empty((hidden.shape[0], len(capture) * hidden.shape[1]))
 
 
 def _fake_kv_encode(rows, store, scaled):

@@ -2,10 +2,11 @@
 
 No transformers ``Cache``, no mask construction, no Python per-layer objects between kernels — gpt-fast's
 shape of a step, on the loaded model's own weights (shared, not copied). Every operation is one of our
-CPU kernels (DESIGN §7) or an exact one: a layer is two calls, ``spectoolkit::attn_in`` (the input norm,
-q/k/v on the packed linear kernel of :mod:`spectoolkit.quant.packing`, rotary) and ``layer_tail``
-(attention over the pool, o, the post-attention norm, SwiGLU, the residuals), which run our norm, rotary,
-SwiGLU, linear and attention kernels with ATen's casts and adds in between (csrc/layer.inc). The rotary
+CPU kernels (DESIGN §7) or an exact one: a layer is ``spectoolkit::attn_in`` (the input norm, q/k/v on the packed
+linear kernel of :mod:`spectoolkit.quant.packing`, rotary) then ``layer_tail`` (attention over the pool, o, the
+post-attention norm, SwiGLU, the residuals), which run our norm, rotary, SwiGLU, linear and attention kernels with
+ATen's casts and adds in between (csrc/layer.inc), and a step runs every layer so in one call
+(``spectoolkit::decoder_layers``, :meth:`StaticDecoder.decoder_layers`). The rotary
 tables come from :class:`RopeTable` (one row per position, computed once). So a row's result depends on
 nothing but its own inputs, and the eager runner (this code run op by op) and the compiled runner (this
 code compiled by inductor) give the same bits. :func:`exact_decoder_reason` says why a model cannot run it
@@ -114,6 +115,7 @@ class StaticDecoder:
         self.isa = isa
         self.norm_weights = {id(m): m.weight.detach().float().contiguous() for m in model.modules() if _is_norm(m)}
         self.layer_args = [_layer_args(layer, self.norm_weights) for layer in self.layers]
+        self.weights, self.meta, self.eps = _flat_layer_args(self.layer_args)  # decoder_layers' arguments
 
     def rms_norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., E] -> RMSNorm(x) in x's dtype (``spectoolkit::rms_norm`` on fp32)."""
@@ -137,6 +139,19 @@ class StaticDecoder:
         return torch.ops.spectoolkit.layer_tail(
             hidden, q, k, v, *stores, write, key_slots, starts, self.scale, args.norm_post, args.eps_post,
             args.tail, args.tail_meta, self.isa,
+        )  # fmt: skip
+
+    def decoder_layers(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, stores: list[torch.Tensor],
+        write: torch.Tensor, key_slots: torch.Tensor, starts: torch.Tensor, capture: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Every layer, each as :meth:`attn_in` then :meth:`layer_tail` (the same bits), in one call
+        (``spectoolkit::decoder_layers``); ``stores``: each layer's pool tensors (k, v, k_scale, v_scale) in layer
+        order -> (the last layer's hidden [W, E], the hidden entering each layer of ``capture`` side by side
+        [W, len(capture) * E])."""
+        return torch.ops.spectoolkit.decoder_layers(
+            hidden, cos, sin, self.weights, self.meta, self.eps, stores, write, key_slots, starts, self.num_heads,
+            self.kv_heads, self.head_dim, self.scale, list(capture), self.isa,
         )  # fmt: skip
 
 
@@ -184,6 +199,16 @@ def _layer_args(layer: nn.Module, norm_weights: dict[int, torch.Tensor]) -> Laye
         q_norm.variance_epsilon if q_norm is not None else 0.0,
         norm_weights[id(post)], post.variance_epsilon, *tail,
     )  # fmt: skip
+
+
+def _flat_layer_args(layers: list[LayerArgs]) -> tuple[list[torch.Tensor], list[int], list[float]]:
+    """``decoder_layers``' weights, meta and eps (csrc/layer.inc says their order) of ``layers``."""
+    weights, meta, eps = [], [], []
+    for args in layers:
+        weights += [args.norm_in, args.q_norm, args.k_norm, args.norm_post, *args.qkv, *args.tail]
+        meta += [len(args.qkv) // 4, len(args.tail) // 4, *args.qkv_meta, *args.tail_meta]
+        eps += [args.eps_in, args.qk_eps, args.eps_post]
+    return weights, meta, eps
 
 
 def _is_norm(module: nn.Module) -> bool:

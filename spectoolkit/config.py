@@ -398,7 +398,7 @@ class RuntimeConfig:
 
 # What runtime.compile=auto resolves to, and why (measured: experiments/kernel_bench.py, DESIGN §7).
 AUTO_COMPILE = (
-    "eager: a decoder layer already runs as two calls on our kernels (spectoolkit::attn_in, layer_tail), "
+    "eager: the decoder layers already run as one call on our kernels (spectoolkit::decoder_layers), "
     "so compiling has little left to remove; compiled steps measured slower on an AMD EPYC Zen 4 "
     "(fp32 36.3 vs 39.6 tok/s, rtn-int4 69.9 vs 75.9) and cost ~45 s of compiling per run"
 )

@@ -951,6 +951,9 @@ TORCH_LIBRARY(spectoolkit, m) {
         "int Hkv, int D, Tensor q_norm_w, Tensor k_norm_w, float qk_eps, int isa=-1) -> (Tensor, Tensor, Tensor)");
   m.def("layer_tail(Tensor hidden, Tensor q, Tensor k_rows, Tensor v_rows, Tensor(a!) k, Tensor(b!) v, Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor write, Tensor key_slots, "
         "Tensor starts, float scale, Tensor norm_w, float eps, Tensor[] linears, int[] meta, int isa=-1) -> Tensor");
+  m.def("decoder_layers(Tensor hidden, Tensor cos, Tensor sin, Tensor[] weights, int[] meta, float[] eps, "
+        "Tensor(a!)[] stores, Tensor write, Tensor key_slots, Tensor starts, int Hq, int Hkv, int D, float scale, "
+        "int[] capture, int isa=-1) -> (Tensor, Tensor)");
   m.def("kv_encode(Tensor rows, Tensor store, bool scaled) -> (Tensor, Tensor)");
   m.def("quantize_activations(Tensor x, int isa=0) -> (Tensor, Tensor)");
   m.def("int_sums(Tensor x, Tensor w, Tensor scales, Tensor zeros, int n, int group, int isa=-1, int fmt=0) -> Tensor");
@@ -967,6 +970,7 @@ TORCH_LIBRARY_IMPL(spectoolkit, CPU, m) {
   m.impl("rope_table", &rope_table);
   m.impl("attn_in", &attn_in);
   m.impl("layer_tail", &layer_tail);
+  m.impl("decoder_layers", &decoder_layers);
   m.impl("kv_encode", &kv_encode);
   m.impl("quantize_activations", &quantize_activations);
   m.impl("int_sums", &int_sums);

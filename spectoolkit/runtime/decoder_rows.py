@@ -1,6 +1,7 @@
 """One step of a decoder over the paged pool on our kernels: the body the eager runner runs op by op and the
-compiled runner hands to ``torch.compile`` — the same code, so the two give the same bits (DESIGN §7). A layer
-is two calls: ``spectoolkit::attn_in`` and ``layer_tail`` (which encodes the step's KV rows to the pool's format)."""
+compiled runner hands to ``torch.compile`` — the same code, so the two give the same bits (DESIGN §7). The layers
+are one call, ``spectoolkit::decoder_layers``: per layer ``attn_in`` then ``layer_tail`` (which encodes the step's KV
+rows to the pool's format), with no Python between them."""
 
 from __future__ import annotations
 
@@ -17,14 +18,9 @@ def decoder_rows(
     """ids/write [W], cos/sin [W, D] (the rows' rotary rows), key_slots [N] with row i's slots at
     [starts[i], starts[i+1]) -> (final hidden states [W, E], the residual stream entering each layer of
     ``capture`` side by side [W, len(capture) * E]); row i's keys/values are stored at write[i] (-1: not)."""
-    hidden = dec.embed(ids)  # [W, E]
-    captured = {}
-    for index, (args, layer_stores) in enumerate(zip(dec.layer_args, stores, strict=True)):
-        if index in capture:
-            captured[index] = hidden
-        q, k, v = dec.attn_in(args, hidden, cos, sin)  # [W, Hq|Hkv, D] fp32
-        hidden = dec.layer_tail(args, hidden, q, k, v, layer_stores, write, key_slots, starts)
-    return dec.rms_norm(dec.norm, hidden), side_by_side(captured, capture, hidden)
+    flat = [tensor for layer in stores for tensor in layer]
+    hidden, captured = dec.decoder_layers(dec.embed(ids), cos, sin, flat, write, key_slots, starts, capture)
+    return dec.rms_norm(dec.norm, hidden), captured
 
 
 def side_by_side(captured: dict[int, torch.Tensor], capture: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:

@@ -25,9 +25,11 @@ def _rms(dec, norm, x):
 
 
 def _reference_rows(dec, pool, ids, cos, sin, write, key_slots, starts):
-    """decoder_rows op by op: norms, each linear, rotary, attention, SwiGLU as separate calls."""
-    hidden = dec.embed(ids)
+    """decoder_rows op by op: norms, each linear, rotary, attention, SwiGLU as separate calls -> (final hidden, the
+    hidden entering each layer)."""
+    hidden, entering = dec.embed(ids), []
     for index, layer in enumerate(dec.layers):
+        entering.append(hidden)
         attn, mlp = layer.self_attn, layer.mlp
         x = _rms(dec, layer.input_layernorm, hidden)
         fused = getattr(attn, "qkv_fused", None)
@@ -51,7 +53,7 @@ def _reference_rows(dec, pool, ids, cos, sin, write, key_slots, starts):
         else:
             gate, up = mlp.gate_proj(x).float().contiguous(), mlp.up_proj(x).float().contiguous()
         hidden = hidden + mlp.down_proj(ops.silu_mul(gate, up, dec.isa).to(x.dtype))
-    return _rms(dec, dec.norm, hidden)
+    return _rms(dec, dec.norm, hidden), entering
 
 
 def _qwen(kind):
@@ -107,17 +109,20 @@ def test_the_layer_ops_give_the_bits_of_their_ops_one_by_one(case, fused, kv):
     cos, sin = dec.rope.rows(torch.arange(6))
     write = torch.tensor([0, 1, 2, 3, 4, -1])  # the last row attends without being stored
     key_slots, starts = flat_key_slots([torch.arange(r + 1) for r in range(5)] + [torch.tensor([0, 2, 4])])
+    capture = (1, 0, 1)  # every layer's entering state, one of them twice
     results = []
     for body in (decoder_rows, None):
         pool = make_pool(model, kv, 16)
         if body is None:
-            hidden = _reference_rows(dec, pool, ids, cos, sin, write, key_slots, starts)
+            hidden, entering = _reference_rows(dec, pool, ids, cos, sin, write, key_slots, starts)
+            states = torch.cat([entering[layer] for layer in capture], dim=-1)
         else:
             stores = [pool_stores(pool, i) for i in range(len(dec.layers))]
-            hidden, _ = body(dec, stores, ids, cos, sin, write, key_slots, starts)
-        results.append((hidden, [pool.stored(1, "value", torch.arange(5))[f] for f in pool.fields]))
-    (got, got_kv), (want, want_kv) = results
+            hidden, states = body(dec, stores, ids, cos, sin, write, key_slots, starts, capture)
+        results.append((hidden, states, [pool.stored(1, "value", torch.arange(5))[f] for f in pool.fields]))
+    (got, got_states, got_kv), (want, want_states, want_kv) = results
     assert got.dtype == model.dtype and torch.equal(got, want)
+    assert got_states.shape == (6, 3 * model.config.hidden_size) and torch.equal(got_states, want_states)
     assert all(torch.equal(a, b) for a, b in zip(got_kv, want_kv, strict=True))
     assert not torch.equal(got[0], got[1])  # the rows computed something
 
@@ -157,3 +162,28 @@ def test_the_layer_ops_refuse_a_wrong_linear_list():
     with pytest.raises(RuntimeError, match="4 tensors and 3 ints"):
         ops.attn_in(dec.embed(torch.tensor([1])), args.norm_in, args.eps_in, args.qkv[:3], args.qkv_meta, cos, sin,
                     dec.num_heads, dec.kv_heads, dec.head_dim, args.q_norm, args.k_norm, args.qk_eps)  # fmt: skip
+
+
+def test_decoder_layers_refuses_a_wrong_argument_list():
+    model = tiny_llama(vocab_size=96, seed=4)
+    pack_model(model)
+    dec = StaticDecoder(model, isa=-1)
+    pool = make_pool(model, "auto", 16)
+    stores = [tensor for i in range(len(dec.layers)) for tensor in pool_stores(pool, i)]
+    hidden = dec.embed(torch.tensor([1]))
+    cos, sin = dec.rope.rows(torch.arange(1))
+    write, (key_slots, starts) = torch.tensor([0]), flat_key_slots([torch.arange(1)])
+    layers = len(dec.layers)
+
+    def call(weights=dec.weights, meta=dec.meta, stores=stores, capture=()):
+        return ops.decoder_layers(hidden, cos, sin, weights, meta, dec.eps, stores, write, key_slots, starts,
+                                  dec.num_heads, dec.kv_heads, dec.head_dim, dec.scale, list(capture))  # fmt: skip
+
+    with pytest.raises(RuntimeError, match=f"no layer {layers} to capture"):
+        call(capture=(layers,))
+    with pytest.raises(RuntimeError, match="4 pool tensors and 3 epsilons per layer"):
+        call(stores=stores[:-4])
+    with pytest.raises(RuntimeError, match="left over"):
+        call(meta=dec.meta + [0, 0])
+    with pytest.raises(RuntimeError, match="end inside layer 1"):
+        call(weights=dec.weights[:-1])
