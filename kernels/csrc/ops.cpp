@@ -565,15 +565,37 @@ std::tuple<at::Tensor, at::Tensor> rope_table(const at::Tensor& inv_freq, int64_
 
 // ---- integer activations ---------------------------------------------------------------------------
 
+// Storage that only grows and is never zeroed (every element read is written first): a step's quantized rows reuse
+// one thread's buffers instead of allocating and clearing them per linear.
+template <typename T>
+struct Scratch {
+  std::unique_ptr<T[]> data;
+  size_t size = 0;
+  T* at_least(size_t n) {
+    if (n > size) {
+      data.reset(new T[n]);
+      size = n;
+    }
+    return data.get();
+  }
+};
+
 // Rows of x quantized for the integer-activation linear, in common code (the same bits on every path): per row
 // and block of QBLOCK elements, d = max |x| / 127 (fp32), q = x / d rounded half to even (a zero block: codes 0),
 // then per sub-block of S elements the codes' sum and d * float(sum).
 struct Q8Buffers {
-  std::vector<int8_t> q;
-  std::vector<float> d, sd;
-  std::vector<int32_t> s;
+  Scratch<int8_t> q;
+  Scratch<float> d, sd;
+  Scratch<int32_t> s;
   Q8Rows rows;
 };
+
+// This thread's quantized-row buffers, ``count`` of them (a call quantizes x once per sub-block size).
+std::vector<Q8Buffers>& thread_q8(size_t count) {
+  static thread_local std::vector<Q8Buffers> buffers;
+  if (buffers.size() < count) buffers.resize(count);  // moving a Scratch keeps its memory where it is
+  return buffers;
+}
 
 // max |x| over n values divided by ``limit``: the scale of the scaled encodings (the KV pool's int8/fp8 rows, the
 // integer linear's activation blocks).
@@ -598,23 +620,21 @@ float int8_codes(const float* x, int64_t n, int8_t* q) {
 void quantize_rows(const float* x, int64_t M, int64_t K, int64_t S, Q8Buffers& out, int64_t isa) {
   const QuantBlockFn block = QUANT_BLOCK[isa];
   const int64_t A = K / QBLOCK, NB = K / S;
-  out.q.resize(M * K);
-  out.d.resize(M * A);
-  out.s.resize(M * NB);
-  out.sd.resize(M * NB);
+  int8_t* q = out.q.at_least(M * K);
+  float *d = out.d.at_least(M * A), *sd = out.sd.at_least(M * NB);
+  int32_t* s = out.s.at_least(M * NB);
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m)
-      for (int64_t a = 0; a < A; ++a)
-        out.d[m * A + a] = block(x + m * K + a * QBLOCK, out.q.data() + m * K + a * QBLOCK);
+      for (int64_t a = 0; a < A; ++a) d[m * A + a] = block(x + m * K + a * QBLOCK, q + m * K + a * QBLOCK);
     for (int64_t m = m0; m < m1; ++m)
       for (int64_t b = 0; b < NB; ++b) {
         int32_t sum = 0;
-        for (int64_t i = b * S; i < (b + 1) * S; ++i) sum += out.q[m * K + i];
-        out.s[m * NB + b] = sum;
-        out.sd[m * NB + b] = out.d[m * A + b * S / QBLOCK] * static_cast<float>(sum);
+        for (int64_t i = b * S; i < (b + 1) * S; ++i) sum += q[m * K + i];
+        s[m * NB + b] = sum;
+        sd[m * NB + b] = d[m * A + b * S / QBLOCK] * static_cast<float>(sum);
       }
   });
-  out.rows = Q8Rows{out.q.data(), out.d.data(), out.s.data(), out.sd.data(), K, S};
+  out.rows = Q8Rows{q, d, s, sd, K, S};
 }
 
 // x [M, K] fp32 -> (codes int8 [M, K], scales fp32 [M, K / 32]): quantize_rows' codes on path ``isa`` (0: scalar),
@@ -626,8 +646,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int
   quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), QBLOCK, buf, resolve_isa(isa));
   auto q = at::empty({x.size(0), x.size(1)}, x.options().dtype(at::kChar));
   auto d = at::empty({x.size(0), x.size(1) / QBLOCK}, x.options());
-  std::memcpy(q.data_ptr(), buf.q.data(), buf.q.size());
-  std::memcpy(d.data_ptr(), buf.d.data(), buf.d.size() * sizeof(float));
+  std::memcpy(q.data_ptr(), buf.rows.q, q.numel());
+  std::memcpy(d.data_ptr(), buf.rows.d, d.numel() * sizeof(float));
   return {q, d};
 }
 
@@ -678,7 +698,7 @@ at::Tensor int_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
                       int64_t n, int64_t group, int64_t isa, bool sums, int64_t fmt) {
   const int64_t M = x.size(0), K = x.size(1), P = w.size(0);
   const auto [kind, S, G] = int_layout(w, scales, zeros, K, n, group, fmt);
-  Q8Buffers buf;
+  Q8Buffers& buf = thread_q8(1)[0];
   quantize_rows(x.data_ptr<float>(), M, K, S, buf, resolve_isa(isa));
   auto out = sums ? at::empty({M, K / S, P * PANEL}, x.options().dtype(at::kInt)) : at::empty({M, P * PANEL}, x.options());
   float* op = sums ? nullptr : out.data_ptr<float>();
