@@ -123,24 +123,6 @@ class StaticDecoder:
         out = torch.ops.spectoolkit.rms_norm(x.float().contiguous(), weight, norm.variance_epsilon, self.isa)
         return out.to(x.dtype)
 
-    def attn_in(self, args: LayerArgs, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """hidden [W, E], cos/sin [W, D] fp32 -> rotated q [W, Hq, D], k [W, Hkv, D] and v [W, Hkv, D] (fp32):
-        the input norm, q/k/v, qwen3's head norms and rotary in one call (``spectoolkit::attn_in``)."""
-        return torch.ops.spectoolkit.attn_in(
-            hidden, args.norm_in, args.eps_in, args.qkv, args.qkv_meta, cos, sin, self.num_heads, self.kv_heads,
-            self.head_dim, args.q_norm, args.k_norm, args.qk_eps, self.isa,
-        )  # fmt: skip
-
-    def layer_tail(self, args: LayerArgs, hidden: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   stores, write, key_slots, starts) -> torch.Tensor:  # fmt: skip
-        """The layer after q/k/v: this step's k/v rows (fp32 [W, Hkv, D]) encoded to the pool's format and stored,
-        attention over the pool, o, residual, the post-attention norm, SwiGLU, residual (``spectoolkit::layer_tail``)
-        -> the new hidden [W, E]."""
-        return torch.ops.spectoolkit.layer_tail(
-            hidden, q, k, v, *stores, write, key_slots, starts, self.scale, args.norm_post, args.eps_post,
-            args.tail, args.tail_meta, self.isa,
-        )  # fmt: skip
-
     def decoder_layers(
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, stores: list[torch.Tensor],
         write: torch.Tensor, key_slots: torch.Tensor, starts: torch.Tensor, capture: tuple[int, ...] = (),

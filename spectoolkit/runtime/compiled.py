@@ -33,8 +33,8 @@ from spectoolkit.errors import SpecToolkitError
 from spectoolkit.kernels import cpu_ops
 from spectoolkit.kernels.static_decoder import StaticDecoder
 from spectoolkit.quant.packing import pack_model
-from spectoolkit.runtime.attention import KERNEL_KV, pool_stores, row_key_lists
-from spectoolkit.runtime.decoder_rows import decoder_rows
+from spectoolkit.runtime.attention import KERNEL_KV, row_key_lists
+from spectoolkit.runtime.decoder_rows import decoder_rows, layer_stores
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
@@ -103,7 +103,7 @@ class CompiledRunner:
         self.isa = cpu_ops.best_isa()
         self.decoder = StaticDecoder(model, self.isa)  # refuses what our kernels do not take (head dims included)
         self.row_exact = True  # our linears and attention: every row computed by itself
-        self.stores = [pool_stores(pool, index) for index in range(len(pool.layers))]  # (k, v, k_scale, v_scale)
+        self.stores = layer_stores(pool)
         self.widths = tuple(sorted(widths))
         self.compile_stats = CompileStats()
         self._capture: tuple[int, ...] = ()  # the layers whose input states the next graph call returns

@@ -31,7 +31,7 @@ from spectoolkit.runtime.attention import (
     pool_stores,
     row_key_lists,
 )
-from spectoolkit.runtime.decoder_rows import decoder_rows, side_by_side
+from spectoolkit.runtime.decoder_rows import decoder_rows, layer_stores, side_by_side
 from spectoolkit.runtime.paged_kv import PagedKVPool
 from spectoolkit.runtime.step import StepBatch
 
@@ -61,7 +61,7 @@ class EagerRunner:
         # Our kernels throughout (StaticDecoder): every row computed by itself, the compiled runner's bits.
         exact = self.ours and exact_decoder_reason(model) is None
         self.decoder = StaticDecoder(model, self.isa) if exact else None
-        self.stores = [pool_stores(pool, index) for index in range(len(pool.layers))] if exact else []
+        self.stores = layer_stores(pool) if exact else []
         self.row_exact = exact
 
     def forward(self, batch: StepBatch) -> torch.Tensor:

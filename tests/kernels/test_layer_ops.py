@@ -13,7 +13,7 @@ from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.quant.packing import pack_model
 from spectoolkit.quant.rtn import quantize_model_rtn
 from spectoolkit.runtime.attention import flat_key_slots, kernel_attention, pool_stores
-from spectoolkit.runtime.decoder_rows import decoder_rows
+from spectoolkit.runtime.decoder_rows import decoder_rows, layer_stores
 from spectoolkit.runtime.paged_kv import make_pool
 
 ops = torch.ops.spectoolkit
@@ -117,8 +117,7 @@ def test_the_layer_ops_give_the_bits_of_their_ops_one_by_one(case, fused, kv):
             hidden, entering = _reference_rows(dec, pool, ids, cos, sin, write, key_slots, starts)
             states = torch.cat([entering[layer] for layer in capture], dim=-1)
         else:
-            stores = [pool_stores(pool, i) for i in range(len(dec.layers))]
-            hidden, states = body(dec, stores, ids, cos, sin, write, key_slots, starts, capture)
+            hidden, states = body(dec, layer_stores(pool), ids, cos, sin, write, key_slots, starts, capture)
         results.append((hidden, states, [pool.stored(1, "value", torch.arange(5))[f] for f in pool.fields]))
     (got, got_states, got_kv), (want, want_states, want_kv) = results
     assert got.dtype == model.dtype and torch.equal(got, want)
@@ -169,7 +168,7 @@ def test_decoder_layers_refuses_a_wrong_argument_list():
     pack_model(model)
     dec = StaticDecoder(model, isa=-1)
     pool = make_pool(model, "auto", 16)
-    stores = [tensor for i in range(len(dec.layers)) for tensor in pool_stores(pool, i)]
+    stores = layer_stores(pool)
     hidden = dec.embed(torch.tensor([1]))
     cos, sin = dec.rope.rows(torch.arange(1))
     write, (key_slots, starts) = torch.tensor([0]), flat_key_slots([torch.arange(1)])
