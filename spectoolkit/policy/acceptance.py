@@ -58,6 +58,10 @@ class _Counts:
         self.accepted = np.zeros(max_gamma)
         self.first = [0, 0]  # undecayed rounds that reached, and accepted, the first position
 
+    def age(self, decay: float) -> None:
+        self.reached *= decay
+        self.accepted *= decay
+
     def add(self, reached: int, hits: list[int], decay: float) -> None:
         """Positions 1..``reached`` were reached, those at indices ``hits`` accepted."""
         self.reached *= decay
@@ -76,7 +80,8 @@ class AcceptanceModel:
         self.decay = decay
         self.workload = _Counts(max_gamma)
         self._requests: dict[Hashable, _Counts] = {}
-        self._finished: deque[list[int]] = deque(maxlen=RECENT_REQUESTS)  # their first-position totals
+        self._finished: deque[list[int]] = deque(maxlen=RECENT_REQUESTS)  # first-position totals of past windows
+        self._window = round(1.0 / (1.0 - decay)) if decay < 1 else float("inf")  # a request's rounds per window
         self._strength: float | None = None  # m, until the next round or release
 
     def observe(self, key: Hashable, drafted: int, accepted: int, path: list[int] | None = None) -> None:
@@ -85,10 +90,17 @@ class AcceptanceModel:
         path = list(range(accepted)) if path is None else list(path)
         if not 0 <= accepted == len(path) <= drafted <= self.max_gamma or not all(0 <= n < drafted for n in path):
             raise ValueError(f"round (drafted={drafted}, path={path}) outside 0..{self.max_gamma}")
-        if drafted == 0:
-            return  # nothing proposed: nothing learned
+        if drafted == 0:  # nothing proposed: nothing learned, but the text moved on
+            counts = self._requests.get(key)
+            if counts is not None:
+                counts.age(self.decay)
+            return
         reached = self._reached(drafted, accepted)
-        self._requests.setdefault(key, _Counts(self.max_gamma)).add(reached, path, self.decay)
+        counts = self._requests.setdefault(key, _Counts(self.max_gamma))
+        counts.add(reached, path, self.decay)
+        if counts.first[0] >= self._window:  # a window's rounds: a sample of how far a request's rate strays
+            self._finished.append(counts.first)
+            counts.first = [0, 0]
         self.workload.add(reached, path, WORKLOAD_DECAY)
         self._strength = None
 

@@ -29,17 +29,17 @@ stretch decodes plainly to the end.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
-from spectoolkit.policy.acceptance import RECENT_REQUESTS, AcceptanceModel, NodeAcceptance
+from spectoolkit.policy.acceptance import AcceptanceModel, NodeAcceptance
 from spectoolkit.policy.allocate import best_lengths
 from spectoolkit.policy.base import Prediction
-from spectoolkit.policy.costs import DraftCost, ShiftedCurve, StepCosts, StepCurve
+from spectoolkit.policy.costs import WINDOW, DraftCost, ShiftedCurve, StepCosts, StepCurve
 
-MAX_PROBE_INTERVAL = 256  # the doubling stops here (or at probe_every, if that is larger)
+MAX_PROBE_INTERVAL = 256  # plain rounds between probes where drafts at the workload's acceptance do not pay
+EXPLORE = 0.01  # the share of throughput probes are expected to cost
 
 
 class AdaptivePolicy:
@@ -61,10 +61,8 @@ class AdaptivePolicy:
         self.costs = StepCosts()  # T_B(n) per batch size, a draft forward per drafting count
         self.catch_up_cost = DraftCost()  # seconds per backlog row a drafter fed before drafting
         self.probe_every = probe_every
-        self._interval: dict[Hashable, int] = {}  # plain rounds before the next probe, per request
-        self._finished_intervals: deque[int] = deque(maxlen=RECENT_REQUESTS)  # of finished requests ever probed
         self._idle: dict[Hashable, int] = {}  # plain rounds in a row, per request
-        self._probing: set[Hashable] = set()
+        self._since_narrower: dict[int, int] = {}  # steps since one measured the width below the plan, per batch
         self._prediction: Prediction | None = None
 
     def choose(
@@ -72,6 +70,8 @@ class AdaptivePolicy:
         backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None,
     ) -> list[int]:  # fmt: skip
         caps = [max(0, min(cap, self.max_gamma)) for cap in caps]
+        if fixed_tokens == len(keys) and not self.costs.measured(len(keys)):
+            caps = [0] * len(caps)  # a batch size's first decode step is plain: its baseline, measured, not borrowed
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
         curve, by_count = self.step_curve(len(keys)), self.costs.drafts_by_count(len(keys))
@@ -83,15 +83,18 @@ class AdaptivePolicy:
             for i in self._not_repaid(survival, prior, backlogs, rooms, fixed_tokens, curve, draft_forward, forwards):
                 caps[i], survival[i] = 0, []
         lengths = best_lengths(survival, fixed_tokens, budget, curve, by_count, forwards)
-        spare = budget - sum(lengths)
-        if budget > 0 and self._load_bound(prior, caps, fixed_tokens, budget, curve, by_count, forwards):
-            lengths = self._probe(keys, caps, lengths, spare, MAX_PROBE_INTERVAL)
+        step = _Step(survival, lengths, fixed_tokens, curve, by_count, forwards)
+        narrower = self._narrower(len(keys), lengths, fixed_tokens, step)
+        if narrower is not None:
+            lengths = narrower
+        elif budget > 0 and self._load_bound(prior, caps, fixed_tokens, budget, curve, by_count, forwards):
+            lengths = self._probe(keys, caps, lengths, budget, step, MAX_PROBE_INTERVAL)
         elif (
             budget <= 0
             or any(lengths)
             or any(best_lengths([[1.0] * cap for cap in caps], fixed_tokens, budget, curve, by_count, forwards))
         ):  # else even drafts that are always accepted would not pay: a probe cannot find a gain
-            lengths = self._probe(keys, caps, lengths, spare)
+            lengths = self._probe(keys, caps, lengths, budget, step)
         self._predict(keys, lengths, fixed_tokens, curve, by_count, forwards)
         return lengths
 
@@ -149,20 +152,54 @@ class AdaptivePolicy:
         return not any(best_lengths(typical, fixed_tokens, budget, curve, by_count, forwards))
 
     def _probe(
-        self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], spare: int, least: int = 0
+        self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], budget: int, step: _Step,
+        least: int = 0,
     ) -> list[int]:
+        """One draft token more for each request below its cap whose rounds there have reached its probe interval
+        (:meth:`probe_interval` of what that token is expected to cost, :meth:`_Step.probe_loss`), at least
+        ``probe_every`` (and ``least``) rounds: at k = 0 a probe of whether it drafts at all, past k the position
+        after the last it drafts (an estimate no round reaches again is never corrected)."""
+        spare, planned = budget - sum(lengths), list(lengths)
         for i, key in enumerate(keys):
-            if lengths[i] > 0 or caps[i] == 0:
+            if planned[i] >= caps[i]:
                 self._idle.pop(key, None)
                 continue
-            idle = self._idle.get(key, 0)  # plain rounds so far: this one is a probe after probe_interval of them
-            if idle >= max(least, self.probe_interval(key)) and spare > 0:
-                lengths[i], spare, idle = 1, spare - 1, 0
-                self._probing.add(key)
+            idle = self._idle.get(key, 0)  # rounds below its cap so far: this one is a probe after the interval
+            due = max(least, self.probe_every, self.probe_interval(step.probe_loss(i, planned[i]), len(keys)))
+            if spare > 0 and idle >= due:
+                lengths[i], spare, idle = planned[i] + 1, spare - 1, 0
             else:
                 idle += 1
             self._idle[key] = idle
         return lengths
+
+    def _narrower(self, sequences: int, lengths: list[int], fixed_tokens: int, step: _Step) -> list[int] | None:
+        """The plan less its least valuable draft token, on a decode step now and then while the width just below the
+        plan has fewer than a window of measurements at this batch: its interval the probes' (:meth:`probe_interval`)
+        of what the token is expected to be worth (:meth:`_Step.drop_loss`); else None. The marginal token is priced
+        by T(n) − T(n − 1), and a T(n − 1) interpolated between a noisy far width and n stays wrong while no step
+        runs there (issue 57: at a cost kink, one noisy step 6 widths below made the token past the kink look free)."""
+        drafted = sum(lengths)
+        curve = self.costs.curves.get(sequences)
+        if not drafted or fixed_tokens != sequences or curve is None:
+            return None
+        if curve.observations(fixed_tokens + drafted - 1) >= WINDOW:
+            return None
+        since = self._since_narrower.get(sequences, 0) + 1
+        i = min((j for j, k in enumerate(lengths) if k), key=lambda j: step.survival[j][lengths[j] - 1])
+        out = list(lengths)
+        out[i] -= 1
+        if since < self.probe_interval(step.drop_loss(i, lengths[i], max(out)), 1):
+            self._since_narrower[sequences] = since
+            return None
+        self._since_narrower[sequences] = 0
+        return out
+
+    @staticmethod
+    def probe_interval(loss: float, sequences: int) -> int:
+        """Plain rounds between a request's probes such that probes costing ``loss`` plain steps each, one per interval
+        from each of ``sequences`` requests, cost at most :data:`EXPLORE` of the time."""
+        return int(np.ceil(sequences * max(loss, 0.0) / EXPLORE))
 
     def forwards(self, cap: int) -> list[float]:
         """Draft forwards of a k-node draft, k = 0..cap: k for a chain; a tree, the mean depth of the trees of k
@@ -188,32 +225,6 @@ class AdaptivePolicy:
         if isinstance(self.acceptance, NodeAcceptance) and depth is not None and drafted:
             total, rounds = self._depths.get(drafted, (0.0, 0.0))
             self._depths[drafted] = (total + depth, rounds + 1)
-        if key in self._probing:
-            self._probing.discard(key)  # a probe the drafter had nothing for (an n-gram miss) says nothing
-            if not drafted:
-                return
-            if accepted and self._above_workload(key):
-                self._interval[key] = max(self.probe_every, self.probe_interval(key) // 2)
-            else:
-                self._interval[key] = min(max(MAX_PROBE_INTERVAL, self.probe_every), self.probe_interval(key) * 2)
-
-    def _above_workload(self, key: Hashable) -> bool:
-        """Whether ``key``'s first-position acceptance, its probe counted, is above the workload's: an accepted probe
-        of a request like all the others finds nothing the workload's estimate does not say already (issue 57: at
-        70% acceptance where only 87% would pay, probes accepted every 8 rounds cost a lone request 2%)."""
-        prior = self.acceptance.workload_acceptance()
-        return self.acceptance.survival(key, 1, prior)[0] > prior[0]
-
-    def probe_interval(self, key: Hashable) -> int:
-        """Plain rounds ``key`` waits before its next probe: a new request, the median interval the last finished
-        requests that were probed ended at (at least ``probe_every``): where their probes were rejected a new one
-        does not start probing from scratch (issue 57: a workload where no draft pays lost 2% to every new request
-        probing after 8, 16, 32... rounds), and where they were accepted it starts at ``probe_every``."""
-        if key in self._interval:
-            return self._interval[key]
-        if not self._finished_intervals:
-            return self.probe_every
-        return max(self.probe_every, int(np.median(list(self._finished_intervals))))
 
     @property
     def draft_cost(self) -> DraftCost:
@@ -242,10 +253,6 @@ class AdaptivePolicy:
     def release(self, key: Hashable) -> None:
         self.acceptance.release(key)
         self._idle.pop(key, None)
-        interval = self._interval.pop(key, None)
-        if interval is not None:
-            self._finished_intervals.append(interval)
-        self._probing.discard(key)
 
 
 class DecodeView:
@@ -281,3 +288,37 @@ def _time_saved(
     drafting = times[1:] + draft_forward * np.asarray(forwards[1 : cap + 1])  # [cap]
     saved = room / emitted * ((sequences - 1 + emitted) * times[0] / sequences - drafting)
     return float(max(saved.max(), 0.0))
+
+
+class _Step:
+    """A planned step, to price one more draft token in it: a probe of request i (:meth:`probe_loss`)."""
+
+    def __init__(
+        self, survival: list, lengths: list[int], fixed_tokens: int, curve: StepCurve | ShiftedCurve | DecodeView,
+        by_count: list[float], forwards: list[float],
+    ) -> None:  # fmt: skip
+        self.survival, self.by_count, self.forwards = survival, by_count, forwards
+        self.drafting, self.deepest = sum(1 for k in lengths if k), max(lengths, default=0)
+        self.emitted = float(sum(1.0 + sum(s[:k]) for s, k in zip(survival, lengths, strict=True)))
+        tokens = fixed_tokens + sum(lengths)
+        self.below, *self.target = (float(t) for t in curve(np.array([max(tokens - 1, 1), tokens, tokens + 1])))
+        self.seconds = self._seconds(self.target[0], self.drafting, self.deepest)
+
+    def _seconds(self, target: float, drafting: int, deepest: int) -> float:
+        draft = self.by_count[min(drafting, len(self.by_count) - 1)] * self.forwards[deepest] if deepest else 0.0
+        return target + draft
+
+    def probe_loss(self, i: int, k: int) -> float:
+        """What one draft token more for request i (drafting ``k``) costs, in plain steps: the step's extra seconds
+        (a row, a deeper draft forward if it is the deepest, or one more drafting sequence's) less the seconds its
+        expected extra tokens (the estimated survival at position k + 1) are worth at the step's rate, over the step's
+        seconds (< 0: it pays)."""
+        seconds = self._seconds(self.target[1], self.drafting + (k == 0), max(self.deepest, k + 1))
+        gained = float(self.survival[i][k]) if len(self.survival[i]) > k else 0.0
+        return seconds / self.seconds - (self.emitted + gained) / self.emitted
+
+    def drop_loss(self, i: int, k: int, deepest: int) -> float:
+        """What dropping request i's last draft token (of ``k``; the plan's deepest draft then ``deepest``) costs, in
+        plain steps: its expected tokens' worth at the step's rate less the seconds it saves, over the step's."""
+        seconds = self._seconds(self.below, self.drafting - (k == 1), deepest)
+        return float(self.survival[i][k - 1]) / self.emitted - (self.seconds - seconds) / self.seconds

@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Mapping
 
 import numpy as np
+from scipy.optimize import nnls
 
 MIN_WEIGHT = 0.1  # DraftCost's EWMA weight on a new observation once warm (1/n before: a plain mean)
 WINDOW = 15  # StepCurve: observations kept per token count (the median: one preempted step is not a trend)
@@ -54,21 +55,24 @@ def monotone_fit(values: np.ndarray, weights: np.ndarray | None = None) -> np.nd
     return np.array([total / weight for total, weight, count in blocks for _ in range(int(count))])
 
 
-def convex_fit(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
-    """Values at ``xs`` [n] (ascending, distinct) near ``ys`` [n] that never fall and whose every segment is at least
-    as steep as the one before (convex: each extra row costs at least what the one before did).
+def convex_fit(xs: np.ndarray, ys: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+    """Values at ``xs`` [n] (ascending, distinct) nearest ``ys`` [n] in least squares, each weighted by ``counts`` [n]
+    (its observations; None: 1 each), among those that never fall and whose every segment is at least as steep as the
+    one before (convex: each extra row costs at least what the one before did).
 
-    The segment slopes are made non-decreasing by :func:`monotone_fit` weighted by segment width (a pooled stretch
-    rises by what its ends rise: the chord over it), floored at 0, and integrated from the offset that fits ``ys``
-    best in least squares. Not the least-squares convex fit of the values (a quadratic program) but near it,
-    deterministic, and the identity on values that are convex and non-decreasing already."""
-    ys = np.asarray(ys, dtype=np.float64)
+    Exact: such a curve is an offset, a slope and a kink at each inner point, all >= 0 (T = a + b·(x − x_0) +
+    Σ_k c_k·max(0, x − x_k)), so the fit is a non-negative least-squares problem (:func:`scipy.optimize.nnls`). Not
+    the slopes made monotone and integrated: on many noisy medians one row apart that pooled slopes from the noisy
+    wide end into the first segments and lifted the narrow widths by their offset (issue 57: a batch of 16's plain
+    step priced at twice its measured cost), and it weighed no point by how often it was seen."""
+    xs, ys = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
     if len(xs) < 2:
         return ys.copy()
-    widths = np.diff(np.asarray(xs, dtype=np.float64))  # [n - 1]
-    slopes = np.maximum(monotone_fit(np.diff(ys) / widths, widths), 0.0)  # [n - 1], non-decreasing, >= 0
-    rise = np.concatenate([[0.0], np.cumsum(slopes * widths)])  # [n], from the first point
-    return rise + float(np.mean(ys - rise))
+    weights = np.sqrt(np.ones(len(ys)) if counts is None else np.asarray(counts, dtype=np.float64))
+    basis = np.column_stack([np.ones(len(xs)), xs - xs[0]] + [np.maximum(xs - knot, 0.0) for knot in xs[1:-1]])
+    offset = min(float(ys.min()), 0.0)  # nnls keeps a >= 0: fit the values above 0, then shift them back
+    coefficients, _ = nnls(basis * weights[:, None], (ys - offset) * weights)
+    return basis @ coefficients + offset
 
 
 def _optimistic(tokens: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
@@ -109,9 +113,10 @@ class StepCurve:
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens < 1 or not seconds > 0:
             return
+        new = tokens not in self._recent
         self._recent.setdefault(tokens, deque(maxlen=WINDOW)).append(seconds)
         self._stale += 1
-        if self._stale >= REFIT or len(self._recent) <= 2:  # refit at once while the curve is still forming
+        if self._stale >= REFIT or new:  # a width seen for the first time refits at once: it may move the whole curve
             self._fitted = None
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
@@ -135,7 +140,7 @@ class StepCurve:
         flat until a second width is seen, which drafting then measures)."""
         points = self.points()
         xs = np.array(list(points), dtype=np.float64)
-        ys = convex_fit(xs, np.array(list(points.values())))
+        ys = convex_fit(xs, np.array(list(points.values())), np.array([len(self._recent[int(x)]) for x in xs]))
         if len(xs) == 1:
             return xs, ys, 0.0, 0.0
         slopes = np.diff(ys) / np.diff(xs)
@@ -159,6 +164,10 @@ class StepCurve:
         centre = np.average(xs, weights=w)
         slope = np.sum(w * (xs - centre) * (y - np.average(y, weights=w))) / np.sum(w * (xs - centre) ** 2)
         return float(max(slope, 0.0))
+
+    def observations(self, tokens: int) -> int:
+        """How many recent steps of ``tokens`` tokens the curve holds (at most :data:`WINDOW`)."""
+        return len(self._recent.get(tokens, ()))
 
     def widths(self) -> int:
         """How many distinct token counts have been observed."""
@@ -215,6 +224,10 @@ class StepCosts:
             self.draft_cost.observe(forwards, seconds)
             self.drafts.setdefault(drafting, DraftCost()).observe(forwards, seconds)
             self._line = None
+
+    def measured(self, sequences: int) -> bool:
+        """Whether a step of ``sequences`` sequences was measured at any token count."""
+        return sequences in self.curves and self.curves[sequences].widths() > 0
 
     def target(self, sequences: int) -> StepCurve | ShiftedCurve:
         """T(n) for steps of ``sequences`` sequences: their own curve once measured at two token counts; at one, that

@@ -10,15 +10,27 @@ import numpy as np
 import pytest
 
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
-from spectoolkit.policy.adaptive import MAX_PROBE_INTERVAL
+from spectoolkit.policy.adaptive import EXPLORE, MAX_PROBE_INTERVAL
+from spectoolkit.policy.costs import WINDOW
 
 GAMMA = 4
 STEP_BASE, STEP_PER_TOKEN, DRAFT_FORWARD = 0.010, 0.0003, 0.001  # seconds
 
 
+def _time(tokens: int) -> float:
+    return STEP_BASE + STEP_PER_TOKEN * tokens
+
+
 def _policy(probe_every: int = 8, decay: float = 0.9, gamma: int = GAMMA) -> AdaptivePolicy:
+    """Batch 1 measured a window of steps at every width up to 2γ + 1 (no width below a plan is left to measure), and
+    a plain step at batches 2 and 3 (a batch's first step is plain)."""
     policy = AdaptivePolicy(gamma, decay, probe_every)
-    policy.seed({n: STEP_BASE + STEP_PER_TOKEN * n for n in (1, 2, 4, 8, 16, 32)})
+    policy.seed({n: _time(n) for n in (1, 2, 4, 8, 16, 32)})
+    for _ in range(WINDOW):
+        for width in range(1, 2 * gamma + 2):
+            policy.observe_step(width, 0, _time(width), 0.0)
+    for batch in (2, 3):
+        policy.observe_step(batch, 0, _time(batch), 0.0, sequences=batch)
     policy.draft_cost.observe(1, DRAFT_FORWARD)
     return policy
 
@@ -147,86 +159,81 @@ def _rounds_until_probe(policy: AdaptivePolicy, key, limit: int = 2000) -> int:
     raise AssertionError("never probed")
 
 
-@pytest.mark.parametrize("probe_every", [1, 3, 8])
-def test_a_request_at_zero_is_probed_after_probe_every_plain_rounds(probe_every):
+def test_the_probe_interval_spends_the_exploration_share():
+    assert AdaptivePolicy.probe_interval(0.05, 1) == 5  # a probe costing 5% of a plain step: one in 5 rounds
+    assert AdaptivePolicy.probe_interval(0.05, 16) == 80  # 16 requests each probing: each 16 times as rarely
+    assert AdaptivePolicy.probe_interval(-0.2, 4) == 0  # a probe that pays is not rationed
+
+
+@pytest.mark.parametrize("draft_forward", [0.001, 0.004, 0.008])
+def test_probes_of_a_hopeless_request_cost_the_exploration_share(draft_forward):
+    """Rejected probes every so many plain rounds: what they add to the time is EXPLORE of it (the request's own
+    estimate is near 0, as it is), whatever a probe costs; and they do happen."""
+    policy = _policy(probe_every=1)
+    for _ in range(20):
+        policy.draft_cost.observe(1, draft_forward)
+    _hopeless(policy, "a")
+    seconds = extra = 0.0
+    for _ in range(3000):
+        k = _one(policy, "a")
+        assert k in (0, 1)
+        seconds += _time(1 + k) + draft_forward * k
+        extra += (_time(2) + draft_forward - _time(1)) * k
+        policy.observe("a", k, k, 0)
+    assert 0.6 * EXPLORE < extra / seconds < 1.1 * EXPLORE
+
+
+@pytest.mark.parametrize("probe_every", [3, 8])
+def test_no_request_is_probed_more_often_than_probe_every(probe_every):
     policy = _policy(probe_every)
+    for _ in range(20):
+        policy.draft_cost.observe(1, 0.0)  # a free lookup: a probe costs a 0.3 ms row, 3% of a step
     _hopeless(policy, "a")
-    assert _rounds_until_probe(policy, "a") == probe_every
+    assert [_rounds_until_probe(policy, "a") for _ in range(3)] == [probe_every] * 3
 
 
-def test_rejected_probes_double_the_interval_up_to_the_cap():
-    policy = _policy(probe_every=3)
-    _hopeless(policy, "a")
-    intervals = []
-    for _ in range(10):
-        intervals.append(_rounds_until_probe(policy, "a"))
-        policy.observe("a", 1, 1, 0)  # the probe is rejected
-    assert intervals == [3, 6, 12, 24, 48, 96, 192, MAX_PROBE_INTERVAL, MAX_PROBE_INTERVAL, MAX_PROBE_INTERVAL]
-    assert policy.probe_interval("a") == MAX_PROBE_INTERVAL
+def test_a_request_more_likely_to_be_accepted_is_probed_sooner():
+    policy = _policy(probe_every=1)
+    _hopeless(policy, "never")
+    for _ in range(30):
+        policy.observe("rarely", GAMMA, GAMMA, 0)
+        policy.observe("rarely", GAMMA, GAMMA, int(_ % 5 == 0))  # a first draft accepted one round in ten
+    assert _one(policy, "rarely") == 0
+    assert 1 < _rounds_until_probe(policy, "rarely") < _rounds_until_probe(policy, "never")
 
 
-def test_accepted_probes_halve_the_interval_down_to_probe_every():
-    policy = _policy(probe_every=3)
-    _hopeless(policy, "a")
-    for _ in range(3):  # rejected: 3 -> 6 -> 12 -> 24
-        _rounds_until_probe(policy, "a")
-        policy.observe("a", 1, 1, 0)
-    assert policy.probe_interval("a") == 24
-    halved = []
-    for _ in range(4):
-        _hopeless(policy, "a", rounds=5)  # keep it at 0 whatever the probes taught it
-        _rounds_until_probe(policy, "a")
-        policy.observe("a", 1, 1, 1)  # the probe is accepted
-        halved.append(policy.probe_interval("a"))
-    assert halved == [12, 6, 3, 3]
+def test_a_drafting_request_probes_one_position_past_its_choice():
+    """Always exactly 2 of 4 accepted: the policy drafts 2 and, now and then, 3 (the estimate of a position no round
+    reaches is otherwise never corrected); never 4."""
+    policy = _policy(probe_every=1)
+    chosen = []
+    for _ in range(300):
+        policy.observe("two", GAMMA, GAMMA, 2)
+        chosen.append(_one(policy, "two"))
+    assert set(chosen) == {2, 3} and chosen.count(3) < 0.2 * len(chosen)
 
 
-def test_probe_every_above_the_cap_is_never_shortened_by_a_rejection():
-    policy = _policy(probe_every=MAX_PROBE_INTERVAL + 44)
-    _hopeless(policy, "a")
-    assert _rounds_until_probe(policy, "a") == MAX_PROBE_INTERVAL + 44
-    policy.observe("a", 1, 1, 0)
-    assert policy.probe_interval("a") >= MAX_PROBE_INTERVAL + 44  # rejected: probed no more often than before
-
-
-def test_the_probe_interval_is_per_request():
-    policy = _policy(probe_every=4)
-    _hopeless(policy, "a")
-    _hopeless(policy, "b")
-    assert _rounds_until_probe(policy, "a") == 4
-    policy.observe("a", 1, 1, 0)  # a's probe is rejected: a is probed half as often, b is not
-    assert _rounds_until_probe(policy, "b") == 4
-    assert _rounds_until_probe(policy, "a") == 8
-    policy.release("a")  # a ended at 8 (its probe rejected)
-    assert policy.probe_interval("a") == 8  # a new request starts where the finished requests' probing ended
-
-
-def test_a_new_request_starts_probing_at_the_median_interval_of_the_finished_ones():
-    policy = _policy(probe_every=4)
-    assert policy.probe_interval("new") == 4  # nothing finished yet
-    for key, rejected in (("a", 3), ("c", 0)):
-        _hopeless(policy, key)
-        for _ in range(rejected):
-            _rounds_until_probe(policy, key)
-            policy.observe(key, 1, 1, 0)
-        policy.release(key)  # a ends at 32 (4, 8, 16, 32); c was never probed: it says nothing
-    assert policy.probe_interval("new") == 32
-    _hopeless(policy, "new")
-    assert _rounds_until_probe(policy, "new") == 32
-    policy.observe("new", 1, 1, 1)  # accepted, and new is now above the workload's acceptance: halved
-    assert policy.probe_interval("new") == 16
+def test_a_batch_size_s_first_decode_step_is_plain():
+    """Its baseline is measured, not borrowed from a batch whose rows cost otherwise; its drafts come after."""
+    policy = _policy()
+    keys = ["a", "b", "c", "d"]
+    for key in keys:
+        _perfect(policy, key)
+    assert policy.choose(keys, [GAMMA] * 4, 4, 16) == [0, 0, 0, 0]
+    policy.observe_step(4, 0, _time(4), 0.0, sequences=4)
+    assert policy.choose(keys, [GAMMA] * 4, 4, 16) == [GAMMA] * 4
+    assert policy.choose(keys[:3], [GAMMA] * 3, 3 + 40, 12) == [GAMMA] * 3  # a step with a prefill chunk: not plain
 
 
 def test_no_probe_without_spare_budget_and_none_for_zero_caps():
     policy = _policy(probe_every=2)
     _hopeless(policy, "a")
-    for _ in range(5):
+    for _ in range(100):
         assert policy.choose(["a"], [GAMMA], 1, 0) == [0]  # the step has no candidate room
     assert policy.choose(["a"], [GAMMA], 1, 1) == [1]  # as soon as it has, the overdue probe goes
     policy.observe("a", 1, 1, 0)
-    for _ in range(10):
+    for _ in range(100):
         assert policy.choose(["a"], [0], 1, 4) == [0]  # a request that may not draft is never probed
-    assert _rounds_until_probe(policy, "a") == policy.probe_interval("a")
 
 
 def test_a_request_whose_drafts_turn_good_is_picked_up_again():
@@ -238,10 +245,10 @@ def test_a_request_whose_drafts_turn_good_is_picked_up_again():
         chosen.append(k)
         policy.observe("a", k, k, k)
     first_probe = chosen.index(1)
-    assert first_probe == 4 and set(chosen[:first_probe]) == {0}
+    assert first_probe >= 4 and set(chosen[:first_probe]) == {0}
+    assert first_probe < 20
     assert any(k > 1 for k in chosen), chosen  # picked up by the optimiser, not only by probes
     assert chosen[-10:] == [GAMMA] * 10, chosen
-    assert policy.probe_interval("a") == 4
 
 
 def test_no_probe_while_even_perfect_drafts_would_not_pay():
@@ -252,7 +259,7 @@ def test_no_probe_while_even_perfect_drafts_would_not_pay():
     assert all(_one(policy, "a") == 0 for _ in range(50))  # no probe: it could never gain
     cheap = _policy(probe_every=2)
     _hopeless(cheap, "a")
-    assert _rounds_until_probe(cheap, "a") == 2  # the same history with a cheap drafter is probed
+    assert _rounds_until_probe(cheap, "a") < 50  # the same history with a cheap drafter is probed
 
 
 def test_a_curve_known_at_one_width_only_still_drafts():
@@ -311,14 +318,13 @@ def test_a_request_at_zero_is_probed_after_a_backlog_only_if_a_typical_request_w
     left, drafts at the workload's acceptance would repay that: it is probed after probe_every plain rounds as ever.
     With 3 left they would not: it is never probed."""
     policy = _policy(probe_every=2)
-    _hopeless(policy, "h")
+    _hopeless(policy, "h", rounds=100)
     for _ in range(300):
         policy.observe("w", 1, 1, 1)
         policy.observe("w", 1, 1, 0)
     policy.observe_catch_up(100, 0.010)
     rounds = [policy.choose(["h"], [2], 1, 2, backlogs=[300], rooms=[room])[0] for _ in range(50)]
     assert any(rounds) == probed
-    assert set(rounds) <= {0, 1}
 
 
 def test_a_step_carrying_a_prefill_chunk_drafts_only_what_a_plain_decode_step_would():
@@ -338,4 +344,5 @@ def test_a_step_carrying_a_prefill_chunk_drafts_only_what_a_plain_decode_step_wo
     assert policy.choose(keys, [GAMMA] * 4, 4 + 200, 16) == [0, 0, 0, 0]
     for key in keys:
         _perfect(policy, key)
-    assert policy.choose(keys, [GAMMA] * 4, 4 + 200, 16) == policy.choose(keys, [GAMMA] * 4, 4, 16) != [0, 0, 0, 0]
+    assert policy.choose(keys, [GAMMA] * 4, 4 + 200, 16) == [GAMMA] * 4
+    assert sum(policy.choose(keys, [GAMMA] * 4, 4, 16)) >= 4 * GAMMA - 1  # (a plain step may measure the width below)

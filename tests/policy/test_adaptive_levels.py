@@ -15,6 +15,7 @@ import pytest
 from spectoolkit.policy import AdaptivePolicy, FixedPolicy
 from tests.policy.scripted import Costs, Tree, Workload, best_fixed, best_fixed_tree, run_level, run_tree_level
 
+PE = 8
 GAMMAS = (1, 2, 3, 4, 5, 6)
 LEVELS = {1: 1500, 4: 600, 16: 250}  # batch size -> steps (a few hundred requests' rounds each)
 WARMUP_TOKENS = 200  # untimed at every level first, as a sweep's warm-up requests (serve.warmup_requests) are
@@ -47,7 +48,7 @@ SCENARIOS = {
 
 def _sweep(costs: Costs, workload: Workload, seed: int) -> dict[int, tuple[float, float, float]]:
     """Level -> (adaptive, best fixed γ, target alone) committed tokens per second."""
-    policy, out = AdaptivePolicy(max(GAMMAS), 0.9, 8), {}
+    policy, out = AdaptivePolicy(max(GAMMAS), 0.9, PE), {}
     for batch, steps in LEVELS.items():
         calibrate = range(1, max(GAMMAS) + 2) if batch == 1 else ()
         warmup = WARMUP_TOKENS // (2 * batch)  # steps: about two tokens a round
@@ -58,13 +59,6 @@ def _sweep(costs: Costs, workload: Workload, seed: int) -> dict[int, tuple[float
 
 
 CASES = [(scenario, seed) for scenario in SCENARIOS for seed in (0, 1)]
-CASES[CASES.index(("code, draft model", 0))] = pytest.param(
-    "code, draft model", 0, marks=pytest.mark.xfail(strict=True, reason=(
-        "issue 57, undone: c16 reaches 0.968 of γ=1 (a 3.3% gain over the target alone): once a step where typical "
-        "drafts look not to pay stops every request drafting, probes wait MAX_PROBE_INTERVAL rounds and nothing "
-        "corrects a slightly pessimistic estimate (seeds 1-3: 0.983-0.995)"
-    )),
-)  # fmt: skip
 
 
 @pytest.mark.parametrize(("scenario", "seed"), CASES)
@@ -74,12 +68,6 @@ def test_adaptive_reaches_the_best_fixed_gamma_at_every_level(scenario, seed):
         assert adaptive >= 0.98 * alone, f"c{batch}: {adaptive / alone:.3f} of the target alone"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 57, undone: at a cost kink (rows free up to 16 tokens, 6 ms after) c4 "
-    "reaches 0.89-0.91 of γ=3; the widths just below the kink go unmeasured and a noisy 1-row segment past it "
-    "prices them",
-)
 def test_cheap_rows_up_to_a_kink():
     costs = Costs(_roofline(0.060, 16, 0.006, 0.05), lambda b: 0.0002)
     for batch, (adaptive, best, _) in _sweep(costs, Workload((0.5, 0.6, 0.7, 0.7, 0.7, 0.7)), 0).items():
@@ -110,7 +98,7 @@ TREE_COSTS = {
 
 def _tree_sweep(costs: Costs, seed: int) -> dict[int, tuple[float, float, float, float]]:
     """Level -> (adaptive, best fixed node count, best fixed chain γ, target alone) committed tokens per second."""
-    policy, out = AdaptivePolicy(NODES, 0.9, 8, tree=True), {}
+    policy, out = AdaptivePolicy(NODES, 0.9, PE, tree=True), {}
     for batch, steps in LEVELS.items():
         calibrate = range(1, NODES + 2) if batch == 1 else ()
         warmup = WARMUP_TOKENS // (2 * batch)
@@ -136,11 +124,6 @@ def test_adaptive_trees_reach_the_best_fixed_node_budget_at_every_level(rows, se
 # ---- a request that starts copying its context ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 57, undone: a request whose acceptance turns from 0.3 to 0.98 after 80 plain rounds (of 300 tokens) is "
-    "found late: its probe interval has doubled to 64-128 rounds by then, and a new request inherits a long one; "
-    "0.65-0.89 of an oracle that switches from γ 0 to γ 6 at that round (switch after 20 or 40 rounds: 0.86-0.93)"
-))  # fmt: skip
 def test_a_request_that_starts_copying_is_found_within_a_few_rounds():
     costs = Costs(*MODEL_DRAFT)
     before, after = Workload((0.3,)), Workload((0.98,))
@@ -148,6 +131,6 @@ def test_a_request_that_starts_copying_is_found_within_a_few_rounds():
     plain, drafting = best_fixed(costs, before, 1, GAMMAS), best_fixed(costs, after, 1, GAMMAS)
     assert plain[0] == 0 and drafting[0] == max(GAMMAS)  # no γ pays before the switch, the longest after it
     oracle = workload.output_len / (80 / plain[1] + (workload.output_len - 80) / drafting[1])
-    adaptive = run_level(AdaptivePolicy(max(GAMMAS), 0.9, 8), costs, workload, 1, 1500, 0, calibrate=range(1, 8),
+    adaptive = run_level(AdaptivePolicy(max(GAMMAS), 0.9, PE), costs, workload, 1, 1500, 0, calibrate=range(1, 8),
                          warmup=WARMUP_TOKENS // 2)  # fmt: skip
     assert adaptive >= 0.9 * oracle, f"{adaptive / oracle:.3f} of the oracle"

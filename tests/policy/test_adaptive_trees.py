@@ -16,6 +16,7 @@ STEP_BASE, STEP_PER_TOKEN, DRAFT_FORWARD = 0.010, 0.0003, 0.001  # seconds
 def _policy(nodes: int = NODES) -> AdaptivePolicy:
     policy = AdaptivePolicy(nodes, 0.9, 8, tree=True)
     policy.seed({n: STEP_BASE + STEP_PER_TOKEN * n for n in (1, 2, 4, 8, 16, 32)})
+    policy.observe_step(2, 0, STEP_BASE + STEP_PER_TOKEN * 2, 0.0, sequences=2)  # a batch's first step is plain
     policy.draft_cost.observe(1, DRAFT_FORWARD)
     return policy
 

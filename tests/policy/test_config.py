@@ -69,7 +69,7 @@ def test_make_policy_picks_the_class_of_the_config(policy: str, cls: type) -> No
     assert type(made) is cls and made.name == policy and made.max_gamma == 6
     assert made.stop_below == (0.3 if policy == "confidence" else None)
     if policy == "adaptive":
-        assert (made.acceptance.decay, made.probe_every, made.probe_interval("new")) == (0.7, 5, 5)
+        assert (made.acceptance.decay, made.probe_every) == (0.7, 5)
 
 
 def test_make_policy_kind_and_max_gamma_override_the_config() -> None:

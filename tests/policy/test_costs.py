@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
+from scipy.optimize import minimize
 
 from spectoolkit.policy.costs import REFIT, WINDOW, DraftCost, StepCosts, StepCurve, convex_fit, monotone_fit
 
@@ -81,21 +82,42 @@ def test_convex_input_is_returned_unchanged():
 
 def test_concave_input_becomes_convex():
     xs = np.array([1.0, 2.0, 3.0])
-    concave = np.array([1.0, 2.0, 2.5])  # increments 1 then 0.5: pooled into the chord's 0.75
+    concave = np.array([1.0, 2.0, 2.5])  # increments 1 then 0.5: no convex curve bends down, so a straight line
     fitted = convex_fit(xs, concave)
-    np.testing.assert_allclose(_increments(xs, fitted), [0.75, 0.75], rtol=1e-12)
-    np.testing.assert_allclose(fitted, [13 / 12, 11 / 6, 31 / 12], rtol=1e-12)  # offset: the least-squares one
-    sqrt = np.sqrt(np.arange(1.0, 9.0))  # concave throughout: one straight line, its slope the chord's
+    np.testing.assert_allclose(fitted, [13 / 12, 11 / 6, 31 / 12], rtol=1e-12)  # the least-squares line
+    sqrt = np.sqrt(np.arange(1.0, 9.0))  # concave throughout: the least-squares line
     line = convex_fit(np.arange(1.0, 9.0), sqrt)
-    np.testing.assert_allclose(_increments(np.arange(1.0, 9.0), line), np.full(7, (sqrt[-1] - sqrt[0]) / 7))
-
-
-def test_convex_fit_weighs_each_slope_by_its_segment_width():
-    xs = np.array([1.0, 2.0, 10.0])  # increments 1.0 over one row, then 0.5 over eight: pooled to 5 / 9
-    fitted = convex_fit(xs, np.array([1.0, 2.0, 6.0]))
-    np.testing.assert_allclose(_increments(xs, fitted), [5 / 9, 5 / 9], rtol=1e-12)
+    np.testing.assert_allclose(line, np.polyval(np.polyfit(np.arange(1.0, 9.0), sqrt, 1), np.arange(1.0, 9.0)))
     falling = convex_fit(np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.0, 1.0]))  # never falls: flat at the mean
     np.testing.assert_allclose(falling, [2.0, 2.0, 2.0], rtol=1e-12)
+
+
+def _weighted_error(fitted: np.ndarray, ys: np.ndarray, counts: np.ndarray) -> float:
+    return float(np.sum(counts * (fitted - ys) ** 2))
+
+
+@pytest.mark.parametrize("length", range(3, 9))
+def test_convex_fit_is_the_least_squares_one_weighted_by_observations(length):
+    """No convex, non-decreasing curve through the widths fits the medians closer, each weighted by its count: checked
+    against a general constrained solver, and against the slopes-made-monotone fit of before (issue 57)."""
+    rng = np.random.default_rng(length)
+    for _ in range(10):
+        xs = np.unique(rng.integers(1, 60, size=length)).astype(np.float64)
+        ys = 0.05 + 0.002 * np.maximum(xs - 20, 0) + rng.normal(0, 0.004, size=len(xs))
+        counts = rng.integers(1, 16, size=len(xs)).astype(np.float64)
+        fitted = convex_fit(xs, ys, counts)
+        widths = np.diff(xs)
+        constraints = [
+            {"type": "ineq", "fun": lambda v: np.diff(v)[:1] / widths[:1]},  # never falls
+            {"type": "ineq", "fun": lambda v: np.diff(np.diff(v) / widths)},  # each row at least the one before
+        ]
+        reference = minimize(_weighted_error, ys.copy(), args=(ys, counts), constraints=constraints, method="SLSQP",
+                             options={"ftol": 1e-14, "maxiter": 500}).x  # fmt: skip
+        assert _weighted_error(fitted, ys, counts) <= _weighted_error(reference, ys, counts) * (1 + 1e-6) + 1e-15
+        slopes = _increments(xs, fitted)
+        assert np.all(slopes >= -1e-12) and np.all(np.diff(slopes) >= -1e-12)
+    heavy = convex_fit(np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.3, 1.0]), np.array([15.0, 1.0, 15.0]))
+    np.testing.assert_allclose(heavy, [1.3 / 31 + 30 / 31] * 3, rtol=1e-9)  # a width seen once barely moves it
 
 
 def test_empty_curve_costs_the_same_at_every_width():
@@ -139,9 +161,9 @@ def test_seed_counts_as_one_observation_and_bad_steps_are_ignored():
 
 
 def test_a_noisy_dip_is_fitted_away_and_interpolated():
-    curve = _curve({1: 1.0, 2: 1.2, 3: 1.0, 4: 1.4})  # increments 0.2, -0.2 pool to 0: flat, then 0.4
-    np.testing.assert_allclose(curve(np.array([1, 2, 3, 4])), [1.05, 1.05, 1.05, 1.45], rtol=1e-12)
-    np.testing.assert_allclose(curve(np.array([1.5, 3.5])), [1.05, 1.25], rtol=1e-12)
+    curve = _curve({1: 1.0, 2: 1.2, 3: 1.0, 4: 1.4})  # the bump is noise: flat at its mean, then up to 1.4
+    np.testing.assert_allclose(curve(np.array([1, 2, 3, 4])), [16 / 15, 16 / 15, 16 / 15, 1.4], rtol=1e-9)
+    np.testing.assert_allclose(curve(np.array([1.5, 3.5])), [16 / 15, (16 / 15 + 1.4) / 2], rtol=1e-9)
     assert curve.points() == {1: 1.0, 2: 1.2, 3: 1.0, 4: 1.4}  # the medians themselves are kept
     grid = curve(np.arange(1, 40))
     assert np.all(np.diff(grid) >= 0)

@@ -23,6 +23,7 @@ from spectoolkit.eval.stochastic_empirical import engine_exactness, negative_con
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy, draft_depth
+from spectoolkit.policy.costs import WINDOW
 from spectoolkit.runtime.blocks import BlockAllocator, BlockTable
 from spectoolkit.runtime.lone import lone_sequence
 from spectoolkit.runtime.paged_kv import make_pool
@@ -62,6 +63,9 @@ class PinnedCosts(AdaptivePolicy):
     ) -> None:
         super().__init__(gamma, 0.9, probe_every, tree)
         self.seed({1: 0.0103, 64: 0.010 + 0.0003 * 64})
+        for _ in range(WINDOW):  # every width measured a window's times: none left to explore
+            for width in range(1, 65):
+                self.costs.observe_target(1, width, 0.010 + 0.0003 * width)
         self.draft_cost.observe(1, draft_forward)
         self.chosen: Counter = Counter()  # (cap, k) -> rounds
 
