@@ -108,8 +108,8 @@ def test_convex_fit_is_the_least_squares_one_weighted_by_observations(length):
         fitted = convex_fit(xs, ys, counts)
         widths = np.diff(xs)
         constraints = [
-            {"type": "ineq", "fun": lambda v: np.diff(v)[:1] / widths[:1]},  # never falls
-            {"type": "ineq", "fun": lambda v: np.diff(np.diff(v) / widths)},  # each row at least the one before
+            {"type": "ineq", "fun": lambda v, w=widths: np.diff(v)[:1] / w[:1]},  # never falls
+            {"type": "ineq", "fun": lambda v, w=widths: np.diff(np.diff(v) / w)},  # each row at least the one before
         ]
         reference = minimize(_weighted_error, ys.copy(), args=(ys, counts), constraints=constraints, method="SLSQP",
                              options={"ftol": 1e-14, "maxiter": 500}).x  # fmt: skip
