@@ -152,7 +152,12 @@ class AdaptivePolicy:
         return not any(best_lengths(typical, fixed_tokens, budget, curve, by_count, forwards))
 
     def _probe(
-        self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], budget: int, step: _Step,
+        self,
+        keys: Sequence[Hashable],
+        caps: Sequence[int],
+        lengths: list[int],
+        budget: int,
+        step: _Step,
         least: int = 0,
     ) -> list[int]:
         """One draft token more for each request below its cap whose rounds there have reached its probe interval
