@@ -160,19 +160,24 @@ class AdaptivePolicy:
         step: _Step,
         least: int = 0,
     ) -> list[int]:
-        """One draft token more for each request below its cap whose rounds there have reached its probe interval
-        (:meth:`probe_interval` of what that token is expected to cost, :meth:`_Step.probe_loss`), at least
-        ``probe_every`` (and ``least``) rounds: at k = 0 a probe of whether it drafts at all, past k the position
-        after the last it drafts (an estimate no round reaches again is never corrected)."""
+        """More draft tokens for each request below its cap whose rounds there have reached its probe interval
+        (:meth:`probe_interval` of what they are expected to cost, :meth:`_Step.probe_loss`), at least ``probe_every``
+        (and ``least``) rounds: at k = 0 one token, a probe of whether it drafts at all; past k a chain's next
+        position, a tree's whole cap (an estimate no round reaches again is never corrected: a chain reaches its
+        deeper positions only through the next one, while a tree's nodes past k are mostly siblings and cousins,
+        each reached whenever drafted and each of small worth alone: one at a time none looked worth drafting, and
+        trees with cheap rows stayed at 2 nodes where 11 paid, issue 57)."""
         spare, planned = budget - sum(lengths), list(lengths)
+        tree = isinstance(self.acceptance, NodeAcceptance)
         for i, key in enumerate(keys):
             if planned[i] >= caps[i]:
                 self._idle.pop(key, None)
                 continue
+            grow = min(caps[i] if tree and planned[i] else planned[i] + 1, planned[i] + spare)
             idle = self._idle.get(key, 0)  # rounds below its cap so far: this one is a probe after the interval
-            due = max(least, self.probe_every, self.probe_interval(step.probe_loss(i, planned[i]), len(keys)))
-            if spare > 0 and idle >= due:
-                lengths[i], spare, idle = planned[i] + 1, spare - 1, 0
+            due = max(least, self.probe_every, self.probe_interval(step.probe_loss(i, planned[i], grow), len(keys)))
+            if grow > planned[i] and idle >= due:
+                lengths[i], spare, idle = grow, spare - (grow - planned[i]), 0
             else:
                 idle += 1
             self._idle[key] = idle
@@ -305,21 +310,22 @@ class _Step:
         self.survival, self.by_count, self.forwards = survival, by_count, forwards
         self.drafting, self.deepest = sum(1 for k in lengths if k), max(lengths, default=0)
         self.emitted = float(sum(1.0 + sum(s[:k]) for s, k in zip(survival, lengths, strict=True)))
-        tokens = fixed_tokens + sum(lengths)
-        self.below, *self.target = (float(t) for t in curve(np.array([max(tokens - 1, 1), tokens, tokens + 1])))
-        self.seconds = self._seconds(self.target[0], self.drafting, self.deepest)
+        self.curve, self.tokens = curve, fixed_tokens + sum(lengths)
+        self.below, self.target = (float(t) for t in curve(np.array([max(self.tokens - 1, 1), self.tokens])))
+        self.seconds = self._seconds(self.target, self.drafting, self.deepest)
 
     def _seconds(self, target: float, drafting: int, deepest: int) -> float:
         draft = self.by_count[min(drafting, len(self.by_count) - 1)] * self.forwards[deepest] if deepest else 0.0
         return target + draft
 
-    def probe_loss(self, i: int, k: int) -> float:
-        """What one draft token more for request i (drafting ``k``) costs, in plain steps: the step's extra seconds
-        (a row, a deeper draft forward if it is the deepest, or one more drafting sequence's) less the seconds its
-        expected extra tokens (the estimated survival at position k + 1) are worth at the step's rate, over the step's
-        seconds (< 0: it pays)."""
-        seconds = self._seconds(self.target[1], self.drafting + (k == 0), max(self.deepest, k + 1))
-        gained = float(self.survival[i][k]) if len(self.survival[i]) > k else 0.0
+    def probe_loss(self, i: int, k: int, grow: int) -> float:
+        """What drafting request i ``grow`` tokens instead of ``k`` costs, in plain steps: the step's extra seconds
+        (its rows, deeper draft forwards if it is the deepest, one more drafting sequence's if k = 0) less the seconds
+        its expected extra tokens (its estimated survival at positions k + 1..grow) are worth at the step's rate, over
+        the step's seconds (< 0: it pays)."""
+        target = float(self.curve(np.array([self.tokens + grow - k]))[0])
+        seconds = self._seconds(target, self.drafting + (k == 0), max(self.deepest, grow))
+        gained = float(sum(self.survival[i][k:grow]))
         return seconds / self.seconds - (self.emitted + gained) / self.emitted
 
     def drop_loss(self, i: int, k: int, deepest: int) -> float:
