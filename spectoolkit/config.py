@@ -267,7 +267,8 @@ class SpeculateConfig:
     ``policy`` (:mod:`spectoolkit.policy`): ``fixed`` drafts γ every round; ``confidence`` lets a draft
     model stop when its top probability falls below ``confidence``; ``adaptive`` picks each request's
     k <= γ per round from its recent acceptance (counts decayed by ``decay`` per round) and the measured
-    draft and verify costs, re-probing a request at k = 0 after ``probe_every`` plain rounds.
+    draft and verify costs, probing past its best k (at k = 0: one token) at most once per ``probe_every``
+    rounds, its probes spaced to cost at most 1% of the time.
     """
 
     gamma: int = 4

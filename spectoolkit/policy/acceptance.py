@@ -5,9 +5,11 @@ were accepted; it is *accepted* when the first j were. Conditional acceptance
 a_j = Pr(accept j | reached j) and survival S_j = Π_{i<=j} a_i = Pr(K >= j) give the expected
 emitted tokens of a k-token draft, E(k) = 1 + Σ_{j<=k} S_j (DESIGN §1).
 
-Counts decay geometrically (per round of the request: recent text matters more; per round of the
-whole workload for the prior). A request's first position shrinks toward the workload's, each deeper
-one toward the request's own estimate of the position before it, carried by the workload's shape:
+Counts decay geometrically (per round of the request, a plain one too: recent text matters more, and a
+request that stopped drafting on a few rejections drifts back toward the workload instead of keeping that
+estimate for good; per round of the whole workload for the prior). A request's first position shrinks
+toward the workload's, each deeper one toward the request's own estimate of the position before it,
+carried by the workload's shape:
 
     a_1(request) = (accepted_1 + m · A_1) / (reached_1 + m)
     a_j(request) = (accepted_j + m · min(1, a_{j-1} · A_j / A_{j-1})) / (reached_j + m)     j >= 2
@@ -18,12 +20,15 @@ the workload's rises or falls there: a request whose text turns repetitive at k 
 on being accepted at k = 2, and drafts deeper to find out; a request like the workload gets the
 workload's deep positions (code acceptance rises with depth), not its own first one's.
 
-The prior's weight m (pseudo-rounds) is estimated from how much requests differ (empirical Bayes over
-the first-position totals of the live and the last :data:`RECENT_REQUESTS` finished requests):
-m = p(1 − p) / τ² − 1, τ² the between-request variance of their rates (DerSimonian–Laird: the
-rounds-weighted spread less its binomial part), kept within [1, 1/(1 − decay)] (at most a full window of the request's
-own decayed rounds). Issue 57: with m = 1 one rejected first round halved a request's estimate, and a
-request that stopped drafting on it learnt nothing more; at c4 on chat-like acceptance every request
+The prior's weight m (pseudo-rounds) is estimated from how much requests' rates differ over windows of
+about 1/(1 − decay) of their drafting rounds, the span a request's estimate remembers (empirical Bayes
+over the first-position totals of the last :data:`RECENT_REQUESTS` closed windows and the live ones):
+m = p(1 − p) / τ² − 1, τ² the between-window variance of their rates (DerSimonian–Laird: the
+rounds-weighted spread less its binomial part), kept within [1, 1/(1 − decay)] (at most a full window of the
+request's own decayed rounds). Windows, not whole requests: a request that turns to copying its context
+halfway has a lifetime rate like every other's, and shrunk that hard its copying went unseen (issue 57).
+Issue 57: with m = 1 one rejected first round halved a request's estimate, and a request that stopped
+drafting on it learnt nothing more; at c4 on chat-like acceptance every request
 ended at k = 0 where γ = 1 paid. A new request starts from the workload so far.
 
 Token trees (:class:`NodeAcceptance`): node j of a k-node tree adds Pr(node j is on the accepted path)

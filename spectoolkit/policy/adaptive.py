@@ -9,22 +9,29 @@ candidate budget (:func:`~spectoolkit.policy.allocate.best_lengths`): a request'
 competes with every other request's. A step that also carries prefill chunks is priced as the decoding
 sequences' plain step plus what the drafts add to it (:class:`DecodeView`).
 
-A request that fell to k = 0 learns nothing more about its own acceptance, so now and then it is re-probed
-with one draft token: after ``probe_every`` plain rounds at first (a new request: after the median interval
-recent requests ended at); the request's interval doubles each time its probe is rejected (to at most
-:data:`MAX_PROBE_INTERVAL`), or accepted while its acceptance stays at or below the workload's, and halves
-when one is accepted and lifts it above. Per request, because requests differ: a summary that copies its
-source must not wait for the probes of a chat request that never accepts. No request is probed while even
-drafts that are always accepted would not pay at the measured costs (a draft model as slow as the target): a
-probe of a draft model also pays its catch-up over every token since it last drafted. In a step of several
-sequences where drafts accepted at the workload's rate would not pay (a busy CPU, where every verify row
-costs), a request is probed only after :data:`MAX_PROBE_INTERVAL` plain rounds: a draft head then feeds
-nothing for requests that do not draft (it holds their rows), and a request that copies its context is still
-found; when the load falls, probing resumes at once. A draft head pays, before it drafts for a request that
-sat out rounds, a catch-up over the rows it held for it: a request whose remaining tokens cannot repay that
-(its backlog rows at the measured cost per row, against the time its best drafts would save, at the better of
-its own and the workload's acceptance) neither drafts nor is probed; a request near its end after a busy
-stretch decodes plainly to the end.
+A request's estimate only learns from the positions it drafts, so now and then a request below its cap drafts
+past its optimum (a probe): at k = 0 one token (does it draft at all: a summary that starts copying its source),
+past k a chain's next position or a tree's whole node budget. Issue 57 replaced intervals that doubled on every
+rejected probe (a request that turned to copying after 80 plain rounds waited 64-128 more) by a budget: each
+probe is priced at the step at hand (its rows and draft forwards less its expected tokens at the request's own
+estimate, :meth:`_Step.probe_loss`), and a request's probes are spaced so that the batch's cost at most
+:data:`EXPLORE` of the time (:meth:`AdaptivePolicy.probe_interval`), and no closer than ``probe_every`` rounds.
+A probe likely to be accepted is cheap, so it comes soon; one of a hopeless drafter comes rarely. No request is
+probed while even drafts that are always accepted would not pay at the measured costs (a draft model as slow as
+the target). In a step of several sequences where drafts accepted at the workload's rate would not pay (a busy
+CPU, where every verify row costs), a request is probed only after :data:`MAX_PROBE_INTERVAL` plain rounds: a
+draft head then feeds nothing for requests that do not draft (it holds their rows), and a request that copies
+its context is still found; when the load falls, probing resumes at once. A draft head pays, before it drafts
+for a request that sat out rounds, a catch-up over the rows it held for it: a request whose remaining tokens
+cannot repay that (its backlog rows at the measured cost per row, against the time its best drafts would save,
+at the better of its own and the workload's acceptance) neither drafts nor is probed; a request near its end
+after a busy stretch decodes plainly to the end.
+
+The step-cost curve is explored too: a batch size's first decode step is plain (its baseline measured, not
+borrowed from a batch whose rows cost otherwise: at a cost kink, a batch of 4 priced from batch 1's flat curve
+drafted 28 tokens a step for 80 steps), and while the width just below the plan has fewer than a window of
+measurements a step now and then drops its least valuable draft token to measure it, at the same budget
+(:meth:`AdaptivePolicy._narrower`).
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 :class:`StepCurve` keeps the median of the recent step times at each token count n seen (the
 batch-1 verify forward of width n, or a batched step of n tokens), optionally seeded from
 calibration (:mod:`spectoolkit.bench.protocol.calibrate`). Queried, it fits a convex, non-decreasing curve
-to those medians (:func:`convex_fit`: a wider step never costs less, and each extra row costs at least what
-the one before did — a dip, or a bump, is noise), interpolates linearly between them and extrapolates past
-the widest with the slope of a line through the upper half of the measured span (each width weighted by its
-observations). Not the last segment's: on noisy
+to those medians (:func:`convex_fit`: the least-squares one, each median weighted by its observations; a
+wider step never costs less, and each extra row costs at least what the one before did — a dip, or a bump,
+is noise), refit at once when a width is seen for the first time, interpolates linearly between them and
+extrapolates past the widest with the slope of a line through the upper half of the measured span (each
+width weighted by its observations). Not the last segment's: on noisy
 medians one row apart the convex fit pools the noise into its steepest, last, segment, and a slope that
 overstates what rows past the widest cost is never corrected, since the policy then never drafts there to
 measure them (issue 57: at c16 the rows looked 2-3x their cost and drafting stopped). For the same reason a
