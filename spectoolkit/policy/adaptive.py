@@ -159,14 +159,9 @@ class AdaptivePolicy:
         return not any(best_lengths(typical, fixed_tokens, budget, curve, by_count, forwards))
 
     def _probe(
-        self,
-        keys: Sequence[Hashable],
-        caps: Sequence[int],
-        lengths: list[int],
-        budget: int,
-        step: _Step,
+        self, keys: Sequence[Hashable], caps: Sequence[int], lengths: list[int], budget: int, step: _Step,
         least: int = 0,
-    ) -> list[int]:
+    ) -> list[int]:  # fmt: skip
         """More draft tokens for each request below its cap whose rounds there have reached its probe interval
         (:meth:`probe_interval` of what they are expected to cost, :meth:`_Step.probe_loss`), at least ``probe_every``
         (and ``least``) rounds: at k = 0 one token, a probe of whether it drafts at all; past k a chain's next
