@@ -5,10 +5,10 @@ were accepted; it is *accepted* when the first j were. Conditional acceptance
 a_j = Pr(accept j | reached j) and survival S_j = Π_{i<=j} a_i = Pr(K >= j) give the expected
 emitted tokens of a k-token draft, E(k) = 1 + Σ_{j<=k} S_j (DESIGN §1).
 
-Counts decay geometrically (per round of the request, a plain one too: recent text matters more, and a
-request that stopped drafting on a few rejections drifts back toward the workload instead of keeping that
-estimate for good; per round of the whole workload for the prior). A request's first position shrinks
-toward the workload's, each deeper one toward the request's own estimate of the position before it,
+Counts decay geometrically (per round of the request, one the policy held plain too (:meth:`AcceptanceModel.age`):
+recent text matters more, and a request that stopped drafting on a few rejections drifts back toward the workload
+instead of keeping that estimate for good; per round of the whole workload for the prior). A request's first
+position shrinks toward the workload's, each deeper one toward the request's own estimate of the position before it,
 carried by the workload's shape:
 
     a_1(request) = (accepted_1 + m · A_1) / (reached_1 + m)
@@ -95,11 +95,8 @@ class AcceptanceModel:
         path = list(range(accepted)) if path is None else list(path)
         if not 0 <= accepted == len(path) <= drafted <= self.max_gamma or not all(0 <= n < drafted for n in path):
             raise ValueError(f"round (drafted={drafted}, path={path}) outside 0..{self.max_gamma}")
-        if drafted == 0:  # nothing proposed: nothing learned, but the text moved on
-            counts = self._requests.get(key)
-            if counts is not None:
-                counts.age(self.decay)
-            return
+        if drafted == 0:
+            return  # nothing proposed: nothing learned
         reached = self._reached(drafted, accepted)
         counts = self._requests.setdefault(key, _Counts(self.max_gamma))
         counts.add(reached, path, self.decay)
@@ -108,6 +105,14 @@ class AcceptanceModel:
             counts.first = [0, 0]
         self.workload.add(reached, path, WORKLOAD_DECAY)
         self._strength = None
+
+    def age(self, key: Hashable) -> None:
+        """A round of ``key`` that drafted nothing because the policy held it back: its text moved on, so its counts
+        decay as a round's would (it drifts back toward the workload instead of keeping, for good, the estimate that
+        stopped it). Not a lookup that had nothing to propose: that says nothing about its matches' acceptance."""
+        counts = self._requests.get(key)
+        if counts is not None:
+            counts.age(self.decay)
 
     def prior_strength(self) -> float:
         """m: the prior's pseudo-rounds in a request's estimate, from how much requests differ (module docstring)."""

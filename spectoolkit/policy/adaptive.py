@@ -69,6 +69,7 @@ class AdaptivePolicy:
         self.catch_up_cost = DraftCost()  # seconds per backlog row a drafter fed before drafting
         self.probe_every = probe_every
         self._idle: dict[Hashable, int] = {}  # plain rounds in a row, per request
+        self._held: set[Hashable] = set()  # the last step's requests that could draft and were kept plain
         self._since_narrower: dict[int, int] = {}  # steps since one measured the width below the plan, per batch
         self._prediction: Prediction | None = None
 
@@ -77,6 +78,7 @@ class AdaptivePolicy:
         backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None,
     ) -> list[int]:  # fmt: skip
         caps = [max(0, min(cap, self.max_gamma)) for cap in caps]
+        could = [cap > 0 for cap in caps]
         if fixed_tokens == len(keys) and not self.costs.measured(len(keys)):
             caps = [0] * len(caps)  # a batch size's first decode step is plain: its baseline, measured, not borrowed
         prior = self.acceptance.workload_acceptance()
@@ -103,6 +105,7 @@ class AdaptivePolicy:
         ):  # else even drafts that are always accepted would not pay: a probe cannot find a gain
             lengths = self._probe(keys, caps, lengths, budget, step)
         self._predict(keys, lengths, fixed_tokens, curve, by_count, forwards)
+        self._held = {key for key, can, k in zip(keys, could, lengths, strict=True) if can and not k}
         return lengths
 
     def _predict(
@@ -234,6 +237,8 @@ class AdaptivePolicy:
         depth: int | None = None,
     ) -> None:  # fmt: skip
         self.acceptance.observe(key, drafted, accepted, path)
+        if not chosen and key in self._held:
+            self.acceptance.age(key)
         if isinstance(self.acceptance, NodeAcceptance) and depth is not None and drafted:
             total, rounds = self._depths.get(drafted, (0.0, 0.0))
             self._depths[drafted] = (total + depth, rounds + 1)
@@ -265,6 +270,7 @@ class AdaptivePolicy:
     def release(self, key: Hashable) -> None:
         self.acceptance.release(key)
         self._idle.pop(key, None)
+        self._held.discard(key)
 
 
 class DecodeView:

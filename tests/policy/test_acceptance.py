@@ -105,6 +105,24 @@ def test_random_rounds_match_the_reference(decay):
     assert good > 0.6 > 0.3 > bad
 
 
+def test_a_held_round_ages_a_request_and_a_lookup_miss_does_not():
+    """A round the policy kept plain decays the request's counts like a drafted round's (its text moved on); a round
+    whose drafter had nothing to propose (an n-gram miss, observed as drafted = 0) leaves them as they were."""
+    model = AcceptanceModel(GAMMA, decay=0.5)
+    for _ in range(3):
+        model.observe("a", 4, 4)
+    before = model.survival("a", 2)
+    model.observe("a", 0, 0)  # a lookup miss
+    assert model.survival("a", 2) == before
+    model.age("a")
+    reached, accepted = _counts([(4, 4)] * 3, 0.5, GAMMA)
+    counts = model._requests["a"]
+    np.testing.assert_allclose(counts.reached, reached * 0.5, rtol=1e-12)
+    np.testing.assert_allclose(counts.accepted, accepted * 0.5, rtol=1e-12)
+    assert model.survival("a", 1)[0] < before[0]  # toward the workload's (the same rounds, so only through m)
+    model.age("unknown")  # a request never seen: nothing to age
+
+
 def test_decay_forgets_old_rounds():
     slow, fast = AcceptanceModel(GAMMA, decay=1.0), AcceptanceModel(GAMMA, decay=0.5)
     for model in (slow, fast):

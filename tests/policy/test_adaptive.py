@@ -213,6 +213,32 @@ def test_a_drafting_request_probes_one_position_past_its_choice():
     assert set(chosen) == {2, 3} and chosen.count(3) < 0.2 * len(chosen)
 
 
+def test_only_a_request_the_policy_kept_plain_ages():
+    """Kept at k = 0 by the policy, a request's rejected history fades toward the workload's until it drafts again; with
+    nothing to draft (cap 0: a lookup with no match), its history stays as it was."""
+    held, missed = _policy(probe_every=1000), _policy(probe_every=1000)  # no probes
+    for policy in (held, missed):
+        for _ in range(20):
+            policy.draft_cost.observe(1, 0.004)  # a draft forward of ~4 ms: a draft pays above ~40% acceptance
+        for _ in range(30):
+            policy.observe("w", GAMMA, GAMMA, GAMMA)  # the workload: always accepted
+        for _ in range(20):
+            policy.observe("a", GAMMA, GAMMA, 0)
+    before = held.acceptance.survival("a", 1)[0]
+    assert held.choose(["a"], [GAMMA], 1, GAMMA) == [0]
+    held.observe("a", 0, 0, 0)
+    rounds = 1
+    while not held.choose(["a"], [GAMMA], 1, GAMMA)[0]:
+        held.observe("a", 0, 0, 0)
+        rounds += 1
+        assert rounds < 100, "never drafted again"
+    assert rounds > 0 and held.acceptance.survival("a", 1)[0] > before
+    for _ in range(rounds + 10):
+        assert missed.choose(["a"], [0], 1, GAMMA) == [0]
+        missed.observe("a", 0, 0, 0)
+    assert missed.acceptance.survival("a", 1)[0] == pytest.approx(before)
+
+
 def test_a_batch_size_s_first_decode_step_is_plain():
     """Its baseline is measured, not borrowed from a batch whose rows cost otherwise; its drafts come after."""
     policy = _policy()
