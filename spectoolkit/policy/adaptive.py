@@ -180,8 +180,10 @@ class AdaptivePolicy:
                 continue
             grow = min(caps[i] if tree and planned[i] else planned[i] + 1, planned[i] + spare)
             idle = self._idle.get(key, 0)  # rounds below its cap so far: this one is a probe after the interval
-            due = max(least, self.probe_every, self.probe_interval(step.probe_loss(i, planned[i], grow), len(keys)))
-            if grow > planned[i] and idle >= due:
+            due = idle >= max(least, self.probe_every)  # priced only once the floor is reached
+            if due and grow > planned[i]:
+                due = idle >= self.probe_interval(step.probe_loss(i, planned[i], grow), len(keys))
+            if grow > planned[i] and due:
                 lengths[i], spare, idle = grow, spare - (grow - planned[i]), 0
             else:
                 idle += 1
