@@ -61,7 +61,7 @@ class _Counts:
     def __init__(self, max_gamma: int) -> None:
         self.reached = np.zeros(max_gamma)
         self.accepted = np.zeros(max_gamma)
-        self.first = [0, 0]  # undecayed rounds that reached, and accepted, the first position
+        self.first = [0, 0]  # undecayed rounds that reached, and accepted, the first position, in its open window
 
     def age(self, decay: float) -> None:
         self.reached *= decay
@@ -69,8 +69,7 @@ class _Counts:
 
     def add(self, reached: int, hits: list[int], decay: float) -> None:
         """Positions 1..``reached`` were reached, those at indices ``hits`` accepted."""
-        self.reached *= decay
-        self.accepted *= decay
+        self.age(decay)
         self.reached[:reached] += 1.0
         self.accepted[hits] += 1.0
         self.first[0] += reached > 0
@@ -85,7 +84,7 @@ class AcceptanceModel:
         self.decay = decay
         self.workload = _Counts(max_gamma)
         self._requests: dict[Hashable, _Counts] = {}
-        self._finished: deque[list[int]] = deque(maxlen=RECENT_REQUESTS)  # first-position totals of past windows
+        self._windows: deque[list[int]] = deque(maxlen=RECENT_REQUESTS)  # first-position totals of past windows
         self._window = round(1.0 / (1.0 - decay)) if decay < 1 else float("inf")  # a request's rounds per window
         self._strength: float | None = None  # m, until the next round or release
 
@@ -101,7 +100,7 @@ class AcceptanceModel:
         counts = self._requests.setdefault(key, _Counts(self.max_gamma))
         counts.add(reached, path, self.decay)
         if counts.first[0] >= self._window:  # a window's rounds: a sample of how far a request's rate strays
-            self._finished.append(counts.first)
+            self._windows.append(counts.first)
             counts.first = [0, 0]
         self.workload.add(reached, path, WORKLOAD_DECAY)
         self._strength = None
@@ -118,7 +117,7 @@ class AcceptanceModel:
         """m: the prior's pseudo-rounds in a request's estimate, from how much requests differ (module docstring)."""
         if self._strength is None:
             most = max(REQUEST_PRIOR, 1.0 / (1.0 - self.decay)) if self.decay < 1 else float(RECENT_REQUESTS)
-            totals = [c.first for c in self._requests.values() if c.first[0]] + list(self._finished)
+            totals = [c.first for c in self._requests.values() if c.first[0]] + list(self._windows)
             self._strength = most
             if len(totals) >= 2:
                 rounds, hits = np.array(totals, dtype=np.float64).T
@@ -172,7 +171,7 @@ class AcceptanceModel:
     def release(self, key: Hashable) -> None:
         counts = self._requests.pop(key, None)
         if counts is not None and counts.first[0]:
-            self._finished.append(counts.first)
+            self._windows.append(counts.first)
             self._strength = None
 
 

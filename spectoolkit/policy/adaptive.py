@@ -115,14 +115,13 @@ class AdaptivePolicy:
         """Keep what the chosen ``lengths`` are expected to give (a probe's token at the request's own estimate)."""
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, k, prior) for key, k in zip(keys, lengths, strict=True)]
-        deepest = max(lengths, default=0)
-        drafting = sum(1 for k in lengths if k)
+        step = _Step(survival, lengths, fixed_tokens, curve, by_count, forwards)
         self._prediction = Prediction(
-            tokens=float(sum(1.0 + sum(s) for s in survival)),
-            target_seconds=float(curve(np.array([fixed_tokens + sum(lengths)]))[0]),
+            tokens=step.emitted,
+            target_seconds=step.target,
             fixed_tokens=fixed_tokens,
             curve=[round(float(t), 6) for t in curve(np.arange(fixed_tokens, fixed_tokens + sum(lengths) + 1))],
-            draft_seconds=by_count[drafting] * forwards[deepest] if deepest else 0.0,
+            draft_seconds=step.draft(step.drafting, step.deepest),
             survival=[[round(x, 4) for x in s] for s in survival],
             prior_strength=self.acceptance.prior_strength(),
         )
@@ -180,10 +179,10 @@ class AdaptivePolicy:
                 continue
             grow = min(caps[i] if tree and planned[i] else planned[i] + 1, planned[i] + spare)
             idle = self._idle.get(key, 0)  # rounds below its cap so far: this one is a probe after the interval
-            due = idle >= max(least, self.probe_every)  # priced only once the floor is reached
-            if due and grow > planned[i]:
-                due = idle >= self.probe_interval(step.probe_loss(i, planned[i], grow), len(keys))
-            if grow > planned[i] and due:
+            probe = grow > planned[i] and idle >= max(least, self.probe_every)
+            if probe:  # priced only once the floor is reached
+                probe = idle >= self.probe_interval(step.probe_loss(i, planned[i], grow), len(keys))
+            if probe:
                 lengths[i], spare, idle = grow, spare - (grow - planned[i]), 0
             else:
                 idle += 1
@@ -311,7 +310,8 @@ def _time_saved(
 
 
 class _Step:
-    """A planned step, to price one more draft token in it: a probe of request i (:meth:`probe_loss`)."""
+    """A planned step: its expected tokens and seconds, and what one request's draft tokens more (a probe,
+    :meth:`probe_loss`) or its last one less (:meth:`drop_loss`) would change."""
 
     def __init__(
         self, survival: list, lengths: list[int], fixed_tokens: int, curve: StepCurve | ShiftedCurve | DecodeView,
@@ -321,25 +321,30 @@ class _Step:
         self.drafting, self.deepest = sum(1 for k in lengths if k), max(lengths, default=0)
         self.emitted = float(sum(1.0 + sum(s[:k]) for s, k in zip(survival, lengths, strict=True)))
         self.curve, self.tokens = curve, fixed_tokens + sum(lengths)
-        self.below, self.target = (float(t) for t in curve(np.array([max(self.tokens - 1, 1), self.tokens])))
+        self.target = self._at(self.tokens)
         self.seconds = self._seconds(self.target, self.drafting, self.deepest)
 
+    def _at(self, tokens: int) -> float:
+        return float(self.curve(np.array([tokens]))[0])
+
+    def draft(self, drafting: int, deepest: int) -> float:
+        """Seconds of the draft forwards when ``drafting`` requests draft, the deepest ``deepest`` tokens."""
+        return self.by_count[drafting] * self.forwards[deepest] if deepest else 0.0
+
     def _seconds(self, target: float, drafting: int, deepest: int) -> float:
-        draft = self.by_count[min(drafting, len(self.by_count) - 1)] * self.forwards[deepest] if deepest else 0.0
-        return target + draft
+        return target + self.draft(drafting, deepest)
 
     def probe_loss(self, i: int, k: int, grow: int) -> float:
         """What drafting request i ``grow`` tokens instead of ``k`` costs, in plain steps: the step's extra seconds
         (its rows, deeper draft forwards if it is the deepest, one more drafting sequence's if k = 0) less the seconds
         its expected extra tokens (its estimated survival at positions k + 1..grow) are worth at the step's rate, over
         the step's seconds (< 0: it pays)."""
-        target = float(self.curve(np.array([self.tokens + grow - k]))[0])
-        seconds = self._seconds(target, self.drafting + (k == 0), max(self.deepest, grow))
+        seconds = self._seconds(self._at(self.tokens + grow - k), self.drafting + (k == 0), max(self.deepest, grow))
         gained = float(sum(self.survival[i][k:grow]))
         return seconds / self.seconds - (self.emitted + gained) / self.emitted
 
     def drop_loss(self, i: int, k: int, deepest: int) -> float:
         """What dropping request i's last draft token (of ``k``; the plan's deepest draft then ``deepest``) costs, in
         plain steps: its expected tokens' worth at the step's rate less the seconds it saves, over the step's."""
-        seconds = self._seconds(self.below, self.drafting - (k == 1), deepest)
+        seconds = self._seconds(self._at(max(self.tokens - 1, 1)), self.drafting - (k == 1), deepest)
         return float(self.survival[i][k - 1]) / self.emitted - (self.seconds - seconds) / self.seconds

@@ -15,7 +15,7 @@ import pytest
 from spectoolkit.policy import AdaptivePolicy, FixedPolicy
 from tests.policy.scripted import Costs, Tree, Workload, best_fixed, best_fixed_tree, run_level, run_tree_level
 
-PE = 8
+PROBE_EVERY = 8
 GAMMAS = (1, 2, 3, 4, 5, 6)
 LEVELS = {1: 1500, 4: 600, 16: 250}  # batch size -> steps (a few hundred requests' rounds each)
 WARMUP_TOKENS = 200  # untimed at every level first, as a sweep's warm-up requests (serve.warmup_requests) are
@@ -48,7 +48,7 @@ SCENARIOS = {
 
 def _sweep(costs: Costs, workload: Workload, seed: int) -> dict[int, tuple[float, float, float]]:
     """Level -> (adaptive, best fixed γ, target alone) committed tokens per second."""
-    policy, out = AdaptivePolicy(max(GAMMAS), 0.9, PE), {}
+    policy, out = AdaptivePolicy(max(GAMMAS), 0.9, PROBE_EVERY), {}
     for batch, steps in LEVELS.items():
         calibrate = range(1, max(GAMMAS) + 2) if batch == 1 else ()
         warmup = WARMUP_TOKENS // (2 * batch)  # steps: about two tokens a round
@@ -98,7 +98,7 @@ TREE_COSTS = {
 
 def _tree_sweep(costs: Costs, seed: int) -> dict[int, tuple[float, float, float, float]]:
     """Level -> (adaptive, best fixed node count, best fixed chain γ, target alone) committed tokens per second."""
-    policy, out = AdaptivePolicy(NODES, 0.9, PE, tree=True), {}
+    policy, out = AdaptivePolicy(NODES, 0.9, PROBE_EVERY, tree=True), {}
     for batch, steps in LEVELS.items():
         calibrate = range(1, NODES + 2) if batch == 1 else ()
         warmup = WARMUP_TOKENS // (2 * batch)
@@ -131,6 +131,6 @@ def test_a_request_that_starts_copying_is_found_within_a_few_rounds():
     plain, drafting = best_fixed(costs, before, 1, GAMMAS), best_fixed(costs, after, 1, GAMMAS)
     assert plain[0] == 0 and drafting[0] == max(GAMMAS)  # no γ pays before the switch, the longest after it
     oracle = workload.output_len / (80 / plain[1] + (workload.output_len - 80) / drafting[1])
-    adaptive = run_level(AdaptivePolicy(max(GAMMAS), 0.9, PE), costs, workload, 1, 1500, 0, calibrate=range(1, 8),
-                         warmup=WARMUP_TOKENS // 2)  # fmt: skip
+    policy = AdaptivePolicy(max(GAMMAS), 0.9, PROBE_EVERY)
+    adaptive = run_level(policy, costs, workload, 1, 1500, 0, calibrate=range(1, 8), warmup=WARMUP_TOKENS // 2)
     assert adaptive >= 0.9 * oracle, f"{adaptive / oracle:.3f} of the oracle"
