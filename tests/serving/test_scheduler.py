@@ -12,6 +12,7 @@ import torch
 
 from spectoolkit.drafting import NgramDrafter
 from spectoolkit.serving.api import ServeRequest
+from spectoolkit.serving.engine import finite_rows
 from tests.serving import helpers
 from tests.serving.helpers import BLOCK, VOCAB, StepLog
 
@@ -163,6 +164,22 @@ def test_unusable_request_fails_alone(target, batch, references, prompt, max_new
     assert message in done["bad"].error
     assert {rid: done[rid].output_ids for rid in "01"} == {rid: references[rid] for rid in "01"}
     assert helpers.all_free(eng)
+
+
+def test_finite_rows_is_isfinite_all_per_row():
+    """The step's one check: a NaN, an inf of either sign, or both in a row make it non-finite; finite values whose
+    fp32 sum overflows (a sum alone would call them non-finite) do not."""
+    logits = torch.randn(7, 1000)
+    logits[1, 3] = float("nan")
+    logits[2, 999] = float("inf")
+    logits[3, 0] = -float("inf")
+    logits[4, 5], logits[4, 6] = float("inf"), -float("inf")
+    logits[5, :4] = 3e38  # finite, sums to inf
+    logits[6, :2] = torch.tensor([3e38, -3e38])
+    expected = torch.isfinite(logits).all(dim=-1).tolist()
+    assert expected == [True, False, False, False, False, True, True]
+    assert finite_rows(logits) == expected
+    assert finite_rows(logits.to(torch.bfloat16)) == expected
 
 
 @pytest.mark.parametrize("after_tokens", [0, 5])
