@@ -104,17 +104,22 @@ class AdaptivePolicy:
             or any(best_lengths([[1.0] * cap for cap in caps], fixed_tokens, budget, curve, by_count, forwards))
         ):  # else even drafts that are always accepted would not pay: a probe cannot find a gain
             lengths = self._probe(keys, caps, lengths, budget, step)
-        self._predict(keys, lengths, fixed_tokens, curve, by_count, forwards)
+        self._predict(keys, lengths, survival, fixed_tokens, curve, by_count, forwards)
         self._held = {key for key, can, k in zip(keys, could, lengths, strict=True) if can and not k}
         return lengths
 
     def _predict(
-        self, keys: Sequence[Hashable], lengths: list[int], fixed_tokens: int,
+        self, keys: Sequence[Hashable], lengths: list[int], survival: list, fixed_tokens: int,
         curve: StepCurve | ShiftedCurve | DecodeView, by_count: list[float], forwards: list[float],
     ) -> None:  # fmt: skip
-        """Keep what the chosen ``lengths`` are expected to give (a probe's token at the request's own estimate)."""
-        prior = self.acceptance.workload_acceptance()
-        survival = [self.acceptance.survival(key, k, prior) for key, k in zip(keys, lengths, strict=True)]
+        """Keep what the chosen ``lengths`` are expected to give (a probe's token at the request's own estimate).
+        ``survival``: each request's estimate up to its cap; a chain's first k positions are its estimate up to k, a
+        tree's node rates are fitted over the nodes asked for, so they are estimated again."""
+        if isinstance(self.acceptance, NodeAcceptance):
+            prior = self.acceptance.workload_acceptance()
+            survival = [self.acceptance.survival(key, k, prior) for key, k in zip(keys, lengths, strict=True)]
+        else:
+            survival = [s[:k] for s, k in zip(survival, lengths, strict=True)]
         step = _Step(survival, lengths, fixed_tokens, curve, by_count, forwards)
         self._prediction = Prediction(
             tokens=step.emitted,
@@ -137,13 +142,16 @@ class AdaptivePolicy:
         save over the tokens they may still emit cannot repay, at the better of their own and the workload's
         acceptance: a request near its end with many rows held (it sat out the rounds of a busy step) decodes
         plainly to the end instead of feeding the head for a few drafts."""
-        sequences, blocked = len(survival), []
+        sequences, blocked, times = len(survival), [], {}
         for i, (backlog, room) in enumerate(zip(backlogs, rooms, strict=True)):
-            if backlog <= 0 or not len(survival[i]):
+            cap = len(survival[i])
+            if backlog <= 0 or not cap:
                 continue
-            hopeful = np.maximum(survival[i], self.acceptance.typical(len(survival[i]), prior))
+            if cap not in times:  # T(n0 .. n0 + cap), one evaluation per cap
+                times[cap] = curve(np.arange(fixed_tokens, fixed_tokens + cap + 1))
+            hopeful = np.maximum(survival[i], self.acceptance.typical(cap, prior))
             if backlog * self.catch_up_cost.per_forward >= _time_saved(
-                hopeful, room, sequences, fixed_tokens, curve, draft_forward, forwards
+                hopeful, room, sequences, times[cap], draft_forward, forwards
             ):
                 blocked.append(i)
         return blocked
@@ -293,16 +301,15 @@ def _time_saved(
     survival: np.ndarray,
     room: int,
     sequences: int,
-    fixed_tokens: int,
-    curve: StepCurve | DecodeView,
+    times: np.ndarray,
     draft_forward: float,
     forwards: list[float],
 ) -> float:
     """Seconds the step's requests save while one of ``sequences`` drafts its best k (``survival`` [cap]) until it
     has emitted ``room`` tokens, against decoding plainly: each of its room / E(k) rounds emits n − 1 + E(k) tokens
-    in T(n0 + k) + d·forwards[k] where plain steps take T(n0) for n (batch 1: room · (T(n0) − T_k / E(k)))."""
+    in T(n0 + k) + d·forwards[k] (``times`` [cap + 1]: T(n0 .. n0 + cap)) where plain steps take T(n0) for n (batch 1:
+    room · (T(n0) − T_k / E(k)))."""
     cap = len(survival)
-    times = curve(np.arange(fixed_tokens, fixed_tokens + cap + 1))  # [cap + 1]
     emitted = 1.0 + np.cumsum(survival)  # E(k), k = 1..cap
     drafting = times[1:] + draft_forward * np.asarray(forwards[1 : cap + 1])  # [cap]
     saved = room / emitted * ((sequences - 1 + emitted) * times[0] / sequences - drafting)

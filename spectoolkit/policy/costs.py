@@ -104,6 +104,7 @@ class StepCurve:
         self._fitted: tuple[np.ndarray, np.ndarray, float, float] | None = None  # xs, ys, first and last slope
         self._stale = 0
         self._cache: dict[bytes, np.ndarray] = {}
+        self._slope: float | None = None  # slope() over every measured count, until the next observation
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Start from calibrated points (each counts as one observation)."""
@@ -117,6 +118,7 @@ class StepCurve:
         new = tokens not in self._recent
         self._recent.setdefault(tokens, deque(maxlen=WINDOW)).append(seconds)
         self._stale += 1
+        self._slope = None
         if self._stale >= REFIT or new:  # a width seen for the first time refits at once: it may move the whole curve
             self._fitted = None
 
@@ -157,7 +159,10 @@ class StepCurve:
     def slope(self, xs: np.ndarray | None = None) -> float:
         """Seconds per extra token: a least-squares line through the medians at ``xs`` (default: every measured
         count), each weighted by its observations, at least 0 (0 below two counts)."""
-        xs = np.array(sorted(self._recent), dtype=np.float64) if xs is None else xs
+        if xs is None:
+            if self._slope is None:  # a batch held plain prices its rows from another batch's slope every step
+                self._slope = self.slope(np.array(sorted(self._recent), dtype=np.float64))
+            return self._slope
         if len(xs) < 2:
             return 0.0
         w = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
