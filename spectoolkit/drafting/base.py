@@ -75,6 +75,10 @@ class Drafter(Protocol):
     name: str
     tree: TreeConfig | None
     capture: tuple[int, ...] = ()  # target layers whose input states it reads (an EAGLE head); (): none
+    # Its proposal costs no forward and reads only the verified tokens (a lookup): the engine asks for it at the
+    # round's cap before the policy chooses, and the policy plans within what was proposed (a token asked for and
+    # not proposed costs nothing, so pricing it as a verify row undersold every lookup, issue 57).
+    ahead: bool = False
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
         """One tree per sequence within its budget (an empty tree: nothing to propose)."""
@@ -186,6 +190,7 @@ class Lookup:
 
     target_vocab_size: int
     one_hot_probs: bool
+    ahead = True  # proposed before the policy chooses (Drafter.ahead)
 
     def proposal(self, token_ids: list[int], parents: list[int], seq: Drafting | None = None) -> TokenTree:
         probs = None

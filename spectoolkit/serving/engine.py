@@ -116,7 +116,9 @@ class ContinuousEngine:
         self.policy = policy if drafter is not None and policy is not None else FixedPolicy(0)
         if drafter is not None and policy is None:
             raise ValueError("an engine with a drafter needs its draft-length policy (spectoolkit.policy.make_policy)")
-        self.scheduler = Scheduler(limits, allocator, self.policy, self.trees, drafter.backlog if drafter else None)
+        backlog = drafter.backlog if drafter is not None else None
+        ahead = self._propose if drafter is not None and drafter.ahead else None  # a lookup: proposed before the plan
+        self.scheduler = Scheduler(limits, allocator, self.policy, self.trees, backlog, ahead)
         self.on_step: Callable[[StepStats], None] | None = None
         # (request id, new output ids, their TokenLogprobs when the request asked) per step
         self.on_emit: Callable[[str, list[int], list | None], None] | None = None
@@ -270,17 +272,22 @@ class ContinuousEngine:
     # ---- the parts of a step ------------------------------------------------------------------
 
     def _draft(self, plan: Plan) -> list[TokenTree]:
-        proposals = [_NO_DRAFTS] * len(plan.work)
-        asked = [i for i, work in enumerate(plan.work) if work.drafts > 0]
+        """Each work's proposal: the one the scheduler holds (a drafter that proposes ahead), else proposed now
+        within its planned drafts."""
+        proposals = [_NO_DRAFTS if work.proposal is None else work.proposal for work in plan.work]
+        asked = [i for i, work in enumerate(plan.work) if work.drafts > 0 and work.proposal is None]
         if asked and self.drafter is not None:
-            seqs = [plan.work[i].seq for i in asked]
-            depth = self.policy.max_depth
-            budgets = [Budget(plan.work[i].drafts, plan.work[i].seq.draft_cap(min(depth, plan.work[i].seq.room - 1)))
-                       for i in asked]  # fmt: skip
-            made = self.drafter.propose(seqs, budgets)
+            made = self._propose([plan.work[i].seq for i in asked], [plan.work[i].drafts for i in asked])
             for i, proposal in zip(asked, made, strict=True):
                 proposals[i] = proposal
         return proposals
+
+    def _propose(self, seqs: list[Sequence], nodes: list[int]) -> list[TokenTree]:
+        """The drafter's proposals for ``seqs``, ``nodes`` each at most, as deep as the policy and each one's room
+        and cap allow."""
+        depth = self.policy.max_depth
+        budgets = [Budget(n, seq.draft_cap(min(depth, seq.room - 1))) for seq, n in zip(seqs, nodes, strict=True)]
+        return self.drafter.propose(seqs, budgets)
 
     def _forward(self, works: list[Work], proposals: list[TokenTree]):
         """One target forward over every work's rows: (logits [R, V], the captured states [T, n*E] or None (no

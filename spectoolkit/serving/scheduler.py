@@ -12,7 +12,9 @@ Every step (vLLM v1's unified token budget):
 3. **Tokens**, within ``max_num_tokens``: each decoding sequence its pending token first; then its
    drafts k_i <= min(γ, room − 1) as the draft-length policy chooses them jointly for the step
    (:mod:`spectoolkit.policy`; fixed: γ each while the budget lasts), within ``max_draft_tokens``;
-   then prefill chunks of the others (a long prompt spreads over steps).
+   then prefill chunks of the others (a long prompt spreads over steps). A drafter that proposes ahead (a
+   lookup, :attr:`~spectoolkit.drafting.base.Drafter.ahead`) is asked first, at each sequence's cap: the policy
+   then chooses within what it proposed, and the sequence's work holds that proposal's first k_i nodes.
 4. **KV**: the blocks for a sequence's tokens *and its candidates* are reserved before anything is
    drafted. When blocks run out, the latest admitted running sequence is preempted: its blocks are
    freed and it goes back to the front of the queue, to be recomputed from its tokens later — no other
@@ -25,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.policy.base import DraftLengthPolicy, Prediction
 from spectoolkit.serving.sequence import Sequence
 
@@ -41,11 +44,13 @@ class SchedulerLimits:
 
 @dataclass
 class Work:
-    """A sequence's share of the step: ``feed`` of its uncomputed tokens, then up to ``drafts`` candidates."""
+    """A sequence's share of the step: ``feed`` of its uncomputed tokens, then up to ``drafts`` candidates
+    (``proposal``: those candidates already proposed, by a drafter that proposes ahead; else None)."""
 
     seq: Sequence
     feed: int
     drafts: int = 0
+    proposal: TokenTree | None = None
 
 
 @dataclass
@@ -66,14 +71,16 @@ class Scheduler:
     def __init__(
         self, limits: SchedulerLimits, allocator, policy: DraftLengthPolicy, tree: bool = False,
         backlog: Callable[[Sequence], int] | None = None,
+        ahead: Callable[[list[Sequence], list[int]], list[TokenTree]] | None = None,
     ) -> None:  # fmt: skip
         """``policy.max_gamma``: the drafts (``tree``: token-tree nodes, which a sequence's room bounds in depth, not
         in number) a sequence may have per round, 0 without a drafter; ``backlog(seq)``: rows the drafter feeds
-        before it drafts for ``seq`` (the policy prices them)."""
+        before it drafts for ``seq`` (the policy prices them); ``ahead(seqs, caps)``: the proposals, at most ``caps``
+        nodes each, of a drafter that proposes before the policy chooses (None: it proposes after)."""
         self.limits = limits
         self.allocator = allocator
         self.policy, self.tree = policy, tree
-        self.backlog = backlog
+        self.backlog, self.ahead = backlog, ahead
         self.queue: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.on_admit: Callable[[Sequence], None] | None = None  # told of each admission (its shared prefix counted)
@@ -117,17 +124,34 @@ class Scheduler:
         caps = [work.seq.draft_cap(min(gamma, work.seq.room - 1) if not self.tree or work.seq.room <= 1 else gamma)
                 for work in works]  # fmt: skip
         seqs = [work.seq for work in works]
+        proposals = self._ahead(seqs, caps)
+        if proposals is not None:
+            caps = [len(proposal) for proposal in proposals]
         backlogs = [self.backlog(seq) for seq in seqs] if self.backlog is not None else None
         lengths = self.policy.choose(seqs, caps, fixed, draft_budget, backlogs, [seq.room for seq in seqs])
         plan.prediction = self.policy.prediction()
         planned = 0
-        for work, drafts in zip(works, lengths, strict=True):
+        for index, (work, drafts) in enumerate(zip(works, lengths, strict=True)):
             seq = work.seq
             if drafts > 0 and seq in self.running:
                 if self._reserve(seq, seq.num_computed + 1 + drafts, plan, by_seq, on_preempt, wait=False):
                     work.drafts = drafts
+                    if proposals is not None:
+                        work.proposal = proposals[index].truncated(drafts)
                     planned += drafts
         return planned
+
+    def _ahead(self, seqs: list[Sequence], caps: list[int]) -> list[TokenTree] | None:
+        """What a drafter that proposes ahead proposes for ``seqs`` at their ``caps`` (an empty tree at cap 0); None
+        for a drafter that proposes after the plan."""
+        if self.ahead is None:
+            return None
+        proposals = [TokenTree([], [])] * len(seqs)
+        asked = [i for i, cap in enumerate(caps) if cap > 0]
+        if asked:
+            for i, proposal in zip(asked, self.ahead([seqs[i] for i in asked], [caps[i] for i in asked]), strict=True):
+                proposals[i] = proposal
+        return proposals
 
     def _admit(self) -> None:
         for seq in list(self.queue):

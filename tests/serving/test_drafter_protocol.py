@@ -25,7 +25,7 @@ MAX_NEW, DEPTH = 16, 3
 TREE = TreeConfig(kind="dynamic", max_nodes=6, top_k=2)
 # What the protocol declares: the engine may touch these and nothing else.
 DECLARED = frozenset({
-    "name", "tree", "capture", "propose", "commit", "release", "reset", "runners", "kv_bytes", "describe_tree",
+    "name", "tree", "capture", "ahead", "propose", "commit", "release", "reset", "runners", "kv_bytes", "describe_tree",
     "variant", "keep_states", "backlog", "upkeep", "observe_step",
 })  # fmt: skip
 
@@ -41,8 +41,10 @@ class Oracle(helpers.StatelessDrafter):
     decoy sibling before each true node. Only protocol methods (the bookkeeping ones do nothing): no extra public
     attributes."""
 
-    def __init__(self, continuations: dict[tuple[int, ...], list[int]], tree: TreeConfig | None) -> None:
-        self.name, self.tree = "oracle", tree
+    def __init__(
+        self, continuations: dict[tuple[int, ...], list[int]], tree: TreeConfig | None, ahead: bool = False
+    ) -> None:  # fmt: skip
+        self.name, self.tree, self.ahead = "oracle", tree, ahead
         self._continuations = continuations
 
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
@@ -67,7 +69,7 @@ class Oracle(helpers.StatelessDrafter):
         return None if self.tree is None else self.tree.describe()
 
     def variant(self, stop_below: float | None, tree: TreeConfig | None) -> Oracle:
-        return Oracle(self._continuations, tree)
+        return Oracle(self._continuations, tree, self.ahead)
 
 
 class Guard:
@@ -120,15 +122,17 @@ def _policy(kind: str, tree: TreeConfig | None):
     return FixedPolicy(nodes, DEPTH)
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["after", "ahead"])
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("concurrency", [1, 4])
 @pytest.mark.parametrize("policy", ["fixed", "adaptive"])
 @pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
 def test_a_protocol_only_drafter_runs_in_every_engine_configuration(
-    target, prompts, references, tree, policy, concurrency, sampled
+    target, prompts, references, tree, policy, concurrency, sampled, ahead
 ):
+    """``ahead``: it proposes before the policy chooses (as a lookup), and the engine verifies the plan's part."""
     continuations = {tuple(p): references[str(i)] for i, p in enumerate(prompts)}
-    drafter = Guard((OneHot if sampled else Oracle)(continuations, tree))
+    drafter = Guard((OneHot if sampled else Oracle)(continuations, tree, ahead))
     sampling = SamplingConfig(temperature=0.8 if sampled else 0.0, seed=0)
     eng = helpers.engine(target, drafter=drafter, policy=_policy(policy, tree), verifier=make_verifier(sampling),
                          stochastic=sampled)  # fmt: skip
