@@ -78,6 +78,8 @@ class AdaptivePolicy:
         backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None,
     ) -> list[int]:  # fmt: skip
         caps = [max(0, min(cap, self.max_gamma)) for cap in caps]
+        if not any(caps):  # nothing to weigh: a lookup that proposed nothing (most steps of one at c1)
+            return self._plain(keys, fixed_tokens)
         could = [cap > 0 for cap in caps]
         if fixed_tokens == len(keys) and not self.costs.measured(len(keys)):
             caps = [0] * len(caps)  # a batch size's first decode step is plain: its baseline, measured, not borrowed
@@ -107,6 +109,21 @@ class AdaptivePolicy:
         self._predict(keys, lengths, survival, fixed_tokens, curve, by_count, forwards)
         self._held = {key for key, can, k in zip(keys, could, lengths, strict=True) if can and not k}
         return lengths
+
+    def _plain(self, keys: Sequence[Hashable], fixed_tokens: int) -> list[int]:
+        """A step in which no request may draft: what :meth:`choose` does with every cap 0 and a budget (no request
+        held plain, no probe, and a round it could not draft in neither counts toward its next probe nor resets it;
+        the step's prediction its plain tokens at T(n0)) without pricing drafts that cannot be."""
+        self._held = set()
+        curve = self.step_curve(len(keys))
+        if fixed_tokens > len(keys):
+            curve = DecodeView(curve, fixed_tokens, len(keys))
+        target = float(curve(np.array([fixed_tokens]))[0])
+        self._prediction = Prediction(
+            tokens=float(len(keys)), target_seconds=target, fixed_tokens=fixed_tokens, curve=[round(target, 6)],
+            draft_seconds=0.0, survival=[[] for _ in keys], prior_strength=self.acceptance.prior_strength(),
+        )  # fmt: skip
+        return [0] * len(keys)
 
     def _predict(
         self, keys: Sequence[Hashable], lengths: list[int], survival: list, fixed_tokens: int,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from spectoolkit.policy import AdaptivePolicy, ConfidencePolicy, FixedPolicy
-from spectoolkit.policy.adaptive import EXPLORE, MAX_PROBE_INTERVAL
+from spectoolkit.policy.adaptive import EXPLORE, MAX_PROBE_INTERVAL, DecodeView
 from spectoolkit.policy.costs import WINDOW
 
 GAMMA = 4
@@ -260,6 +260,26 @@ def test_no_probe_without_spare_budget_and_none_for_zero_caps():
     policy.observe("a", 1, 1, 0)
     for _ in range(100):
         assert policy.choose(["a"], [0], 1, 4) == [0]  # a request that may not draft is never probed
+
+
+@pytest.mark.parametrize("fixed", [2, 2 + 40], ids=["decode", "with-prefill"])
+def test_a_step_where_nothing_may_draft_is_predicted_as_pricing_zero_drafts_would(fixed):
+    """Every cap 0 (a lookup that proposed nothing) takes a short path: no draft, no request held plain, the probe
+    counts kept as they were (a round a request could not draft in is not one it was held plain), and the prediction
+    that pricing zero drafts on the step's curve gives."""
+    policy = _policy(probe_every=2)
+    _hopeless(policy, "a")
+    _perfect(policy, "b")
+    policy.choose(["a", "b"], [GAMMA, GAMMA], 2, 8)  # "a" is held plain, its probe count running
+    assert policy._held == {"a"} and policy._idle == {"a": 1}
+    assert policy.choose(["a", "b"], [0, 0], fixed, 8) == [0, 0]
+    assert policy._held == set() and policy._idle == {"a": 1}
+    short = policy.prediction()
+    curve = policy.step_curve(2)
+    if fixed > 2:
+        curve = DecodeView(curve, fixed, 2)
+    policy._predict(["a", "b"], [0, 0], [[], []], fixed, curve, policy.costs.drafts_by_count(2), policy.forwards(0))
+    assert short == policy.prediction() and short.tokens == 2.0
 
 
 def test_a_request_whose_drafts_turn_good_is_picked_up_again():
