@@ -111,9 +111,9 @@ class AdaptivePolicy:
         return lengths
 
     def _plain(self, keys: Sequence[Hashable], fixed_tokens: int) -> list[int]:
-        """A step in which no request may draft: what :meth:`choose` does with every cap 0 and a budget (no request
-        held plain, no probe, and a round it could not draft in neither counts toward its next probe nor resets it;
-        the step's prediction its plain tokens at T(n0)) without pricing drafts that cannot be."""
+        """A step in which no request may draft: what :meth:`choose` does with every cap 0 (no request held plain, no
+        probe, and a round it could not draft in neither counts toward its next probe nor resets it; the step's
+        prediction its plain tokens at T(n0)) without pricing drafts that cannot be."""
         self._held = set()
         curve = self.step_curve(len(keys))
         if fixed_tokens > len(keys):
@@ -200,7 +200,8 @@ class AdaptivePolicy:
         tree = isinstance(self.acceptance, NodeAcceptance)
         for i, key in enumerate(keys):
             if planned[i] >= caps[i]:
-                self._idle.pop(key, None)
+                if caps[i]:  # at its cap: not held (a round it could not draft in, cap 0, leaves the count as it is)
+                    self._idle.pop(key, None)
                 continue
             grow = min(caps[i] if tree and planned[i] else planned[i] + 1, planned[i] + spare)
             idle = self._idle.get(key, 0)  # rounds below its cap so far: this one is a probe after the interval

@@ -280,6 +280,8 @@ def test_a_step_where_nothing_may_draft_is_predicted_as_pricing_zero_drafts_woul
         curve = DecodeView(curve, fixed, 2)
     policy._predict(["a", "b"], [0, 0], [[], []], fixed, curve, policy.costs.drafts_by_count(2), policy.forwards(0))
     assert short == policy.prediction() and short.tokens == 2.0
+    policy.choose(["a", "b"], [0, GAMMA], 2, 8)  # a round it cannot draft in, where another request may
+    assert policy._idle.get("a") == 1
 
 
 def test_a_request_whose_drafts_turn_good_is_picked_up_again():
