@@ -1,7 +1,8 @@
 """What a step costs, learnt online: target step time by token count, and one draft forward.
 
 :class:`StepCurve` keeps the median of the recent step times at each token count n seen (the
-batch-1 verify forward of width n, or a batched step of n tokens), optionally seeded from
+batch-1 verify forward of width n, or a batched step of n tokens; the least of them while there are fewer than
+three), optionally seeded from
 calibration (:mod:`spectoolkit.bench.protocol.calibrate`). Queried, it fits a convex, non-decreasing curve
 to those medians (:func:`convex_fit`: the least-squares one, each median weighted by its observations; a
 wider step never costs less, and each extra row costs at least what the one before did — a dip, or a bump,
@@ -39,6 +40,7 @@ from scipy.optimize import nnls
 MIN_WEIGHT = 0.1  # DraftCost's EWMA weight on a new observation once warm (1/n before: a plain mean)
 WINDOW = 15  # StepCurve: observations kept per token count (the median: one preempted step is not a trend)
 REFIT = 8  # StepCurve: observations between fits
+FEW = 3  # StepCurve: below this many observations a token count's time is the least of them, not their median
 
 
 def monotone_fit(values: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
@@ -91,6 +93,14 @@ def _optimistic(tokens: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarra
     right = np.where(gap + 1 < len(slopes), ys[gap + 1] - slopes[after] * (xs[gap + 1] - tokens), -np.inf)
     low = np.minimum(values, np.maximum(np.maximum(left, right), ys[gap]))
     return np.where(inside, low, values)
+
+
+def _typical(seconds: deque[float]) -> float:
+    """What a step at one token count takes: the median of its recent times, or with fewer than
+    :data:`FEW` of them the least. Interference only slows a step, and the median of two is their mean: one slowed
+    step (a host's other tenant, a width's first call) then priced its width out, and a width the policy stops
+    planning is never measured again (issue 57: a batch of 4's width 8 at 38.9 ms where its steps take 21)."""
+    return min(seconds) if len(seconds) < FEW else statistics.median(seconds)
 
 
 class StepCurve:
@@ -166,7 +176,7 @@ class StepCurve:
         if len(xs) < 2:
             return 0.0
         w = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
-        y = np.array([statistics.median(self._recent[int(x)]) for x in xs])
+        y = np.array([_typical(self._recent[int(x)]) for x in xs])
         centre = np.average(xs, weights=w)
         slope = np.sum(w * (xs - centre) * (y - np.average(y, weights=w))) / np.sum(w * (xs - centre) ** 2)
         return float(max(slope, 0.0))
@@ -180,8 +190,8 @@ class StepCurve:
         return len(self._recent)
 
     def points(self) -> dict[int, float]:
-        """Token count -> median of its recent step times, ascending."""
-        return {tokens: statistics.median(self._recent[tokens]) for tokens in sorted(self._recent)}
+        """Token count -> its typical recent step time (:func:`_typical`), ascending."""
+        return {tokens: _typical(self._recent[tokens]) for tokens in sorted(self._recent)}
 
 
 class DraftCost:

@@ -154,10 +154,22 @@ def test_seed_counts_as_one_observation_and_bad_steps_are_ignored():
     curve = StepCurve()
     curve.seed({2: 1.0, 5: 2.0})
     curve.observe(2, 3.0)
-    assert curve.points() == {2: pytest.approx(2.0), 5: pytest.approx(2.0)}
+    curve.observe(2, 5.0)
+    assert curve.points() == {2: pytest.approx(3.0), 5: pytest.approx(2.0)}  # the median of the seed and two steps
     for tokens, seconds in ((0, 1.0), (-1, 1.0), (4, 0.0), (4, -1.0), (4, float("nan"))):
         curve.observe(tokens, seconds)
     assert set(curve.points()) == {2, 5}
+
+
+def test_a_width_seen_fewer_than_three_times_costs_its_least_step():
+    """Interference only slows a step: one slowed step of two does not price its width out (their mean would), and
+    from three on the median drops the slowed one."""
+    curve = StepCurve()
+    for seconds in (0.020, 0.039):
+        curve.observe(8, seconds)
+    assert curve.points() == {8: 0.020}
+    curve.observe(8, 0.022)
+    assert curve.points() == {8: 0.022}
 
 
 def test_a_noisy_dip_is_fitted_away_and_interpolated():
