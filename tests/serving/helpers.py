@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from spectoolkit.drafting import ModelDrafter, TokenTree
+from spectoolkit.drafting import ModelDrafter, NgramDrafter, TokenTree
 from spectoolkit.drafting.base import Drafter
 from spectoolkit.kernels.kernel_choice import choose_kernels
 from spectoolkit.models.tiny import tiny_llama
@@ -267,3 +267,9 @@ def eagle_drafter(target: torch.nn.Module, head, chooser, tree=None, num_blocks:
 
     ready = EagleHead(copy.deepcopy(head), target.get_input_embeddings(), num_blocks * BLOCK, weights)
     return EagleDrafter(ready, BlockAllocator(num_blocks, BLOCK), chooser, EOS_IDS, None, tree)
+
+
+class NgramAfterPlan(NgramDrafter):
+    """The n-gram lookup asked after the plan, as a draft model is (a lookup proposes ahead by default)."""
+
+    ahead = False

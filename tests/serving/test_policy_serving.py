@@ -204,6 +204,24 @@ def test_a_draft_models_catch_up_is_priced_apart_from_its_draft_forwards(target,
     assert draft_seconds and max(draft_seconds) < 0.1 and policy.draft_cost.per_forward < 0.05
 
 
+def test_a_lookup_that_proposes_ahead_books_no_draft_forward(target, batch, references):
+    """A lookup's proposals are made before the plan, whatever it then chooses: no drafted position costs a draft
+    forward, so the policy hears of none (the step's scheduling and lookup time, booked per depth, made every
+    position look dear). Asked after the plan, the same lookup's rounds are booked by depth (the guard)."""
+    forwards = {}
+    for lookup in (NgramDrafter, helpers.NgramAfterPlan):
+        drafter = lookup(3, 1, VOCAB, one_hot_probs=False)
+        policy, booked = AdaptivePolicy(GAMMA, 0.9, 8), []
+        observe_step = policy.observe_step
+        policy.observe_step = lambda *args, book=booked, observe=observe_step: book.append(args[1]) or observe(*args)
+        eng = _engine(target, drafter, policy)
+        done = helpers.run(eng, helpers.requests(batch, MAX_NEW))
+        assert helpers.outputs(done) == references
+        assert sum(r.drafted_tokens for r in done.values()) > 0
+        forwards[drafter.ahead] = sum(booked)
+    assert forwards[True] == 0 < forwards[False]
+
+
 def test_the_step_log_sets_the_policys_expectation_beside_the_measurement(target, batch):
     """Issue 57: every decode step of the adaptive policy carries what it expected (emitted tokens from its acceptance
     estimates, T_B(n) from its curve, the draft forwards' cost) beside what was measured; a fixed γ predicts nothing."""

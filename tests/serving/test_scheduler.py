@@ -29,12 +29,6 @@ def _ngram() -> NgramDrafter:
     return NgramDrafter(3, 1, VOCAB, one_hot_probs=False)
 
 
-class _After(NgramDrafter):
-    """The n-gram lookup asked after the plan, as a draft model is."""
-
-    ahead = False
-
-
 def _logged(eng) -> StepLog:
     log = StepLog()
     eng.on_step = log
@@ -65,7 +59,8 @@ def test_token_and_kv_budgets_hold_every_step(target, batch, references):
 
 def test_speculation_stops_above_spec_max_batch(target, batch, references):
     limit = 2  # a lookup asked after the plan: the plan's drafts are counted whether or not it finds a match
-    eng = helpers.engine(target, gamma=4, drafter=_After(3, 1, VOCAB, one_hot_probs=False), spec_max_batch=limit)
+    drafter = helpers.NgramAfterPlan(3, 1, VOCAB, one_hot_probs=False)
+    eng = helpers.engine(target, gamma=4, drafter=drafter, spec_max_batch=limit)
     schedule, running = eng.scheduler.schedule, []
 
     def recorded(on_preempt):
@@ -102,7 +97,7 @@ def test_a_lookup_is_planned_within_what_it_proposed(target, batch, references):
     """A lookup proposes before the policy chooses: every step reserves exactly the candidates it verifies. Asked
     after the plan, the same lookup leaves reserved candidates unproposed (the test's guard that it can fail)."""
     unproposed = {}
-    for drafter in (_ngram(), _After(3, 1, VOCAB, one_hot_probs=False)):
+    for drafter in (_ngram(), helpers.NgramAfterPlan(3, 1, VOCAB, one_hot_probs=False)):
         eng = helpers.engine(target, gamma=4, drafter=drafter)
         log = _logged(eng)
         assert helpers.outputs(helpers.run(eng, helpers.requests(batch, MAX_NEW))) == references
