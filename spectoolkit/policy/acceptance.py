@@ -12,13 +12,17 @@ position shrinks toward the workload's, each deeper one toward the request's own
 carried by the workload's shape:
 
     a_1(request) = (accepted_1 + m · A_1) / (reached_1 + m)
-    a_j(request) = (accepted_j + m · min(1, a_{j-1} · A_j / A_{j-1})) / (reached_j + m)     j >= 2
+    a_j(request) = (accepted_j + m · min(1, max(A_j, a_{j-1} · A_j / A_{j-1}))) / (reached_j + m)     j >= 2
     A_j(workload) = (accepted_j + m₀ · A_{j-1}) / (reached_j + m₀),       A_0 = ``base``
 
 so a position a request has not reached yet inherits its own acceptance of the one before, scaled as
 the workload's rises or falls there: a request whose text turns repetitive at k = 1 is expected to go
 on being accepted at k = 2, and drafts deeper to find out; a request like the workload gets the
-workload's deep positions (code acceptance rises with depth), not its own first one's.
+workload's deep positions (code acceptance rises with depth), not its own first one's. Never below the workload's
+A_j, though: position j is reached only once the ones before it were accepted, and a request accepted less often
+than the workload at its first position is not, for that alone, expected to fare worse past it (scaled down, a
+lookup's two-token matches, accepted at 0.84 at their second position, were priced at 0.3-0.6 and cut to one at c4;
+its own rounds there correct the estimate as they come).
 
 The prior's weight m (pseudo-rounds) is estimated from how much requests' rates differ over windows of
 about 1/(1 − decay) of their drafting rounds, the span a request's estimate remembers (empirical Bayes
@@ -162,7 +166,9 @@ class AcceptanceModel:
         for j, (reached, accepted) in enumerate(
             zip(counts.reached[:cap].tolist(), counts.accepted[:cap].tolist(), strict=True)
         ):
-            target = float(prior[0]) if previous is None else min(1.0, previous * _shape(prior, j))
+            target = float(prior[0])
+            if previous is not None:  # never below the workload's A_j (the module docstring)
+                target = min(1.0, max(float(prior[j]), previous * _shape(prior, j)))
             previous = (accepted + strength * target) / (reached + strength)
             alive *= previous
             survival.append(alive)

@@ -42,12 +42,13 @@ def _reference_workload(rounds: list[tuple[int, int]], gamma: int) -> np.ndarray
 
 
 def _reference_survival(rounds, workload_rounds, decay: float, gamma: int, cap: int, strength: float) -> np.ndarray:
-    """Position 1 shrinks toward the workload's, j >= 2 toward its own j - 1 times the workload's A_j / A_{j-1}."""
+    """Position 1 shrinks toward the workload's, j >= 2 toward its own j - 1 times the workload's A_j / A_{j-1}, never
+    below the workload's A_j."""
     prior = _reference_workload(workload_rounds, gamma)
     reached, accepted = _counts(rounds, decay, gamma)
     conditional: list[float] = []
     for j in range(gamma):
-        target = prior[0] if j == 0 else min(1.0, conditional[-1] * prior[j] / prior[j - 1])
+        target = prior[0] if j == 0 else min(1.0, max(prior[j], conditional[-1] * prior[j] / prior[j - 1]))
         conditional.append((accepted[j] + strength * target) / (reached[j] + strength))
     return np.cumprod(conditional)[:cap]
 
@@ -64,13 +65,33 @@ def test_reached_and_accepted_positions():
     m = model.prior_strength()
     assert m == RECENT_REQUESTS
     a1 = (1 + m * 0.75) / (1 + m)  # then each position toward its own previous one, in the workload's shape
-    a2 = (1 + m * a1 * 0.875 / 0.75) / (1 + m)
-    a3 = (0 + m * a2 * 0.4375 / 0.875) / (1 + m)
-    conditional = [a1, a2, a3, a3]  # position 4: its own a_3 (the workload is flat there)
+    a2 = (1 + m * max(0.875, a1 * 0.875 / 0.75)) / (1 + m)  # (never below the workload's)
+    a3 = (0 + m * max(0.4375, a2 * 0.4375 / 0.875)) / (1 + m)
+    conditional = [a1, a2, a3, max(0.4375, a3)]  # position 4: its own a_3 (the workload is flat there)
     assert model.survival("a", 4) == pytest.approx(np.cumprod(conditional).tolist(), rel=1e-12)
     model.observe("b", 3, 3)  # all accepted: positions 1..3 reached and accepted, 4 not reached
     survival = model.survival("b", 4)
     assert survival[3] / survival[2] == pytest.approx(survival[2] / survival[1])  # a_4 = a_3: the request's tail
+
+
+def test_a_request_below_the_workload_at_first_expects_the_workloads_deeper_positions():
+    """A deeper position is reached only once the ones before it were accepted: a request that is accepted less often
+    than the workload at its first position is not expected, at a position it has not reached, below the workload's
+    acceptance there (scaled down, a lookup's 2-token matches, accepted at 0.84 at their second position, were priced
+    at 0.3-0.6 and cut to one at c4). One above the workload expects more there, in the workload's shape."""
+    model = AcceptanceModel(GAMMA, decay=0.9)
+    for _ in range(20):
+        model.observe("typical", 2, 2)
+        model.observe("typical", 2, 1)
+        model.observe("typical", 2, 0)
+    for _ in range(10):
+        model.observe("weak", 1, 0)
+        model.observe("strong", 1, 1)
+    workload = model.workload_acceptance()
+    weak, strong = model.survival("weak", 2), model.survival("strong", 2)
+    assert weak[0] < workload[0] < strong[0]
+    assert weak[1] / weak[0] == pytest.approx(workload[1], rel=1e-12)  # position 2 not reached: the workload's
+    assert strong[1] / strong[0] == pytest.approx(min(1.0, strong[0] * workload[1] / workload[0]), rel=1e-12)
 
 
 def test_nothing_measured_is_the_base_acceptance():
