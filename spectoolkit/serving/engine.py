@@ -278,20 +278,21 @@ class ContinuousEngine:
     def _draft(self, plan: Plan) -> list[TokenTree]:
         """Each work's proposal: the one the scheduler holds (a drafter that proposes ahead), else proposed now
         within its planned drafts."""
-        proposals = [_NO_DRAFTS if work.proposal is None else work.proposal for work in plan.work]
-        asked = [i for i, work in enumerate(plan.work) if work.drafts > 0 and work.proposal is None]
-        if asked and self.drafter is not None:
-            made = self._propose([plan.work[i].seq for i in asked], [plan.work[i].drafts for i in asked])
-            for i, proposal in zip(asked, made, strict=True):
-                proposals[i] = proposal
-        return proposals
+        later = [work for work in plan.work if work.proposal is None]
+        made = iter(self._propose([work.seq for work in later], [work.drafts for work in later]))
+        return [next(made) if work.proposal is None else work.proposal for work in plan.work]
 
     def _propose(self, seqs: list[Sequence], nodes: list[int]) -> list[TokenTree]:
-        """The drafter's proposals for ``seqs``, ``nodes`` each at most, as deep as the policy and each one's room
-        and cap allow."""
-        depth = self.policy.max_depth
-        budgets = [Budget(n, seq.draft_cap(min(depth, seq.room - 1))) for seq, n in zip(seqs, nodes, strict=True)]
-        return self.drafter.propose(seqs, budgets)
+        """One proposal per sequence of ``seqs``, ``nodes`` each at most (0: an empty tree, the drafter not asked), as
+        deep as the policy and each one's room and cap allow."""
+        proposals = [_NO_DRAFTS] * len(seqs)
+        asked = [i for i, n in enumerate(nodes) if n > 0]
+        if asked and self.drafter is not None:
+            depth = self.policy.max_depth
+            budgets = [Budget(nodes[i], seqs[i].draft_cap(min(depth, seqs[i].room - 1))) for i in asked]
+            for i, proposal in zip(asked, self.drafter.propose([seqs[i] for i in asked], budgets), strict=True):
+                proposals[i] = proposal
+        return proposals
 
     def _forward(self, works: list[Work], proposals: list[TokenTree]):
         """One target forward over every work's rows: (logits [R, V], the captured states [T, n*E] or None (no

@@ -75,8 +75,9 @@ class Scheduler:
     ) -> None:  # fmt: skip
         """``policy.max_gamma``: the drafts (``tree``: token-tree nodes, which a sequence's room bounds in depth, not
         in number) a sequence may have per round, 0 without a drafter; ``backlog(seq)``: rows the drafter feeds
-        before it drafts for ``seq`` (the policy prices them); ``ahead(seqs, caps)``: the proposals, at most ``caps``
-        nodes each, of a drafter that proposes before the policy chooses (None: it proposes after)."""
+        before it drafts for ``seq`` (the policy prices them); ``ahead(seqs, caps)``: one proposal per sequence, at most
+        ``caps`` nodes each (an empty tree at 0), of a drafter that proposes before the policy chooses (None: it
+        proposes after)."""
         self.limits = limits
         self.allocator = allocator
         self.policy, self.tree = policy, tree
@@ -124,7 +125,7 @@ class Scheduler:
         caps = [work.seq.draft_cap(min(gamma, work.seq.room - 1) if not self.tree or work.seq.room <= 1 else gamma)
                 for work in works]  # fmt: skip
         seqs = [work.seq for work in works]
-        proposals = self._ahead(seqs, caps)
+        proposals = self.ahead(seqs, caps) if self.ahead is not None else None
         if proposals is not None:
             caps = [len(proposal) for proposal in proposals]
         backlogs = [self.backlog(seq) for seq in seqs] if self.backlog is not None else None
@@ -140,18 +141,6 @@ class Scheduler:
                         work.proposal = proposals[index].truncated(drafts)
                     planned += drafts
         return planned
-
-    def _ahead(self, seqs: list[Sequence], caps: list[int]) -> list[TokenTree] | None:
-        """What a drafter that proposes ahead proposes for ``seqs`` at their ``caps`` (an empty tree at cap 0); None
-        for a drafter that proposes after the plan."""
-        if self.ahead is None:
-            return None
-        proposals = [TokenTree([], [])] * len(seqs)
-        asked = [i for i, cap in enumerate(caps) if cap > 0]
-        if asked:
-            for i, proposal in zip(asked, self.ahead([seqs[i] for i in asked], [caps[i] for i in asked]), strict=True):
-                proposals[i] = proposal
-        return proposals
 
     def _admit(self) -> None:
         for seq in list(self.queue):
