@@ -118,12 +118,9 @@ class AdaptivePolicy:
         curve = self.step_curve(len(keys))
         if fixed_tokens > len(keys):
             curve = DecodeView(curve, fixed_tokens, len(keys))
-        target = float(curve(np.array([fixed_tokens]))[0])
-        self._prediction = Prediction(
-            tokens=float(len(keys)), target_seconds=target, fixed_tokens=fixed_tokens, curve=[round(target, 6)],
-            draft_seconds=0.0, survival=[[] for _ in keys], prior_strength=self.acceptance.prior_strength(),
-        )  # fmt: skip
-        return [0] * len(keys)
+        lengths = [0] * len(keys)
+        self._predict(keys, lengths, [[] for _ in keys], fixed_tokens, curve, [0.0] * (len(keys) + 1), [0.0])
+        return lengths
 
     def _predict(
         self, keys: Sequence[Hashable], lengths: list[int], survival: list, fixed_tokens: int,
