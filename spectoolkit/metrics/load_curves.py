@@ -86,6 +86,8 @@ class LevelStats:
     errors: int | None = None
     num_requests: int | None = None
     speedup: float | None = None  # vs the baseline arm at the same level; None for the baseline
+    speedup_low: float | None = None  # the least and greatest of its per-repeat ratios (the run's own spread)
+    speedup_high: float | None = None
     exact_match: float | None = None  # share of requests equal to the reference; None when sampling
     by_task: dict[str, TaskAcceptance] = field(default_factory=dict)
     requests_by_mode: dict[str, int] = field(default_factory=dict)  # sampling mode ("greedy", "T=0.7") -> requests

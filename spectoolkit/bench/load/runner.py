@@ -204,6 +204,14 @@ def _cell(value: Any, spec: str, scale: float = 1.0, suffix: str = "") -> str:
     return "-" if value is None else format(value * scale, spec) + suffix
 
 
+def _speedup_text(stats: dict[str, Any]) -> str:
+    """"1.04x", with its repeats' range where they differ: "1.04x (0.98-1.10)"."""
+    text, low, high = _cell(stats["speedup"], ".2f", suffix="x"), stats.get("speedup_low"), stats.get("speedup_high")
+    if low is None or high is None or f"{low:.2f}" == f"{high:.2f}":
+        return text
+    return f"{text} ({low:.2f}-{high:.2f})"
+
+
 def format_serving_table(summary: dict[str, Any]) -> str:
     """Level × arm: output tok/s, speedup, TTFT p99, TPOT p99 (ms), mean batch, α; then exactness."""
     columns = ("level", "arm", "reqs", "out tok/s", "speedup", "ttft p99 ms", "tpot p99 ms", "batch", "alpha")
@@ -215,7 +223,7 @@ def format_serving_table(summary: dict[str, Any]) -> str:
                 continue
             rows.append([
                 level["key"], arm, str(stats["num_requests"]), _cell(stats["output_throughput"], ".2f"),
-                _cell(stats["speedup"], ".2f", suffix="x"), _cell(stats["ttft_p99"], ".1f", 1e3),
+                _speedup_text(stats), _cell(stats["ttft_p99"], ".1f", 1e3),
                 _cell(stats["tpot_p99"], ".1f", 1e3), _cell(stats["mean_batch_size"], ".2f"),
                 _cell(stats["acceptance_rate"], ".3f"),
             ])  # fmt: skip

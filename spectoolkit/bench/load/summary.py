@@ -3,7 +3,9 @@
 Conventions, per (arm, level) over its successful records (never means of per-request means):
 - output_throughput = output tokens / (last finish − first arrival) of each run, median over repeats;
   request_throughput likewise with successful requests; speedup = the arm's output_throughput / its
-  reference arm's, per repeat (the same time window), then the median; None for a target-alone arm
+  reference arm's, per repeat (the same time window), then the median; None for a target-alone arm;
+  speedup_low / speedup_high = the least and greatest of those per-repeat ratios (the run's own spread: a speedup
+  whose range spans 1 was not told apart from the baseline by this run)
 - ttft/tpot/latency quantiles are request-level; itl quantiles pool every delivery gap of every request
   (:mod:`spectoolkit.metrics.timing`); numpy linear interpolation
 - acceptance_rate = accepted / drafted; mean_accept_length = 1 + accepted / rounds with drafts (vLLM)
@@ -203,6 +205,8 @@ def level_stats(
         "errors": len(records) - len(ok),
         "num_requests": len(records),
         "speedup": None,
+        "speedup_low": None,
+        "speedup_high": None,
         "exact_match": sum(pos is None for _, pos in checked) / len(checked) if checked else None,
         "by_task": {task: {**acceptance([r for r in group if not r.error]), "num_requests": len(group)}
                     for task, group in sorted(by_task.items())},
@@ -225,14 +229,17 @@ def _speedup_by_mode(arm: dict[int, Records], reference: dict[int, Records]) -> 
     return {mode: _median(values) for mode, values in sorted(ratios.items())}
 
 
-def _speedup(arm: dict[int, Records], reference: dict[int, Records]) -> float | None:
-    """Median over repeats of output_throughput(arm) / output_throughput(reference), same repeat."""
+def _speedup(arm: dict[int, Records], reference: dict[int, Records]) -> dict[str, float | None]:
+    """output_throughput(arm) / output_throughput(reference) per repeat (the same time window): their median, least
+    and greatest."""
     ratios = []
     for repeat, group in arm.items():
         if repeat in reference:
             mine, theirs = run_rates(group)["output_throughput"], run_rates(reference[repeat])["output_throughput"]
-            ratios.append(mine / theirs if mine is not None and theirs else None)
-    return _median(ratios)
+            if mine is not None and theirs:
+                ratios.append(mine / theirs)
+    return {"speedup": _median(ratios), "speedup_low": min(ratios, default=None),
+            "speedup_high": max(ratios, default=None)}  # fmt: skip
 
 
 def references_from_level(records: Records, arm: str, level_key: str = REFERENCE_LEVEL) -> dict[str, list[int]]:
@@ -281,7 +288,7 @@ def serving_summary(
             stats = level_stats(groups.get((arm, level.key), []), totals, references, greedy)
             if reference is not None:
                 mine, theirs = groups.get((arm, level.key), []), groups.get((reference, level.key), [])
-                stats["speedup"] = _speedup(_by_repeat(mine), _by_repeat(theirs))
+                stats.update(_speedup(_by_repeat(mine), _by_repeat(theirs)))
                 stats["speedup_by_mode"] = _speedup_by_mode(_by_repeat(mine), _by_repeat(theirs))
             deltas = [v for (a, k, _), v in (server_counters or {}).items() if (a, k) == (arm, level.key)]
             _server_acceptance(stats, deltas)

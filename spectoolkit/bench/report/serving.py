@@ -160,10 +160,14 @@ def serving_headline(summary: Summary, serving: ServingSummary, records: Records
     levels = by_kind[0] or by_kind[1]
     low, high = levels[0], levels[-1]
     spec, base = serving.stats(arm, low.key).output_throughput, serving.stats(BASELINE, low.key).output_throughput
-    text = (f"`{arm}` reaches **{speed(serving.speedup(arm, low.key))}** the baseline's output throughput at "
-            f"{low.label} ({fmt(spec, '.2f')} vs {fmt(base, '.2f')} tok/s)")  # fmt: skip
+
+    def spread(level: ServingLevel) -> str:
+        return _repeats_range(serving.stats(arm, level.key), "repeats ")
+
+    text = (f"`{arm}` reaches **{speed(serving.speedup(arm, low.key))}**{spread(low)} the baseline's output "
+            f"throughput at {low.label} ({fmt(spec, '.2f')} vs {fmt(base, '.2f')} tok/s)")  # fmt: skip
     if high is not low:
-        text += f" and **{speed(serving.speedup(arm, high.key))}** at {high.label}"
+        text += f" and **{speed(serving.speedup(arm, high.key))}**{spread(high)} at {high.label}"
     text += f"; {spec_max_batch_advice(serving, arm)}" if by_kind[0] else " (open loop only: no concurrency crossover)"
     return f"**Headline:** {text}, under: {conditions}.{caution(evaluate_serving_checklist(summary, serving, records))}"
 
@@ -245,6 +249,19 @@ def _modes_section(summary: Summary, serving: ServingSummary, records: Records, 
     return ["## Speedup per sampling mode", "", note, "", *(md_table(headers, rows) if rows else ["n/a", ""])]
 
 
+def _repeats_range(stats: LevelStats, label: str = "") -> str:
+    """" (0.98–1.10×)": the least and greatest per-repeat speedup, or "" where one repeat (or equal ones)."""
+    low, high = stats.speedup_low, stats.speedup_high
+    if low is None or high is None or speed(low) == speed(high):
+        return ""
+    return f" ({label}{low:.2f}–{speed(high)})"
+
+
+def _speedup_cell(serving: ServingSummary, arm: str, key: str) -> str:
+    """The arm's speedup at level ``key`` with its repeats' range: "1.04× (0.98–1.10×)"."""
+    return speed(serving.speedup(arm, key)) + _repeats_range(serving.stats(arm, key))
+
+
 def _exact_cell(stats: LevelStats, mode: str | None) -> str:
     return "n/a (sampling)" if mode == "sampling" else fmt(stats.exact_match, ".1%")
 
@@ -257,11 +274,12 @@ def _results_section(summary: Summary, serving: ServingSummary, records: Records
     for level, arm in _measured(serving):
         stats = serving.stats(arm, level.key)
         cells = [cell(stats) for _, cell in RESULT_COLUMNS]
-        speedup = "reference" if arm == BASELINE else speed(serving.speedup(arm, level.key))
+        speedup = "reference" if arm == BASELINE else _speedup_cell(serving, arm, level.key)
         rows.append([level.label, arm, *cells[:3], speedup, *cells[3:], _exact_cell(stats, mode)])
     note = ("Per load level and arm; speedup = output throughput / the baseline's at the same level (same "
-            "request sequence, same time window); quantiles over the level's requests; exact match vs the "
-            "batch-1 reference.")  # fmt: skip
+            "request sequence, same time window), the median over repeats, in brackets the least and greatest "
+            "repeat (a range that spans 1× did not tell the arm from the baseline in this run: more "
+            "`bench.repeat`); quantiles over the level's requests; exact match vs the batch-1 reference.")  # fmt: skip
     body = md_table(headers, rows) if rows else ["n/a: no load level measured.", ""]
     sched = [[level.label, arm, *(cell(serving.stats(arm, level.key)) for _, cell in SCHEDULER_COLUMNS)]
              for level, arm in _measured(serving)]  # fmt: skip

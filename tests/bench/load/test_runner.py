@@ -34,7 +34,8 @@ LEVEL_KEYS = ["1", "2", "rate=200"]
 STAT_KEYS = {
     "output_throughput", "request_throughput", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "itl_p50", "itl_p99",
     "latency_p95", "latency_p99", "mean_batch_size", "acceptance_rate", "mean_accept_length", "peak_temp_kv_tokens",
-    "speculating_share", "preemptions", "errors", "num_requests", "speedup", "exact_match", "by_task",
+    "speculating_share", "preemptions", "errors", "num_requests", "speedup", "speedup_low", "speedup_high",
+    "exact_match", "by_task",
     "policy_predicted_rate", "policy_measured_rate", "policy_tokens_ratio", "policy_target_ratio", "policy_draft_ratio",
 }  # fmt: skip
 
@@ -197,3 +198,13 @@ def test_the_cli_bench_job_runs_serving_when_enabled(monkeypatch, tiny_checkpoin
     canned = {"serving_levels": [], "serving": {}, "serving_exactness": None, "errors": 0, "complete": True}
     monkeypatch.setattr(runner, "run_serving", lambda cfg: canned)
     assert _bench_job(_cfg(tiny_checkpoint, tmp_path)) == format_serving_table(canned)
+
+
+def test_the_printed_table_gives_a_speedup_the_range_of_its_repeats() -> None:
+    stats = dict.fromkeys(["output_throughput", "ttft_p99", "tpot_p99", "mean_batch_size", "acceptance_rate"], 1.0)
+    spread = {**stats, "num_requests": 8, "speedup": 1.4, "speedup_low": 1.31, "speedup_high": 1.52}
+    equal = {**spread, "speedup_low": 1.4, "speedup_high": 1.4}
+    summary = {"serving_levels": [{"key": "1"}, {"key": "8"}], "serving": {"spec": {"1": spread, "8": equal}},
+               "serving_exactness": None, "errors": 0, "complete": True}  # fmt: skip
+    rows = format_serving_table(summary).splitlines()[1:3]
+    assert "1.40x (1.31-1.52)" in rows[0] and rows[1].split()[4] == "1.40x" and "(" not in rows[1]

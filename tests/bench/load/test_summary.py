@@ -91,6 +91,13 @@ def test_speedup_is_per_repeat_pair_then_median(summary) -> None:
     assert summary["serving"]["baseline"]["4"]["speedup"] is None
 
 
+def test_speedup_range_is_the_least_and_greatest_repeat(summary) -> None:
+    spec = summary["serving"]["spec"]
+    assert (spec["4"]["speedup_low"], spec["4"]["speedup_high"]) == (pytest.approx(2.0), pytest.approx(4.0))
+    assert spec["1"]["speedup_low"] == spec["1"]["speedup_high"] == pytest.approx(2.0)  # one repeat
+    assert summary["serving"]["baseline"]["4"]["speedup_low"] is None
+
+
 def test_request_level_quantiles_and_pooled_itl(summary) -> None:
     base = summary["serving"]["baseline"]["4"]
     ttfts, tpots, latencies = [0.2, 0.4, 0.6, 0.8], [0.01, 0.03, 0.01, 0.05], [2.0, 1.5, 4.0, 1.0]

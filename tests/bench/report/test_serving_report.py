@@ -308,3 +308,15 @@ def test_a_sampling_mix_run_shows_speedup_per_sampling_mode(tmp_path: Path) -> N
 def test_a_run_of_one_sampling_mode_has_no_per_mode_section(tmp_path: Path) -> None:
     text = write_report(write_serving_run(tmp_path / "one", serving_summary())).read_text(encoding="utf-8")
     assert "## Speedup per sampling mode" not in text
+
+
+def test_a_speedup_shows_the_range_of_its_repeats(tmp_path: Path) -> None:
+    summary = serving_summary(concurrency=(1, 8))
+    summary["serving"]["spec"]["1"] |= {"speedup_low": 1.31, "speedup_high": 1.52}
+    summary["serving"]["spec"]["8"] |= {"speedup_low": 1.3, "speedup_high": 1.3}  # one repeat, or equal ones
+    text = write_report(write_serving_run(tmp_path / "range", summary)).read_text(encoding="utf-8")
+    assert "| 1.40× (1.31–1.52×) |" in _row(text, "concurrency 1", "spec")
+    assert "| 1.30× |" in _row(text, "concurrency 8", "spec")
+    headline = next(line for line in text.splitlines() if line.startswith("**Headline:**"))
+    assert "**1.40×** (repeats 1.31–1.52×) the baseline's output throughput at concurrency 1" in headline
+    assert "**1.30×** at concurrency 8" in headline
