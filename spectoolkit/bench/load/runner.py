@@ -205,7 +205,7 @@ def _cell(value: Any, spec: str, scale: float = 1.0, suffix: str = "") -> str:
 
 
 def _speedup_text(stats: dict[str, Any]) -> str:
-    """"1.04x", with its repeats' range where they differ: "1.04x (0.98-1.10)"."""
+    """The speedup cell: "1.04x", with its repeats' range where they differ: "1.04x (0.98-1.10)"."""
     text, low, high = _cell(stats["speedup"], ".2f", suffix="x"), stats.get("speedup_low"), stats.get("speedup_high")
     if low is None or high is None or f"{low:.2f}" == f"{high:.2f}":
         return text

@@ -250,7 +250,8 @@ def _modes_section(summary: Summary, serving: ServingSummary, records: Records, 
 
 
 def _repeats_range(stats: LevelStats, label: str = "") -> str:
-    """" (0.98–1.10×)": the least and greatest per-repeat speedup, or "" where one repeat (or equal ones)."""
+    """The range after a speedup, " (0.98–1.10×)": the least and greatest per-repeat speedup; "" where one repeat
+    (or equal ones)."""
     low, high = stats.speedup_low, stats.speedup_high
     if low is None or high is None or speed(low) == speed(high):
         return ""
