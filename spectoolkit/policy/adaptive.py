@@ -16,12 +16,15 @@ rejected probe (a request that turned to copying after 80 plain rounds waited 64
 probe is priced at the step at hand (its rows and draft forwards less its expected tokens at the request's own
 estimate, :meth:`_Step.probe_loss`), and a request's probes are spaced so that the batch's cost at most
 :data:`EXPLORE` of the time (:meth:`AdaptivePolicy.probe_interval`), and no closer than ``probe_every`` rounds.
-A probe likely to be accepted is cheap, so it comes soon; one of a hopeless drafter comes rarely. No request is
-probed while even drafts that are always accepted would not pay at the measured costs (a draft model as slow as
-the target). In a step of several sequences where drafts accepted at the workload's rate would not pay (a busy
-CPU, where every verify row costs), a request is probed only after :data:`MAX_PROBE_INTERVAL` plain rounds: a
-draft head then feeds nothing for requests that do not draft (it holds their rows), and a request that copies
-its context is still found; when the load falls, probing resumes at once. A draft head pays, before it drafts
+A probe likely to be accepted is cheap, so it comes soon; one of a hopeless drafter comes rarely. In a step of
+several sequences where drafts accepted at the workload's rate would not pay (a busy CPU, where every verify row
+costs), a request is probed only after :data:`MAX_PROBE_INTERVAL` plain rounds: a draft head then feeds nothing
+for requests that do not draft (it holds their rows), and a request that copies its context is still found; when
+the load falls, probing resumes at once. So is one while even drafts that are always accepted would not pay at the
+measured costs (a draft model as slow as the target, where its probes' price spaces them far further): those costs
+are measured only by drafting, and without probes one noisy warm-up that priced the draft forward or the verify
+rows high ended drafting for the whole run (issue 57: the chain at c1 drafted no token in 5784 timed steps, where
+a rerun of it drafted in 232 of 241). A draft head pays, before it drafts
 for a request that sat out rounds, a catch-up over the rows it held for it: a request whose remaining tokens
 cannot repay that (its backlog rows at the measured cost per row, against the time its best drafts would save,
 at the better of its own and the workload's acceptance) neither drafts nor is probed; a request near its end
@@ -98,13 +101,13 @@ class AdaptivePolicy:
         narrower = self._narrower(len(keys), lengths, fixed_tokens, step)
         if narrower is not None:
             lengths = narrower
-        elif budget > 0 and self._load_bound(prior, caps, fixed_tokens, budget, curve, by_count, forwards):
+        elif budget > 0 and (
+            self._load_bound(prior, caps, fixed_tokens, budget, curve, by_count, forwards)
+            or not any(lengths)
+            and not any(best_lengths([[1.0] * cap for cap in caps], fixed_tokens, budget, curve, by_count, forwards))
+        ):  # drafts at the workload's acceptance, or even always accepted, would not pay at the costs measured
             lengths = self._probe(keys, caps, lengths, budget, step, MAX_PROBE_INTERVAL)
-        elif (
-            budget <= 0
-            or any(lengths)
-            or any(best_lengths([[1.0] * cap for cap in caps], fixed_tokens, budget, curve, by_count, forwards))
-        ):  # else even drafts that are always accepted would not pay: a probe cannot find a gain
+        else:
             lengths = self._probe(keys, caps, lengths, budget, step)
         self._predict(keys, lengths, survival, fixed_tokens, curve, by_count, forwards)
         self._held = {key for key, can, k in zip(keys, could, lengths, strict=True) if can and not k}

@@ -299,15 +299,36 @@ def test_a_request_whose_drafts_turn_good_is_picked_up_again():
     assert chosen[-10:] == [GAMMA] * 10, chosen
 
 
-def test_no_probe_while_even_perfect_drafts_would_not_pay():
+def test_while_even_perfect_drafts_would_not_pay_probes_are_rare():
     policy = _policy(probe_every=2)
     _hopeless(policy, "a")
     for _ in range(20):
         policy.draft_cost.observe(1, 1.0)  # a draft forward of ~1 s: a hundred target steps
-    assert all(_one(policy, "a") == 0 for _ in range(50))  # no probe: it could never gain
+    # Its probes are priced at what they cost: far beyond the longest interval (1% of the time at ~100 steps each).
+    assert all(_one(policy, "a") == 0 for _ in range(2 * MAX_PROBE_INTERVAL))
     cheap = _policy(probe_every=2)
     _hopeless(cheap, "a")
     assert _rounds_until_probe(cheap, "a") < 50  # the same history with a cheap drafter is probed
+
+
+def test_costs_a_warm_up_measured_too_high_are_measured_again():
+    """Issue 57: a warm-up priced the draft forward at 15 ms where it takes 1 ms (a target step: 10.3 ms), so that even
+    drafts always accepted looked as if they would not pay. Only drafting measures that cost again: the request is
+    probed after the longest interval, each probe measures the true cost, and the policy drafts again (without
+    those probes it never drafted in the rest of the run)."""
+    policy = _policy(probe_every=2)
+    _perfect(policy, "a")
+    for _ in range(10):
+        policy.observe_step(2, 1, _time(2), 0.015)  # the warm-up's slow draft forwards
+    assert _one(policy, "a") == 0
+    chosen = []
+    for _ in range(8 * MAX_PROBE_INTERVAL):
+        k = _one(policy, "a")
+        chosen.append(k)
+        policy.observe("a", k, k, k)  # the drafter is always right
+        policy.observe_step(1 + k, k, _time(1 + k), k * DRAFT_FORWARD)  # and its forwards take what they take
+    assert chosen.index(1) == MAX_PROBE_INTERVAL - 1  # not one before the longest interval
+    assert chosen[-10:] == [GAMMA] * 10, chosen[-10:]
 
 
 def test_a_curve_known_at_one_width_only_still_drafts():
