@@ -138,6 +138,10 @@ class ServingArm:
     reference: str | None
     policy: str = "fixed"  # the draft-length policy (spectoolkit.policy); "none" without a drafter
 
+    def snapshot(self) -> None:
+        """No counters of its own beyond its records (``ServingArmLike.snapshot``: a server's /metrics)."""
+        return None
+
 
 def serving_arms(cfg: RunConfig, setup) -> list[ServingArm]:
     """ "baseline" (the target alone, continuous batching), with a drafter "spec" (fixed γ) and, when

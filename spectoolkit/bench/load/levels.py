@@ -128,12 +128,11 @@ def _timed_run(sweep: LoadSweep, ctx: RunContext, writer: RecordWriter, step_log
 
     arm.engine.reset()
     requests = [s.request for s in sent.values()]
-    snapshot = getattr(arm, "snapshot", None)  # a server's own speculation counters (its /metrics)
-    before = snapshot() if snapshot else None
+    before = arm.snapshot()
     drive(sweep, arm.engine, requests, level, sweep.arrival_seed(level, repeat_idx), finished, stepped)
     if before is not None:
         sweep.sleep(COUNTER_SETTLE_S)  # the last request's counters reach /metrics just after its last chunk
-        after = snapshot()
+        after = arm.snapshot()
         if after is not None:
             sweep.server_counters[(arm.name, level.key, repeat_idx)] = after.minus(before)
 

@@ -15,6 +15,7 @@ from spectoolkit.bench.load.generator import Completion
 from spectoolkit.bench.load.plan import Case, Level
 from spectoolkit.config import RunConfig
 from spectoolkit.metrics.records import RequestRecord
+from spectoolkit.metrics.spec_counters import SpecCounters
 from spectoolkit.metrics.timing import delivery_gaps, percentile, time_per_output_token
 from spectoolkit.serving.api import FinishedRequest, ServingEngine
 
@@ -30,6 +31,11 @@ class ServingArmLike(Protocol):
     draft_precision: str | None
     reference: str | None
     policy: str
+
+    def snapshot(self) -> SpecCounters | None:
+        """A server's own speculation counters now (its ``/metrics``); None: the arm's engine reports none of its
+        own (an in-process engine: its counts are in its records)."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,9 @@ class FakeArm:
     reference: str | None = None
     policy: str = "fixed"
 
+    def snapshot(self) -> None:
+        return None
+
 
 def fake_arms(clock: Callable[[], float], advance=None, events: list | None = None, **spec) -> list[FakeArm]:
     """A baseline arm and a "spec" arm (γ 4, 3 tokens per round) on fake engines sharing ``events``."""
