@@ -260,24 +260,31 @@ class StepCosts:
         ((anchor, seconds),) = own.points().items()
         return ShiftedCurve(donor, anchor, seconds)
 
-    def draft(self, drafting: int) -> float:
+    def draft(self, drafting: int, per_row: float = 0.0) -> float:
         """Seconds of one draft forward for ``drafting`` sequences: measured at that count, else the least-squares
-        line through the counts measured (one: its cost), else every step's; 0 until anything is measured."""
+        line through the counts measured, else every step's; 0 until anything is measured. With one count measured,
+        each sequence past it adds ``per_row`` (what a row through the draft is measured to cost elsewhere: a draft
+        model's catch-up rows; 0: a lookup's, whose cost does not grow with its rows) and fewer cost the same.
+        Not one count's cost everywhere: a 0.5B draft measured alone at c1 (13.7 ms) then looked as cheap for
+        four sequences (19.7 ms), and four prompts' catch-ups were paid for drafts that did not pay (issue 57)."""
         if drafting in self.drafts:
             return self.drafts[drafting].per_forward
         if not self.drafts:
             return self.draft_cost.per_forward
+        if len(self.drafts) == 1:
+            ((count, cost),) = self.drafts.items()
+            return cost.per_forward + per_row * max(drafting - count, 0)
         if self._line is None:
             counts = np.array(sorted(self.drafts), dtype=np.float64)
             seconds = np.array([self.drafts[int(b)].per_forward for b in counts])
-            slope, offset = np.polyfit(counts, seconds, 1) if len(counts) > 1 else (0.0, float(seconds[0]))
+            slope, offset = np.polyfit(counts, seconds, 1)
             self._line = (float(offset), max(float(slope), 0.0))
         offset, slope = self._line
         return max(offset + slope * drafting, 0.0)
 
-    def drafts_by_count(self, batch: int) -> list[float]:
+    def drafts_by_count(self, batch: int, per_row: float = 0.0) -> list[float]:
         """:meth:`draft` for 0..``batch`` drafting sequences [batch + 1] (0 drafting: nothing)."""
-        return [0.0] + [self.draft(b) for b in range(1, batch + 1)]
+        return [0.0] + [self.draft(b, per_row) for b in range(1, batch + 1)]
 
 
 class ShiftedCurve:

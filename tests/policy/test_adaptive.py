@@ -381,6 +381,28 @@ def test_a_request_drafts_after_a_backlog_only_if_its_remaining_tokens_repay_the
     assert policy.choose(["a"], [cap], 1, cap, backlogs=[0], rooms=[room]) == [cap]
 
 
+def test_in_a_batch_a_request_with_a_backlog_drafts_where_the_batch_drafting_together_pays():
+    """Four requests accept every draft, in steps of 50 ms plus 4.4 ms a row; a draft forward costs 9 ms for one
+    sequence and 16.5 ms for four (the pair on Zen 5). Drafting pays jointly (the forward is shared) but not for
+    one request beside three plain ones. A request holding 200 rows (0.2 s to feed) with 128 tokens to go must draft
+    with the others: priced as if it drafted alone, it never drafted again (issue 57, the chain at c4). One near its
+    end (3 tokens left) still decodes plainly."""
+    policy = AdaptivePolicy(6, 0.9, 8)
+    for key in "abcd":
+        for _ in range(30):
+            policy.observe(key, 6, 6, 6)
+    for _ in range(WINDOW):
+        for width in (4, 10, 16, 22, 28):
+            policy.observe_step(width, 0, 0.050 + 0.0044 * (width - 4), 0.0, 4, 0)
+        for drafting, seconds in ((1, 0.009), (2, 0.014), (3, 0.0147), (4, 0.0165)):
+            policy.costs.observe_draft(drafting, 6, 6 * seconds)
+    policy.observe_catch_up(200, 0.2)
+    lengths = policy.choose(list("abcd"), [6] * 4, 4, 64, backlogs=[0, 0, 0, 200], rooms=[100, 100, 100, 128])
+    assert lengths[3] > 0 and all(lengths)
+    lengths = policy.choose(list("abcd"), [6, 6, 6, 2], 4, 64, backlogs=[0, 0, 0, 200], rooms=[100, 100, 100, 3])
+    assert lengths[3] == 0 and all(lengths[:3])
+
+
 @pytest.mark.parametrize(("room", "probed"), [(3, False), (400, True)])
 def test_a_request_at_zero_is_probed_after_a_backlog_only_if_a_typical_request_would_repay_it(room, probed):
     """The workload accepts half the first drafts; a request at k = 0 holds 300 rows (30 ms to feed). With 400 tokens

@@ -36,8 +36,13 @@ MODEL_DRAFT = _linear(0.060, 0.007, 0.05), lambda b: 0.012 + 0.002 * b  # a 0.5B
 # draft forward 13.7 ms that first feeds a request's 160-token prompt at 2.2 ms a row (measured: every feed, the first
 # too); code the draft copies (γ 4 kept 4.85 tokens a round): fixed γ 3-5 gain ~7% at c1, nothing under load.
 PAIR = Costs(_linear(0.029, 0.00975, 0.0), lambda b: 0.0137 + 0.002 * (b - 1), catch_up=0.0022)
+# The same pair on Zen 5 (this stop's sweep): T1 27 ms, 4.4 ms a row, a batch of 4's plain step 50 ms; a 0.5B forward
+# 9 ms for one sequence and 16.5 ms for four, a prompt fed at 1.2 ms a row. Drafting pays only jointly: fixed γ 6
+# gains 15% at c4, while one request drafting alone beside three plain ones would lose (its forwards unshared).
+PAIR_ZEN5 = Costs(_linear(0.027, 0.0044, 0.121), lambda b: 0.009 + 0.0025 * (b - 1), catch_up=0.0012)
 SCENARIOS = {
     "code, draft model with its prompt": (PAIR, Workload((0.99,), output_len=128, prompt=160)),
+    "code, draft model with its prompt, cheaper rows": (PAIR_ZEN5, Workload((0.99,), output_len=128, prompt=160)),
     "chat, draft model with its prompt": (PAIR, Workload((0.6, 0.55, 0.55), output_len=128, prompt=160)),
     "code, draft model": (Costs(*MODEL_DRAFT), Workload((0.8, 0.88, 0.9, 0.92, 0.93, 0.94))),
     "chat, draft model": (Costs(*MODEL_DRAFT), Workload((0.6, 0.55, 0.55, 0.55, 0.55, 0.55))),

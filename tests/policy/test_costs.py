@@ -234,6 +234,9 @@ def test_step_costs_by_batch_and_drafting_count():
     assert costs.target(4) is costs.curves[4]
     costs.observe_draft(1, 2, 0.02)  # 10 ms a forward for one sequence
     assert costs.draft(1) == costs.draft(16) == pytest.approx(0.01)  # one count measured: its cost everywhere
+    assert costs.draft(4, per_row=0.002) == pytest.approx(
+        0.016
+    )  # ... or, with a row's measured cost, that per row more
     costs.observe_draft(4, 1, 0.016)
     assert costs.draft(4) == pytest.approx(0.016) and costs.draft(16) == pytest.approx(0.01 + 0.002 * 15)
     assert costs.drafts_by_count(2) == pytest.approx([0.0, 0.01, 0.012])
