@@ -78,7 +78,7 @@ class AdaptivePolicy:
 
     def choose(
         self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int,
-        backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None,
+        backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None, settled: int | None = None,
     ) -> list[int]:  # fmt: skip
         caps = [max(0, min(cap, self.max_gamma)) for cap in caps]
         if not any(caps):  # nothing to weigh: a lookup that proposed nothing (most steps of one at c1)
@@ -96,9 +96,8 @@ class AdaptivePolicy:
             curve = DecodeView(curve, fixed_tokens, len(keys))
         forwards = self.forwards(max(caps, default=0))
         if backlogs is not None and rooms is not None and self.catch_up_cost.per_forward > 0:
-            for i in self._not_repaid(
-                survival, prior, backlogs, rooms, fixed_tokens, budget, curve, by_count, forwards
-            ):
+            settled_at = self._settled(len(keys), settled, max(caps, default=0), prior, curve, by_count, fixed_tokens)
+            for i in self._not_repaid(survival, prior, backlogs, rooms, budget, forwards, *settled_at):
                 caps[i], survival[i] = 0, []
         lengths = best_lengths(survival, fixed_tokens, budget, curve, by_count, forwards)
         step = _Step(survival, lengths, fixed_tokens, curve, by_count, forwards)
@@ -155,9 +154,26 @@ class AdaptivePolicy:
     def prediction(self) -> Prediction | None:
         return self._prediction
 
+    def _settled(
+        self, sequences: int, settled: int | None, cap: int, prior: np.ndarray,
+        curve: StepCurve | ShiftedCurve | DecodeView, by_count: list[float], fixed_tokens: int,
+    ) -> tuple[list[list[float]], int, StepCurve | ShiftedCurve | DecodeView, list[float]]:  # fmt: skip
+        """The batch a catch-up is repaid in: (the requests beside the step's, at the workload's acceptance; its
+        tokens before drafts; T and a draft forward by drafting count there). The step's own, unless more sequences
+        are about to decode (prompts being computed, requests waiting): then a plain decode step of ``settled``.
+        Priced at the step at hand, requests that started decoding while the others' prompts were computed caught up
+        on their prompts to draft in a batch of 5-9, then sat out the rounds at 16, where drafts do not pay (issue
+        57: the chain at c16 fed its draft model 2.6 s of prompts a pass and gave 0.92x the target alone)."""
+        if settled is None or settled <= sequences:
+            return [], fixed_tokens, curve, by_count
+        others = [self.acceptance.typical(cap, prior)] * (settled - sequences)
+        by_settled = self.costs.drafts_by_count(settled, self.catch_up_cost.per_forward)
+        return others, settled, self.step_curve(settled), by_settled
+
     def _not_repaid(
-        self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], fixed_tokens: int,
-        budget: int, curve: StepCurve | ShiftedCurve | DecodeView, by_count: list[float], forwards: list[float],
+        self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], budget: int,
+        forwards: list[float], others: list[list[float]], fixed_tokens: int,
+        curve: StepCurve | ShiftedCurve | DecodeView, by_count: list[float],
     ) -> list[int]:  # fmt: skip
         """The requests whose catch-up (their backlog rows at the measured cost per row) the time their drafts would
         save over the tokens they may still emit cannot repay, at the better of their own and the workload's
@@ -173,7 +189,7 @@ class AdaptivePolicy:
         owed = [i for i, backlog in enumerate(backlogs) if backlog > 0 and survival[i]]
         if not owed:
             return []
-        hopeful = list(survival)
+        hopeful = list(survival) + others
         for i in owed:
             hopeful[i] = np.maximum(survival[i], self.acceptance.typical(len(survival[i]), prior)).tolist()
         plan = _Step(hopeful, best_lengths(hopeful, fixed_tokens, budget, curve, by_count, forwards), fixed_tokens,

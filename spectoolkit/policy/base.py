@@ -41,11 +41,13 @@ class DraftLengthPolicy(Protocol):
 
     def choose(
         self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int,
-        backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None,
+        backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None, settled: int | None = None,
     ) -> list[int]:  # fmt: skip
         """k_i <= caps[i] with Σ k_i <= ``budget`` for requests ``keys`` in a step with ``fixed_tokens`` others;
         ``backlogs[i]``: rows the drafter first feeds before it drafts for request i (a draft head's held states of
-        the rounds it sat out), ``rooms[i]``: the tokens request i may still emit."""
+        the rounds it sat out), ``rooms[i]``: the tokens request i may still emit, ``settled``: the sequences the
+        step's requests will share once the prompts being computed and the requests waiting decode (None: the
+        step's own), the batch a catch-up is repaid in."""
 
     def observe(
         self, key: Hashable, chosen: int, drafted: int, accepted: int, path: list[int] | None = None,
@@ -88,7 +90,7 @@ class FixedPolicy:
 
     def choose(
         self, keys: Sequence[Hashable], caps: Sequence[int], fixed_tokens: int, budget: int,
-        backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None,
+        backlogs: Sequence[int] | None = None, rooms: Sequence[int] | None = None, settled: int | None = None,
     ) -> list[int]:  # fmt: skip
         lengths = []
         for cap in caps:

@@ -129,7 +129,8 @@ class Scheduler:
         if proposals is not None:
             caps = [len(proposal) for proposal in proposals]
         backlogs = [self.backlog(seq) for seq in seqs] if self.backlog is not None else None
-        lengths = self.policy.choose(seqs, caps, fixed, draft_budget, backlogs, [seq.room for seq in seqs])
+        settled = min(len(self.running) + len(self.queue), self.limits.max_num_seqs)  # once prompts are computed
+        lengths = self.policy.choose(seqs, caps, fixed, draft_budget, backlogs, [seq.room for seq in seqs], settled)
         plan.prediction = self.policy.prediction()
         planned = 0
         for index, (work, drafts) in enumerate(zip(works, lengths, strict=True)):

@@ -79,7 +79,7 @@ def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained, l
     eng = helpers.engine(target, gamma=GAMMA, drafter=drafter)
     caught_up, choose = [], eng.policy.choose
     eng.policy.observe_catch_up = lambda rows, seconds: caught_up.append(rows)
-    eng.policy.choose = lambda keys, caps, fixed, budget, backlogs, rooms: (
+    eng.policy.choose = lambda keys, caps, fixed, budget, backlogs, rooms, settled=None: (
         drafter.backlogs.extend(backlogs) or choose(keys, caps, fixed, budget, backlogs, rooms)
     )
     helpers.outputs(helpers.run(eng, helpers.requests(_prompts(lengths), 16)))

@@ -386,7 +386,8 @@ def test_in_a_batch_a_request_with_a_backlog_drafts_where_the_batch_drafting_tog
     sequence and 16.5 ms for four (the pair on Zen 5). Drafting pays jointly (the forward is shared) but not for
     one request beside three plain ones. A request holding 200 rows (0.2 s to feed) with 128 tokens to go must draft
     with the others: priced as if it drafted alone, it never drafted again (issue 57, the chain at c4). One near its
-    end (3 tokens left) still decodes plainly."""
+    end (3 tokens left) still decodes plainly, and so does one whose batch is about to grow to where drafts do not
+    pay."""
     policy = AdaptivePolicy(6, 0.9, 8)
     for key in "abcd":
         for _ in range(30):
@@ -400,6 +401,13 @@ def test_in_a_batch_a_request_with_a_backlog_drafts_where_the_batch_drafting_tog
     lengths = policy.choose(list("abcd"), [6] * 4, 4, 64, backlogs=[0, 0, 0, 200], rooms=[100, 100, 100, 128])
     assert lengths[3] > 0 and all(lengths)
     lengths = policy.choose(list("abcd"), [6, 6, 6, 2], 4, 64, backlogs=[0, 0, 0, 200], rooms=[100, 100, 100, 3])
+    assert lengths[3] == 0 and all(lengths[:3])
+    # Twelve more prompts are being computed: the batch settles at 16, where a plain step takes 115 ms and every row
+    # 4 ms more (drafts do not pay there). The catch-up would buy drafts for a step or two only: it is not paid.
+    for _ in range(WINDOW):
+        for width in (16, 48):
+            policy.observe_step(width, 0, 0.115 + 0.004 * (width - 16), 0.0, 16, 0)
+    lengths = policy.choose(list("abcd"), [6] * 4, 4, 64, [0, 0, 0, 200], [100, 100, 100, 128], settled=16)
     assert lengths[3] == 0 and all(lengths[:3])
 
 

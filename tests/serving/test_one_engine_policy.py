@@ -69,8 +69,8 @@ class PinnedCosts(AdaptivePolicy):
         self.draft_cost.observe(1, draft_forward)
         self.chosen: Counter = Counter()  # (cap, k) -> rounds
 
-    def choose(self, keys, caps, fixed_tokens, budget, backlogs=None, rooms=None):
-        lengths = super().choose(keys, caps, fixed_tokens, budget, backlogs, rooms)
+    def choose(self, keys, caps, fixed_tokens, budget, backlogs=None, rooms=None, settled=None):
+        lengths = super().choose(keys, caps, fixed_tokens, budget, backlogs, rooms, settled)
         self.chosen.update(zip(caps, lengths, strict=True))
         return lengths
 
