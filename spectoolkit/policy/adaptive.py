@@ -40,6 +40,7 @@ measurements a step now and then drops its least valuable draft token to measure
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -96,11 +97,12 @@ class AdaptivePolicy:
             curve = DecodeView(curve, fixed_tokens, len(keys))
         forwards = self.forwards(max(caps, default=0))
         if backlogs is not None and rooms is not None and self.catch_up_cost.per_forward > 0:
-            settled_at = self._settled(len(keys), settled, max(caps, default=0), prior, curve, by_count, fixed_tokens)
-            for i in self._not_repaid(survival, prior, backlogs, rooms, budget, forwards, *settled_at):
+            here = _Batch([], fixed_tokens, curve, by_count)
+            batch = self._settled(len(keys), settled, max(caps, default=0), prior, here)
+            for i in self._not_repaid(survival, prior, backlogs, rooms, budget, forwards, batch):
                 caps[i], survival[i] = 0, []
-        lengths = best_lengths(survival, fixed_tokens, budget, curve, by_count, forwards)
-        step = _Step(survival, lengths, fixed_tokens, curve, by_count, forwards)
+        step = _best_step(survival, fixed_tokens, budget, curve, by_count, forwards)
+        lengths = step.lengths
         narrower = self._narrower(len(keys), lengths, fixed_tokens, step)
         if narrower is not None:
             lengths = narrower
@@ -154,26 +156,22 @@ class AdaptivePolicy:
     def prediction(self) -> Prediction | None:
         return self._prediction
 
-    def _settled(
-        self, sequences: int, settled: int | None, cap: int, prior: np.ndarray,
-        curve: StepCurve | ShiftedCurve | DecodeView, by_count: list[float], fixed_tokens: int,
-    ) -> tuple[list[list[float]], int, StepCurve | ShiftedCurve | DecodeView, list[float]]:  # fmt: skip
-        """The batch a catch-up is repaid in: (the requests beside the step's, at the workload's acceptance; its
-        tokens before drafts; T and a draft forward by drafting count there). The step's own, unless more sequences
-        are about to decode (prompts being computed, requests waiting): then a plain decode step of ``settled``.
+    def _settled(self, sequences: int, settled: int | None, cap: int, prior: np.ndarray, step: _Batch) -> _Batch:
+        """The batch a catch-up is repaid in: the ``step`` at hand's own, unless more sequences are about to decode
+        (prompts being computed, requests waiting): then a plain decode step of ``settled``, the requests beside the
+        step's at the workload's acceptance.
         Priced at the step at hand, requests that started decoding while the others' prompts were computed caught up
         on their prompts to draft in a batch of 5-9, then sat out the rounds at 16, where drafts do not pay (issue
         57: the chain at c16 fed its draft model 2.6 s of prompts a pass and gave 0.92x the target alone)."""
         if settled is None or settled <= sequences:
-            return [], fixed_tokens, curve, by_count
+            return step
         others = [self.acceptance.typical(cap, prior)] * (settled - sequences)
         by_settled = self.costs.drafts_by_count(settled, self.catch_up_cost.per_forward)
-        return others, settled, self.step_curve(settled), by_settled
+        return _Batch(others, settled, self.step_curve(settled), by_settled)
 
     def _not_repaid(
         self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], budget: int,
-        forwards: list[float], others: list[list[float]], fixed_tokens: int,
-        curve: StepCurve | ShiftedCurve | DecodeView, by_count: list[float],
+        forwards: list[float], batch: _Batch,
     ) -> list[int]:  # fmt: skip
         """The requests whose catch-up (their backlog rows at the measured cost per row) the time their drafts would
         save over the tokens they may still emit cannot repay, at the better of their own and the workload's
@@ -189,11 +187,10 @@ class AdaptivePolicy:
         owed = [i for i, backlog in enumerate(backlogs) if backlog > 0 and survival[i]]
         if not owed:
             return []
-        hopeful = list(survival) + others
+        hopeful = list(survival) + batch.others
         for i in owed:
             hopeful[i] = np.maximum(survival[i], self.acceptance.typical(len(survival[i]), prior)).tolist()
-        plan = _Step(hopeful, best_lengths(hopeful, fixed_tokens, budget, curve, by_count, forwards), fixed_tokens,
-                     curve, by_count, forwards)  # fmt: skip
+        plan = _best_step(hopeful, batch.fixed_tokens, budget, batch.curve, batch.by_count, forwards)
         blocked = []
         for i in owed:
             saved = _time_saved(plan, i, rooms[i], budget) if plan.lengths[i] else 0.0
@@ -350,11 +347,28 @@ def _time_saved(plan: _Step, i: int, room: int, budget: int) -> float:
     room · (T(n0) − T_k / E(k)) and the like)."""
     others = list(plan.survival)
     others[i] = []
-    without = _Step(others, best_lengths(others, plan.fixed_tokens, budget, plan.curve, plan.by_count,
-                                         plan.forwards), plan.fixed_tokens, plan.curve, plan.by_count,
-                    plan.forwards)  # fmt: skip
+    without = _best_step(others, plan.fixed_tokens, budget, plan.curve, plan.by_count, plan.forwards)
     rounds = room / (1.0 + float(sum(plan.survival[i][: plan.lengths[i]])))
     return max(rounds * (plan.emitted * without.seconds / without.emitted - plan.seconds), 0.0)
+
+
+class _Batch(NamedTuple):
+    """The batch a catch-up is priced in (:meth:`AdaptivePolicy._settled`): the requests beside the step's (at the
+    workload's acceptance), its tokens before drafts, T and a draft forward by drafting count there."""
+
+    others: list[list[float]]
+    fixed_tokens: int
+    curve: StepCurve | ShiftedCurve | DecodeView
+    by_count: list[float]
+
+
+def _best_step(
+    survival: list, fixed_tokens: int, budget: int, curve: StepCurve | ShiftedCurve | DecodeView,
+    by_count: list[float], forwards: list[float],
+) -> _Step:  # fmt: skip
+    """The step planned at its best lengths (:func:`~spectoolkit.policy.allocate.best_lengths`)."""
+    lengths = best_lengths(survival, fixed_tokens, budget, curve, by_count, forwards)
+    return _Step(survival, lengths, fixed_tokens, curve, by_count, forwards)
 
 
 class _Step:
