@@ -89,10 +89,8 @@ class AdaptivePolicy:
             caps = [0] * len(caps)  # a batch size's first decode step is plain: its baseline, measured, not borrowed
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
-        curve, by_count = (
-            self.step_curve(len(keys)),
-            self.costs.drafts_by_count(len(keys), self.catch_up_cost.per_forward),
-        )
+        curve = self.step_curve(len(keys))
+        by_count = self.costs.drafts_by_count(len(keys), self.catch_up_cost.per_forward)
         if fixed_tokens > len(keys):  # the step carries prefill chunks: drafts are priced at what they add to it
             curve = DecodeView(curve, fixed_tokens, len(keys))
         forwards = self.forwards(max(caps, default=0))
@@ -160,6 +158,7 @@ class AdaptivePolicy:
         """The batch a catch-up is repaid in: the ``step`` at hand's own, unless more sequences are about to decode
         (prompts being computed, requests waiting): then a plain decode step of ``settled``, the requests beside the
         step's at the workload's acceptance.
+
         Priced at the step at hand, requests that started decoding while the others' prompts were computed caught up
         on their prompts to draft in a batch of 5-9, then sat out the rounds at 16, where drafts do not pay (issue
         57: the chain at c16 fed its draft model 2.6 s of prompts a pass and gave 0.92x the target alone)."""
