@@ -63,6 +63,15 @@ class Upkeep:
     rows: int = 0
 
 
+@dataclass(frozen=True)
+class Forwards:
+    """The draft forwards a round's proposals took: ``depth`` sequential batched forwards over ``sequences``
+    sequences (0, 0: none, a lookup's)."""
+
+    depth: int = 0
+    sequences: int = 0
+
+
 class Drafter(Protocol):
     """A batched proposer. State is per sequence object; ``tree`` is the tree it grows (None: chains).
 
@@ -127,6 +136,13 @@ class Drafter(Protocol):
         """Seconds and rows spent feeding backlogs so far (cumulative)."""
         return Upkeep()
 
+    def ran(self, proposals: list[TokenTree]) -> Forwards:
+        """The draft forwards its last :meth:`propose` ran for ``proposals`` (what it returned): by default one batched
+        forward per depth of the deepest, over every sequence it proposed for. What the draft-length policy prices a
+        draft forward from: a drafter that proposes some rounds without a forward (a hybrid's lookup) says so."""
+        depth = max((max(proposal.depths(), default=0) for proposal in proposals), default=0)
+        return Forwards(depth, sum(1 for proposal in proposals if len(proposal)))
+
     def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
         """A decode step's target forward took ``seconds`` for ``tokens`` rows of ``sequences`` sequences (a drafter
         that prices its choices by the step's cost learns it here)."""
@@ -143,15 +159,19 @@ class OwnKV:
     pool: object  # a runtime.paged_kv.PagedKVPool
     _states: dict
     _upkeep: Upkeep = Upkeep()  # spent feeding backlogs so far (an instance rebinds it)
+    carry: int | None = None  # unfed rows the first draft forward takes along (None: BACKLOG_ROWS)
 
     def upkeep(self) -> Upkeep:
         return self._upkeep
 
-    @staticmethod
-    def _backlog(unfed: int) -> int:
+    def _carried(self) -> int:
+        """The most unfed rows of a sequence its first draft forward takes along (:attr:`carry`)."""
+        return BACKLOG_ROWS if self.carry is None else self.carry
+
+    def _backlog(self, unfed: int) -> int:
         """The rows a round feeds apart for a sequence holding ``unfed`` (all but the last, the round's first draft
-        row), if more than :data:`BACKLOG_ROWS`; else 0 (the draft forward takes them along)."""
-        return unfed - 1 if unfed > BACKLOG_ROWS else 0
+        row), if more than it carries (:meth:`_carried`); else 0 (the draft forward takes them along)."""
+        return unfed - 1 if unfed > self._carried() else 0
 
     def _fed_backlogs(self, rows: int, began: float) -> None:
         """``rows`` backlog rows were fed since ``began`` (``time.perf_counter``): book them as upkeep."""

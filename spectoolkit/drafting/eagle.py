@@ -12,8 +12,9 @@ The head's KV lives in its own paged pool, one layer, by position, and follows t
 - draft rows are never kept: ``commit`` truncates the head to its verified rows, and the next round feeds the
   accepted tokens again with the target's own states (as vLLM's EAGLE does);
 - rows are held until a round feeds them, so a request the draft-length policy keeps from drafting (under
-  load) costs the head nothing; a round whose sequences hold more than :data:`BACKLOG_ROWS` (a prompt, or the
-  rounds a request sat out) first feeds those in one forward of its own, timed apart as its ``upkeep``, so
+  load) costs the head nothing; a round whose sequences hold more than
+  :data:`~spectoolkit.drafting.base.BACKLOG_ROWS` (a prompt, or the rounds a request sat out) first feeds those in
+  one forward of its own, timed apart as its ``upkeep``, so
   what the policy measures of a draft forward is a draft forward; once :data:`MAX_HELD` rows are held (a bound
   on memory: 6.9 KB a row for the embedded model) those whose next token is known are fed at once;
 - the head's blocks of verified rows are published like the target's (keyed by the tokens their rows depend on),
@@ -36,7 +37,7 @@ import time
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import BACKLOG_ROWS, Budget, Drafter, Drafting, OwnKV
+from spectoolkit.drafting.base import Budget, Drafter, Drafting, OwnKV
 from spectoolkit.drafting.model_drafter import draw_next
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.drafting.tree_model import Feed, Growth, grow_trees
@@ -253,7 +254,7 @@ class EagleDrafter(OwnKV, Drafter):
     def propose(self, seqs: list[Drafting], budgets: list[Budget]) -> list[TokenTree]:
         began = time.perf_counter()
         rows = self._feed_held(
-            [seq for seq, budget in zip(seqs, budgets, strict=True) if budget.nodes > 0], BACKLOG_ROWS
+            [seq for seq, budget in zip(seqs, budgets, strict=True) if budget.nodes > 0], self._carried()
         )
         self._fed_backlogs(rows, began)
         if self.tree is not None:

@@ -55,10 +55,12 @@ class ModelDrafter(OwnKV, Drafter):
         stop_below: float | None = None,
         tree: TreeConfig | None = None,
         vocab_ids: torch.Tensor | None = None,
+        carry: int | None = None,
     ) -> None:
         """``tree`` (enabled): trees of its kind (a static one at most ``len(branching)`` deep), within each round's
         budget. ``vocab_ids`` [n]: the target id of each of the draft's logits (a head cut to frequent tokens); None:
-        logit i is id i, for ids below ``shared_vocab_size``."""
+        logit i is id i, for ids below ``shared_vocab_size``. ``carry``: the most unfed rows of a sequence its first
+        draft forward takes along (None: :data:`~spectoolkit.drafting.base.BACKLOG_ROWS`); more are fed apart."""
         self.runner, self.model, self.pool = runner, runner.model, runner.pool
         self.chooser, self.allocator = chooser, allocator
         self.target_vocab_size, self.shared_vocab_size = target_vocab_size, shared_vocab_size
@@ -67,12 +69,13 @@ class ModelDrafter(OwnKV, Drafter):
         self.stop_below = stop_below  # speculate.policy=confidence: stop a sequence's draft below this top probability
         self.tree = tree if tree is not None and tree.enabled else None
         self.vocab_ids = vocab_ids
+        self.carry = carry
         self._states: dict[int, _DraftState] = {}
 
     def variant(self, stop_below: float | None, tree: TreeConfig | None) -> ModelDrafter:
         """Another arm's drafter on the same runner and pool (arms never run at once; each starts reset)."""
         return type(self)(self.runner, self.chooser, self.allocator, self.target_vocab_size, self.shared_vocab_size,
-                          self.eos_ids, self.name, stop_below, tree, self.vocab_ids)  # fmt: skip
+                          self.eos_ids, self.name, stop_below, tree, self.vocab_ids, self.carry)  # fmt: skip
 
     def _state(self, seq: Drafting) -> _DraftState:
         return self._states.setdefault(id(seq), _DraftState(self.allocator))

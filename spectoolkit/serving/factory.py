@@ -8,7 +8,7 @@ import dataclasses
 from spectoolkit.config import RunConfig
 from spectoolkit.drafting import ModelDrafter, NgramDrafter, SuffixDrafter, SuffixSettings
 from spectoolkit.drafting.eagle import EagleDrafter, EagleHead
-from spectoolkit.drafting.hybrid import HybridDrafter
+from spectoolkit.drafting.hybrid import MODEL_CARRY, HybridDrafter
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.models.eagle3_head import Eagle3Head
 from spectoolkit.models.layer_skip import draft_model_name
@@ -37,16 +37,17 @@ def eagle_drafter(cfg: RunConfig, models, slots: int) -> EagleDrafter:
     return EagleDrafter(ready, allocator, make_chooser(cfg.sampling), models.eos_ids, None, cfg.speculate.tree)
 
 
-def batched_drafter(cfg: RunConfig, models, slots: int):
+def batched_drafter(cfg: RunConfig, models, slots: int, carry: int | None = None):
     """The batched drafter ``cfg.draft`` asks for — n-gram lookup, suffix decoding, an EAGLE head, a hybrid of suffix
     decoding with a head or the draft model, or the loaded draft model over a pool of ``slots`` — growing
-    ``speculate.tree`` (kind none: chains)."""
+    ``speculate.tree`` (kind none: chains). ``carry``: the draft model's (:class:`ModelDrafter`)."""
     target, tree = models.target, cfg.speculate.tree
     if cfg.draft.kind == "ngram":
         return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not cfg.sampling.greedy, tree)
     if cfg.draft.kind == "hybrid":  # suffix decoding beside the head, or the loaded draft model (draft.hybrid_with)
-        lookup, model = (batched_drafter(dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, kind=kind)),
-                                         models, slots) for kind in ("suffix", cfg.draft.hybrid_with))  # fmt: skip
+        parts = [dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, kind=kind))
+                 for kind in ("suffix", cfg.draft.hybrid_with)]  # fmt: skip
+        lookup, model = (batched_drafter(part, models, slots, MODEL_CARRY) for part in parts)
         return HybridDrafter(lookup, model, "hybrid" if cfg.draft.hybrid_with == "eagle" else "hybrid-model")
     if cfg.draft.kind == "suffix":
         d = cfg.draft
@@ -66,4 +67,4 @@ def batched_drafter(cfg: RunConfig, models, slots: int):
     name, chooser = draft_model_name(cfg.draft, draft.model, target.model), make_chooser(cfg.sampling)
     runner = make_runner(draft.model, pool, cfg.runtime.compiled)
     return ModelDrafter(runner, chooser, allocator, target.vocab_size, shared, models.eos_ids, name, None, tree,
-                        draft.vocab_ids)  # fmt: skip
+                        draft.vocab_ids, carry)  # fmt: skip

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from spectoolkit.config import TreeConfig
 from spectoolkit.drafting import eagle
-from spectoolkit.drafting.base import Lone
+from spectoolkit.drafting.base import BACKLOG_ROWS, Lone
 from spectoolkit.models.eagle3_head import capture_states
 from spectoolkit.models.tiny import tiny_llama
 from spectoolkit.sampling import GreedyChooser
@@ -70,7 +70,7 @@ def _unrolled_chain(head, target, tokens: list[int], length: int) -> list[int]:
     return draft
 
 
-@pytest.mark.parametrize("lengths", [(5, 9), (5, 3 * eagle.BACKLOG_ROWS)], ids=["short", "backlog"])
+@pytest.mark.parametrize("lengths", [(5, 9), (5, 3 * BACKLOG_ROWS)], ids=["short", "backlog"])
 def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained, lengths):
     """A long prompt's rows are held until its first drafting round, which feeds them in a forward of its own (the
     upkeep the engine keeps out of draft costs, and tells the policy of by rows, as the scheduler told it the
@@ -87,9 +87,9 @@ def test_drafts_are_the_head_unrolled_over_the_targets_states(target, trained, l
     assert len(chains) >= 6
     for tokens, drafted in chains:
         assert drafted == _unrolled_chain(trained, target, tokens, len(drafted)), len(tokens)
-    assert (drafter.upkeep().seconds > 0) == (max(lengths) > eagle.BACKLOG_ROWS)
+    assert (drafter.upkeep().seconds > 0) == (max(lengths) > BACKLOG_ROWS)
     assert sum(caught_up) == drafter.upkeep().rows == sum(drafter.backlogs)
-    assert (drafter.upkeep().rows >= max(lengths) - 1) == (max(lengths) > eagle.BACKLOG_ROWS)
+    assert (drafter.upkeep().rows >= max(lengths) - 1) == (max(lengths) > BACKLOG_ROWS)
 
 
 def test_head_rows_match_the_heads_own_forward(target, trained):

@@ -12,8 +12,8 @@ import pytest
 
 from spectoolkit.config import DraftConfig, RunConfig, TreeConfig, drafter_kinds
 from spectoolkit.drafting import ModelDrafter, SuffixDrafter, SuffixSettings, TokenTree
-from spectoolkit.drafting.base import Budget, Lone, Upkeep
-from spectoolkit.drafting.hybrid import PROBE_EVERY, HybridDrafter
+from spectoolkit.drafting.base import Budget, Drafter, Forwards, Lone, Upkeep
+from spectoolkit.drafting.hybrid import MODEL_CARRY, PROBE_EVERY, HybridDrafter
 from spectoolkit.errors import SpecToolkitError
 from spectoolkit.policy.costs import WINDOW
 from spectoolkit.runtime.blocks import BlockAllocator
@@ -209,6 +209,66 @@ def test_a_request_with_nothing_to_look_up_probes_the_model_now_and_then():
     assert hybrid.rounds == {"lookup": 0, "model": 12 + 2}
 
 
+def test_only_the_models_forwards_are_booked_for_the_policy():
+    """The draft-length policy prices a draft forward from what the engine books per round: the model's forwards over
+    the requests it drafted for, none for the lookup's rounds (booked per depth, the lookup's sub-millisecond rounds
+    priced the 0.5B's forward at 0.41 ms, and the hybrid stopped drafting at c4, issue 57)."""
+    model = TimedModel(0.01)
+    hybrid = _trained(ScoredLookup(1, 0.2), model)
+    _steps(hybrid, {n: 0.01 * n for n in range(1, 14)})
+    seqs = [Lone([1, 2, 3]) for _ in range(8)]
+    one = hybrid.propose(seqs[:1], [BUDGET])
+    assert one[0].token_ids == [LOOKUP_TOKEN] and hybrid.ran(one) == Forwards()
+    eight = hybrid.propose(seqs, [BUDGET] * 8)
+    assert all(p.token_ids[:1] == [MODEL_TOKEN] for p in eight)
+    assert hybrid.ran(eight) == Forwards(GAMMA, 8)
+    assert Drafter.ran(hybrid, one) == Forwards(1, 1)  # what the protocol's default would have booked
+
+
+class OwingModel(TimedModel):
+    """A model that first feeds each request's ``owed`` rows apart, ``per_row`` seconds each (asleep), booked as its
+    upkeep."""
+
+    def __init__(self, owed: int, per_row: float) -> None:
+        super().__init__()
+        self.owed, self.per_row, self.spent = owed, per_row, Upkeep()
+
+    def backlog(self, seq) -> int:
+        return self.owed
+
+    def upkeep(self) -> Upkeep:
+        return self.spent
+
+    def propose(self, seqs, budgets):
+        rows = self.owed * len(seqs)
+        time.sleep(rows * self.per_row)
+        self.spent = Upkeep(self.spent.seconds + rows * self.per_row, self.spent.rows + rows)
+        return super().propose(seqs, budgets)
+
+
+def test_the_models_catch_up_is_priced():
+    """A request the model last drafted for many tokens ago (the lookup's rounds) owes it those rows, fed apart at the
+    seconds per row it measured: 40 rows at 10 ms cost more than the model's extra tokens are worth on 100 ms steps,
+    1 row does not. The catch-up is not booked as draft forwards."""
+    model = OwingModel(1, 0.01)
+    hybrid = _trained(ScoredLookup(1, 0.2), model)
+    assert hybrid.catch_up.per_forward == pytest.approx(0.01, rel=0.5)
+    _steps(hybrid, {n: 0.1 + 0.0001 * n for n in range(1, 6)})  # (4 + 1) / 0.11 s against (0.2 + 1) / 0.1 s
+    assert _drafted_by(hybrid) == ["model"]
+    model.owed = 40  # (4 + 1) / 0.5 s
+    assert _drafted_by(hybrid) == ["lookup"]
+    assert hybrid.costs.draft(1) < 0.005  # its draft forwards took no time: the catch-up was not booked as them
+
+
+def test_the_models_mean_outlives_a_reset():
+    """A pass's reset forgets the requests, not what the model keeps over them (the policy keeps its workload
+    acceptance too): reset to 1 token, the model had to win its way back by probes every pass."""
+    hybrid = _trained(ScoredLookup(1, 0.2), TimedModel())
+    before = hybrid.overall
+    hybrid.reset()
+    assert before > 3.5 and hybrid.overall == before
+
+
 def test_a_request_without_a_budget_asks_neither_part():
     model = TimedModel()
     hybrid = HybridDrafter(ScoredLookup(2, 1.0), model)
@@ -282,4 +342,5 @@ def test_the_factory_pairs_suffix_decoding_with_the_loaded_draft_model(target):
     drafter = batched_drafter(cfg, models, 64 * cfg.serve.block_size)
     assert isinstance(drafter, HybridDrafter) and drafter.name == "hybrid-model"
     assert isinstance(drafter.lookup, SuffixDrafter) and isinstance(drafter.model, ModelDrafter)
+    assert drafter.model.carry == MODEL_CARRY and drafter.variant(None, None).model.carry == MODEL_CARRY
     assert drafter.model.name == cfg.draft.model_name and drafter.runners()["draft"].model is draft

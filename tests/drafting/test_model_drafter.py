@@ -95,6 +95,22 @@ def test_a_backlog_is_fed_apart_and_booked_as_upkeep(draft_model, tree, monkeypa
     assert proposal.token_ids == expected.token_ids and proposal.parents == expected.parents
 
 
+def test_a_drafter_carrying_two_rows_feeds_a_short_backlog_apart(draft_model):
+    """With ``carry`` 2 (a hybrid's draft model: the tokens its lookup's rounds emitted are catch-up), a sequence
+    holding more than two unfed rows has them fed apart and booked as upkeep; the drafts are the same."""
+    drafter, feeds = _drafter(draft_model)
+    drafter.carry = 2
+    seq = Lone(PROMPT + [PENDING])
+    assert len(seq.tokens) <= BACKLOG_ROWS and drafter.backlog(seq) == len(seq.tokens) - 1
+    (proposal,) = drafter.propose([seq], [Budget(3, 3)])
+    assert feeds[0] == seq.tokens[:-1] and feeds[1] == [PENDING]
+    assert drafter.upkeep().rows == len(seq.tokens) - 1 and drafter.backlog(seq) == 0
+    along, feeds = _drafter(draft_model)
+    assert along.backlog(Lone(list(seq.tokens))) == 0  # control: the default carries them along
+    (expected,) = along.propose([Lone(list(seq.tokens))], [Budget(3, 3)])
+    assert feeds[0] == seq.tokens and proposal.token_ids == expected.token_ids
+
+
 @pytest.mark.parametrize("forget", ["release", "reset"])
 def test_release_and_reset_forget_a_previous_request(draft_model, forget):
     drafter, feeds = _drafter(draft_model)
