@@ -267,7 +267,8 @@ class ContinuousEngine:
         lookup time made each drafted position look 0.3-0.9 ms dear at c4) and times (``upkeep``: the part of
         ``draft_time`` a drafter spent feeding backlogs, priced apart per row)."""
         tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
-        ran = self.drafter.ran(proposals) if self.drafter is not None and self.scheduler.ahead is None else Forwards()
+        asked = self.drafter is not None and self.scheduler.ahead is None and any(len(p) for p in proposals)
+        ran = self.drafter.ran(proposals) if asked else Forwards()  # not asked this step: its last call was another's
         target_seconds = time.perf_counter() - started - draft_time
         self.policy.observe_step(tokens, ran.depth, target_seconds, draft_time - upkeep, len(works), ran.sequences)
 
