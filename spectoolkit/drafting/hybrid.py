@@ -161,7 +161,13 @@ class HybridDrafter(Drafter):
         self.model.keep_states(seq, start, states)
 
     def backlog(self, seq: Drafting) -> int:
-        return self.model.backlog(seq)  # a round the model drafts pays it (the policy's acceptance covers both)
+        """The model's backlog (a round it drafts pays it; the policy's acceptance covers both parts), but none where
+        the lookup has a proposal for ``seq``: the lookup drafts without it, and the model takes the request only where
+        it beats the lookup with that catch-up priced (:meth:`choose`). Reported whole, a code request the lookup
+        drafted for throughout owed the model its prompt and every token since (270 rows at c1), and the draft-length
+        policy kept it plain for its last 20 tokens, which the lookup would have drafted for nothing (issue 57)."""
+        proposal, _ = self.lookup.scored(seq, Budget(1, 1))
+        return 0 if len(proposal) else self.model.backlog(seq)
 
     def upkeep(self) -> Upkeep:
         lookup, model = self.lookup.upkeep(), self.model.upkeep()

@@ -345,9 +345,12 @@ class HeadLike(TimedModel):
 
 def test_the_engines_calls_reach_the_model_part():
     head = HeadLike()
-    hybrid = HybridDrafter(ScoredLookup(1, 1.0), head, "hybrid")
+    lookup = ScoredLookup(0, 1.0)
+    hybrid = HybridDrafter(lookup, head, "hybrid")
     seq = Lone([1, 2, 3])
     assert hybrid.capture == (1, 3, 5) and hybrid.backlog(seq) == 7
+    lookup.length = 1  # the lookup has a proposal: it drafts without the head's catch-up
+    assert hybrid.backlog(seq) == 0
     hybrid.keep_states(seq, 2, "states")
     assert head.kept == [(2, "states")]
     assert hybrid.upkeep() == Upkeep(0.5, 3)  # the lookup spends none
