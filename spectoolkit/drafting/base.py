@@ -63,15 +63,6 @@ class Upkeep:
     rows: int = 0
 
 
-@dataclass(frozen=True)
-class Forwards:
-    """The draft forwards a round's proposals took: ``depth`` sequential batched forwards over ``sequences``
-    sequences (0, 0: none, a lookup's)."""
-
-    depth: int = 0
-    sequences: int = 0
-
-
 class Drafter(Protocol):
     """A batched proposer. State is per sequence object; ``tree`` is the tree it grows (None: chains).
 
@@ -135,13 +126,6 @@ class Drafter(Protocol):
     def upkeep(self) -> Upkeep:
         """Seconds and rows spent feeding backlogs so far (cumulative)."""
         return Upkeep()
-
-    def ran(self, proposals: list[TokenTree]) -> Forwards:
-        """The draft forwards its last :meth:`propose` ran for ``proposals`` (what it returned): by default one batched
-        forward per depth of the deepest, over every sequence it proposed for. What the draft-length policy prices a
-        draft forward from: a drafter that proposes some rounds without a forward (a hybrid's lookup) says so."""
-        depth = max((max(proposal.depths(), default=0) for proposal in proposals), default=0)
-        return Forwards(depth, sum(1 for proposal in proposals if len(proposal)))
 
     def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
         """A decode step's target forward took ``seconds`` for ``tokens`` rows of ``sequences`` sequences (a drafter

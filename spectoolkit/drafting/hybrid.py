@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from spectoolkit.config import TreeConfig
-from spectoolkit.drafting.base import Budget, Drafter, Drafting, Forwards, Upkeep
+from spectoolkit.drafting.base import Budget, Drafter, Drafting, Upkeep
 from spectoolkit.drafting.suffix import SuffixDrafter
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.policy.costs import DraftCost, StepCosts
@@ -76,7 +76,6 @@ class HybridDrafter(Drafter):
         self._mean: dict[int, float] = {}  # per request
         self._idle: dict[int, int] = {}  # rounds since the model last drafted for the request
         self._drafted_by: dict[int, str] = {}  # who proposed the request's last round
-        self._ran = Forwards()  # the model's forwards in the last call
         self.rounds = {"lookup": 0, "model": 0}
 
     def variant(self, stop_below: float | None, tree: TreeConfig | None) -> HybridDrafter:
@@ -91,7 +90,6 @@ class HybridDrafter(Drafter):
             out.append(proposal)
             scores.append(score)
         taking = self.choose(seqs, budgets, out, scores)
-        self._ran = Forwards()
         for i, seq in enumerate(seqs):
             if i not in taking and len(out[i]):
                 self._drafted_by[id(seq)] = "lookup"
@@ -103,15 +101,7 @@ class HybridDrafter(Drafter):
                 if len(proposal):  # an empty round (no room) says nothing of what the model keeps
                     self._drafted_by[id(seqs[i])] = "model"
                     self.rounds["model"] += 1
-            self._ran = Forwards(max((max(p.depths(), default=0) for p in made), default=0), len(taking))
         return out
-
-    def ran(self, proposals: list[TokenTree]) -> Forwards:
-        """The model's forwards only: the lookup's rounds run none. Booked per depth of every proposal, the lookup's
-        sub-millisecond rounds priced the model's forward for the draft-length policy (0.41 ms for one sequence where
-        the 0.5B takes 9), so at c4 a request's drafts added too little beside the others' to repay its catch-up, and
-        the hybrid drafted 5 tokens in four passes where fixed γ 6 gave 1.06× the target alone (issue 57)."""
-        return self._ran
 
     def choose(self, seqs: list[Drafting], budgets: list[Budget], proposals: list[TokenTree],
                scores: list[float]) -> list[int]:  # fmt: skip

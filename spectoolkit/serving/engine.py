@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectoolkit.drafting.base import Budget, Drafter, Forwards, Upkeep
+from spectoolkit.drafting.base import Budget, Drafter, Upkeep
 from spectoolkit.drafting.tree import TokenTree
 from spectoolkit.kernels.verifier import make_verifier
 from spectoolkit.policy.base import DraftLengthPolicy, FixedPolicy, Prediction
@@ -261,16 +261,17 @@ class ContinuousEngine:
     def _learn(
         self, works: list[Work], proposals: list[TokenTree], started: float, draft_time: float, upkeep: float
     ) -> None:
-        """Tell the draft-length policy what this step cost: its tokens, draft forwards (what the drafter says its
-        proposals ran, :meth:`~spectoolkit.drafting.base.Drafter.ran`; none for a drafter that proposes ahead, whose
-        proposals were made before the plan whatever it chose: priced per depth, the step's whole scheduling and
-        lookup time made each drafted position look 0.3-0.9 ms dear at c4) and times (``upkeep``: the part of
-        ``draft_time`` a drafter spent feeding backlogs, priced apart per row)."""
+        """Tell the draft-length policy what this step cost: its tokens, draft forwards (one per depth; none for a
+        drafter that proposes ahead, whose proposals were made before the plan whatever it chose: priced per depth,
+        the step's whole scheduling and lookup time made each drafted position look 0.3-0.9 ms dear at c4) and times
+        (``upkeep``: the part of ``draft_time`` a drafter spent feeding backlogs, priced apart per row)."""
         tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
-        asked = self.drafter is not None and self.scheduler.ahead is None and any(len(p) for p in proposals)
-        ran = self.drafter.ran(proposals) if asked else Forwards()  # not asked this step: its last call was another's
-        target_seconds = time.perf_counter() - started - draft_time
-        self.policy.observe_step(tokens, ran.depth, target_seconds, draft_time - upkeep, len(works), ran.sequences)
+        forwards = 0
+        if self.scheduler.ahead is None:
+            forwards = max((max(proposal.depths(), default=0) for proposal in proposals), default=0)
+        drafting = sum(1 for proposal in proposals if len(proposal))  # a batched draft forward's rows
+        elapsed = time.perf_counter() - started
+        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time - upkeep, len(works), drafting)
 
     # ---- the parts of a step ------------------------------------------------------------------
 

@@ -12,10 +12,9 @@ import pytest
 
 from spectoolkit.config import DraftConfig, RunConfig, TreeConfig, drafter_kinds
 from spectoolkit.drafting import ModelDrafter, SuffixDrafter, SuffixSettings, TokenTree
-from spectoolkit.drafting.base import Budget, Drafter, Forwards, Lone, Upkeep
+from spectoolkit.drafting.base import Budget, Lone, Upkeep
 from spectoolkit.drafting.hybrid import MODEL_CARRY, PROBE_EVERY, HybridDrafter
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.policy import FixedPolicy
 from spectoolkit.policy.costs import WINDOW
 from spectoolkit.runtime.blocks import BlockAllocator
 from spectoolkit.runtime.paged_kv import make_pool
@@ -210,22 +209,6 @@ def test_a_request_with_nothing_to_look_up_probes_the_model_now_and_then():
     assert hybrid.rounds == {"lookup": 0, "model": 12 + 2}
 
 
-def test_only_the_models_forwards_are_booked_for_the_policy():
-    """The draft-length policy prices a draft forward from what the engine books per round: the model's forwards over
-    the requests it drafted for, none for the lookup's rounds (booked per depth, the lookup's sub-millisecond rounds
-    priced the 0.5B's forward at 0.41 ms, and the hybrid stopped drafting at c4, issue 57)."""
-    model = TimedModel(0.01)
-    hybrid = _trained(ScoredLookup(1, 0.2), model)
-    _steps(hybrid, {n: 0.01 * n for n in range(1, 14)})
-    seqs = [Lone([1, 2, 3]) for _ in range(8)]
-    one = hybrid.propose(seqs[:1], [BUDGET])
-    assert one[0].token_ids == [LOOKUP_TOKEN] and hybrid.ran(one) == Forwards()
-    eight = hybrid.propose(seqs, [BUDGET] * 8)
-    assert all(p.token_ids[:1] == [MODEL_TOKEN] for p in eight)
-    assert hybrid.ran(eight) == Forwards(GAMMA, 8)
-    assert Drafter.ran(hybrid, one) == Forwards(1, 1)  # what the protocol's default would have booked
-
-
 class OwingModel(TimedModel):
     """A model that first feeds each request's ``owed`` rows apart, ``per_row`` seconds each (asleep), booked as its
     upkeep."""
@@ -268,45 +251,6 @@ def test_the_models_mean_outlives_a_reset():
     before = hybrid.overall
     hybrid.reset()
     assert before > 3.5 and hybrid.overall == before
-
-
-class EveryOther(ScoredLookup):
-    """Proposes on every other call only, and says every call ran ``Forwards(3, 1)`` (what a hybrid's last call that
-    the model drafted in says until its next)."""
-
-    def __init__(self) -> None:
-        super().__init__(2, 1.0)
-        self.calls = 0
-
-    def propose(self, seqs, budgets):
-        self.calls += 1
-        return super().propose(seqs, budgets) if self.calls % 2 else [TokenTree([], [])] * len(seqs)
-
-    def ran(self, proposals) -> Forwards:
-        return Forwards(3, 1)
-
-
-class Booked(FixedPolicy):
-    """A fixed policy that keeps the draft forwards and drafting counts the engine books per step."""
-
-    def __init__(self) -> None:
-        super().__init__(GAMMA, GAMMA)
-        self.booked: list[tuple[int, int, int]] = []  # (draft tokens in the step's rows, forwards, drafting)
-
-    def observe_step(self, num_tokens, draft_forwards, target_seconds, draft_seconds, sequences=1, drafting=None):
-        self.booked.append((num_tokens - sequences, draft_forwards, drafting))
-
-
-def test_the_engine_books_a_drafters_forwards_only_in_steps_it_proposed_in(target):
-    """A step whose proposals are all empty ran no draft forward, whatever the drafter says of its last call (the
-    hybrid's, a step before: booked again, a 0.03 ms step priced the 0.5B's forward, and adaptive did not draft at
-    c4, issue 57)."""
-    policy = Booked()
-    eng = helpers.engine(target, drafter=EveryOther(), policy=policy, max_num_seqs=1)
-    helpers.run(eng, helpers.requests([[1, 2, 3, 4]], 12))
-    decode = [(drafts, forwards, drafting) for drafts, forwards, drafting in policy.booked if drafts >= 0]
-    assert {(0, 0, 0), (2, 3, 1)} <= set(decode) and all(f == 3 for d, f, _ in decode if d), decode
-    assert all(f == 0 for d, f, _ in decode if not d), decode
 
 
 def test_a_request_without_a_budget_asks_neither_part():

@@ -26,7 +26,7 @@ TREE = TreeConfig(kind="dynamic", max_nodes=6, top_k=2)
 # What the protocol declares: the engine may touch these and nothing else.
 DECLARED = frozenset({
     "name", "tree", "capture", "ahead", "propose", "commit", "release", "reset", "runners", "kv_bytes", "describe_tree",
-    "variant", "keep_states", "backlog", "upkeep", "observe_step", "ran",
+    "variant", "keep_states", "backlog", "upkeep", "observe_step",
 })  # fmt: skip
 
 
