@@ -117,12 +117,11 @@ class HybridDrafter(Drafter):
         lookup_rate = [(score + 1) / (share + cost - plain) for score, cost in zip(scores, added[:width], strict=True)]
         step_cost = [share + cost - plain for cost in added[width:]]  # the model option's, before its drafting
         means = [self._mean.get(id(seq), self.overall) for seq in seqs]
-
         owed = [self.model.backlog(seq) * self.catch_up.per_forward for seq in seqs]  # its catch-up, if it drafts
 
         def pays(i: int, shared: int) -> bool:
-            drafting = self.costs.draft(shared) * depths[i] / shared + owed[i]  # one batched forward for ``shared``
-            return (means[i] + 1) / (step_cost[i] + drafting) > lookup_rate[i]
+            forwards = self.costs.draft(shared) * depths[i] / shared  # one batched forward for ``shared`` rows
+            return (means[i] + 1) / (step_cost[i] + forwards + owed[i]) > lookup_rate[i]
 
         candidates = [i for i in range(width) if depths[i] > 0]
         probes = {i for i in candidates if not len(proposals[i]) and self._idle.get(id(seqs[i]), 0) >= PROBE_EVERY}
