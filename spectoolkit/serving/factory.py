@@ -37,6 +37,11 @@ def eagle_drafter(cfg: RunConfig, models, slots: int) -> EagleDrafter:
     return EagleDrafter(ready, allocator, make_chooser(cfg.sampling), models.eos_ids, None, cfg.speculate.tree)
 
 
+def _of_kind(cfg: RunConfig, kind: str) -> RunConfig:
+    """``cfg`` with ``draft.kind`` set to ``kind`` (a hybrid's part)."""
+    return dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, kind=kind))
+
+
 def batched_drafter(cfg: RunConfig, models, slots: int, carry: int | None = None):
     """The batched drafter ``cfg.draft`` asks for — n-gram lookup, suffix decoding, an EAGLE head, a hybrid of suffix
     decoding with a head or the draft model, or the loaded draft model over a pool of ``slots`` — growing
@@ -45,9 +50,8 @@ def batched_drafter(cfg: RunConfig, models, slots: int, carry: int | None = None
     if cfg.draft.kind == "ngram":
         return NgramDrafter(cfg.draft.ngram_max, cfg.draft.ngram_min, target.vocab_size, not cfg.sampling.greedy, tree)
     if cfg.draft.kind == "hybrid":  # suffix decoding beside the head, or the loaded draft model (draft.hybrid_with)
-        parts = [dataclasses.replace(cfg, draft=dataclasses.replace(cfg.draft, kind=kind))
-                 for kind in ("suffix", cfg.draft.hybrid_with)]  # fmt: skip
-        lookup, model = (batched_drafter(part, models, slots, MODEL_CARRY) for part in parts)
+        lookup = batched_drafter(_of_kind(cfg, "suffix"), models, slots)
+        model = batched_drafter(_of_kind(cfg, cfg.draft.hybrid_with), models, slots, MODEL_CARRY)
         return HybridDrafter(lookup, model, "hybrid" if cfg.draft.hybrid_with == "eagle" else "hybrid-model")
     if cfg.draft.kind == "suffix":
         d = cfg.draft
