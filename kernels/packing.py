@@ -7,8 +7,9 @@ or says why it keeps its own path. With int8 activations (issue 47) every packed
 the integer dot products (:func:`~spectoolkit.kernels.cpu_linear.to_int8_activations`); a layer that cannot take
 them (nf4, float, a K not a multiple of 32) keeps float activations, and the report says so. Then q/k/v and
 gate/up become one call each (:func:`_fuse`), the parts views of it, and every packed buffer moves to huge-page
-memory (:func:`~spectoolkit.kernels.placement.place_packed`). A new weight kind or ISA path is added in
-this folder alone: the formats only hand over codes.
+memory (:func:`~spectoolkit.kernels.placement.place_packed`). A model whose weights stream from memory has the
+distance its linears prefetch at measured (:func:`~spectoolkit.kernels.prefetch.tune_for`, once per process). A new
+weight kind or ISA path is added in this folder alone: the formats only hand over codes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from spectoolkit.kernels.cpu_linear import (
 from spectoolkit.kernels.kernel_choice import library_layer
 from spectoolkit.kernels.layer_wrapper import leaf_linears, replace_module
 from spectoolkit.kernels.placement import place_packed
+from spectoolkit.kernels.prefetch import tune_for
 
 Converter = Callable[[nn.Module], "PackedLinear | str"]  # a leaf linear -> its packed twin, or why it keeps its path
 
@@ -63,6 +65,7 @@ def pack_model(model: nn.Module, convert: Converter, activations: str | None = N
         if mlp is not None and not hasattr(mlp, "gate_up_fused"):
             _fuse(mlp, "gate_up_fused", ("gate_proj", "up_proj"))
     place_packed(packed_layers(model))
+    tune_for(sum(layer.packed.nbytes() for layer in model.modules() if isinstance(layer, PackedLinear)))
     return report
 
 

@@ -13,7 +13,7 @@ import torch
 from spectoolkit.config import AUTO_COMPILE, RunConfig
 from spectoolkit.config_checks import config_warnings
 from spectoolkit.errors import SpecToolkitError
-from spectoolkit.kernels import cpu_ops
+from spectoolkit.kernels import cpu_ops, prefetch
 from spectoolkit.kernels.kernel_choice import cpu_flags, cpu_model
 from spectoolkit.kernels.placement import streaming_buffer
 from spectoolkit.kernels.runtime import kernels_usable
@@ -38,10 +38,12 @@ def hardware(device: torch.device) -> dict[str, Any]:
 
 
 def _kernel_paths() -> dict[str, Any]:
-    """The path our kernels take here and every path this CPU runs (None when they cannot be built here)."""
+    """The path our kernels take here, every path this CPU runs (None when they cannot be built here) and how far
+    ahead the linears prefetch their weights (:mod:`~spectoolkit.kernels.prefetch`)."""
     try:
         return {"kernel_path": cpu_ops.isa_name(), "kernel_paths_by_kind": cpu_ops.kernel_paths(),
-                "kernel_paths_available": list(cpu_ops.available_isas())}  # fmt: skip
+                "kernel_paths_available": list(cpu_ops.available_isas()),
+                "weight_prefetch": prefetch.current().as_record()}  # fmt: skip
     except SpecToolkitError as exc:
         return {"kernel_path": None, "kernel_paths_by_kind": {}, "kernel_paths_available": [], "kernel_build": str(exc)}
 
