@@ -28,7 +28,7 @@ from spectoolkit.kernels.placement import streaming_buffer
 
 DISTANCES = (0, 1024, 2048, 4096, 8192, 16384)  # bytes ahead; 0 (no prefetch) is the reference
 MIN_GAIN = 0.03  # a distance must beat no prefetch by more than this share to be chosen
-ROUNDS = 7
+ROUNDS = 15  # ~0.6 s in all; fewer let one disturbed stretch of a shared machine's memory pick a distance
 PROBE_MIB = 256  # the probe's weights: well past the last-level cache of any machine of this kind
 PROBE_K = 2048  # the probe's in_features: 8 Q4_K records a panel
 STREAMED = 64 << 20  # packed bytes from which a model's weights stream from memory (smaller ones stay in cache)
@@ -77,7 +77,9 @@ def measure(rounds: int = ROUNDS, mib: int = PROBE_MIB) -> dict[int, list[float]
     times: dict[int, list[float]] = {d: [] for d in DISTANCES}
     previous = torch.ops.spectoolkit.stream_prefetch()
     try:
-        once()  # the first pass maps nothing new, but warms the thread pool
+        for distance in DISTANCES:  # warm-up: the thread pool, and each distance once
+            torch.ops.spectoolkit.set_stream_prefetch(distance)
+            once()
         for index in range(rounds):
             for distance in DISTANCES[index % len(DISTANCES) :] + DISTANCES[: index % len(DISTANCES)]:
                 torch.ops.spectoolkit.set_stream_prefetch(distance)
