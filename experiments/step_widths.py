@@ -14,7 +14,9 @@ bytes of the same tensors, and T₁ against streamed bytes / the read bandwidth 
 (the floor). ``--layouts compact wide`` loads each model twice, the second with every format at its own size (GGUF,
 rtn, GPTQ) widened back to the wide int8-activation layout of before issue 55, interleaved in the same repeats.
 ``--precision`` loads another precision (``rtn-int4``, ``rtn-int8``, GPTQ ``int4``; ``--group-size``,
-``--quantize-head`` as ``draft.group_size`` / ``draft.quantize_head``).
+``--quantize-head`` as ``draft.group_size`` / ``draft.quantize_head``). ``--prefetch 0 auto`` times each model with
+each weight-stream prefetch distance in bytes (``auto``: the one measured at load, :mod:`spectoolkit.kernels.prefetch`;
+0: none), interleaved in the same repeats; the default runs the measured one alone.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from spectoolkit.bench.protocol.conditions import read_bandwidth_gbs
 from spectoolkit.embedded import gguf_source
+from spectoolkit.kernels import prefetch
 from spectoolkit.kernels.packing import widen_formats
 from spectoolkit.pair import PAIR
 from spectoolkit.quant.gguf_native import TensorReader
@@ -57,6 +60,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=("gguf", "rtn-int4", "rtn-int8", "int4"), default="gguf")
     parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--quantize-head", action="store_true")
+    parser.add_argument("--prefetch", nargs="+", default=["auto"], help="bytes ahead, or auto (the measured one)")
     args = parser.parse_args()
     cpu = torch.device("cpu")
     steps, streamed = {}, {}
@@ -68,15 +72,19 @@ def main() -> None:
             if layout == "wide":
                 widen_formats(loaded.model)
             key = f"{name}[{layout}]" if len(args.layouts) > 1 else name
-            steps[key], streamed[key] = model_step(loaded.model), loaded.streamed_bytes()
+            step, nbytes = model_step(loaded.model), loaded.streamed_bytes()
+            for ahead in args.prefetch:
+                arm = f"{key}[prefetch {ahead}]" if len(args.prefetch) > 1 else key
+                steps[arm], streamed[arm] = _prefetched(step, ahead), nbytes
             if args.precision != "gguf":
-                print(f"{key} {args.precision}: streams {streamed[key] / 1e6:.1f} MB a step ({loaded.kernels})")
+                print(f"{key} {args.precision}: streams {nbytes / 1e6:.1f} MB a step ({loaded.kernels})")
                 continue
             in_file = file_bytes(loaded.path)
             print(
-                f"{key}: streams {streamed[key] / 1e6:.1f} MB a step; the GGUF file's tensors "
-                f"{in_file / 1e6:.1f} MB ({streamed[key] / in_file:.3f}x)"
+                f"{key}: streams {nbytes / 1e6:.1f} MB a step; the GGUF file's tensors "
+                f"{in_file / 1e6:.1f} MB ({nbytes / in_file:.3f}x)"
             )
+    print(f"weight prefetch measured at load: {prefetch.current()}")
     names = list(steps)
     times: dict[tuple[str, int], list[float]] = {(name, w): [] for name in steps for w in args.widths}
     bandwidth: list[float] = []
@@ -102,6 +110,16 @@ def main() -> None:
             " ".join(cells),
             f"| floor {floor * 1e3:.1f}ms, V(1)/floor {medians[args.widths[0]] / floor:.2f}",
         )
+
+
+def _prefetched(step, ahead: str):
+    """``step`` run with the linears prefetching ``ahead`` bytes (``auto``: what :mod:`prefetch` chose at load)."""
+
+    def run(width: int) -> object:
+        torch.ops.spectoolkit.set_stream_prefetch(prefetch.current().distance if ahead == "auto" else int(ahead))
+        return step(width)
+
+    return run
 
 
 if __name__ == "__main__":
