@@ -120,7 +120,9 @@ inline void prefetch_ahead(const void* from, const void* to, int64_t ahead) {
 
 // The distance a tile starting at row ``m`` prefetches at: a panel's first row tile streams it from memory, the
 // later ones read it from cache.
-inline int64_t first_tile_ahead(int64_t m) { return m == 0 ? stream_prefetch.load(std::memory_order_relaxed) : 0; }
+inline int64_t first_tile_ahead(int64_t m) {
+  return m == 0 ? stream_prefetch.load(std::memory_order_relaxed) : 0;
+}
 
 }  // namespace
 
