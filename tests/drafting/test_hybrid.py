@@ -195,10 +195,11 @@ def test_the_models_seconds_are_shared_by_the_requests_that_take_it():
 
 
 def test_a_request_with_nothing_to_look_up_probes_the_model_now_and_then():
-    """The model kept nothing lately and rows are dear: a request with no lookup proposal decodes plainly, and every
-    PROBE_EVERY plain rounds the model drafts once (so its mean can recover)."""
+    """The model kept nothing lately and its rows cost more than its mean is worth ((0 + 1) / 1.5 s against a plain
+    1 / 1.1 s), though a round of it all kept would pay (5 / 1.5 s): a request with no lookup proposal decodes
+    plainly, and every PROBE_EVERY plain rounds the model drafts once (so its mean can recover)."""
     hybrid = _trained(ScoredLookup(0, 0.0), TimedModel(), kept=0)
-    _steps(hybrid, {n: float(n) for n in range(1, 6)})
+    _steps(hybrid, {n: 1.0 + 0.1 * n for n in range(1, 6)})
     seq = Lone([1, 2, 3])
     made = []
     for _ in range(2 * PROBE_EVERY + 2):
@@ -228,6 +229,22 @@ class OwingModel(TimedModel):
         time.sleep(rows * self.per_row)
         self.spent = Upkeep(self.spent.seconds + rows * self.per_row, self.spent.rows + rows)
         return super().propose(seqs, budgets)
+
+
+def test_no_probe_where_even_a_round_all_kept_would_not_pay():
+    """A probe pays the model's catch-up too: with 1000 rows owed at 10 ms, even a round of four tokens all kept
+    ((4 + 1) / 11.5 s) loses to a plain decode (1 / 1.1 s), so the model is never asked (issue 57: unpriced probes at
+    c16 fed the 0.5B the prompts of the requests it had not drafted for, 1.4 s in one step)."""
+    model = OwingModel(1, 0.01)
+    hybrid = _trained(ScoredLookup(0, 0.0), model, kept=0)
+    _steps(hybrid, {n: 1.0 + 0.1 * n for n in range(1, 6)})
+    model.owed, calls = 1000, len(model.calls)
+    seq = Lone([1, 2, 3])
+    for _ in range(2 * PROBE_EVERY + 2):
+        (proposal,) = hybrid.propose([seq], [BUDGET])
+        assert len(proposal) == 0
+        hybrid.commit(seq, len(seq.tokens), [])
+    assert len(model.calls) == calls
 
 
 def test_the_models_catch_up_is_priced():
