@@ -65,7 +65,7 @@ def pack_model(model: nn.Module, convert: Converter, activations: str | None = N
         if mlp is not None and not hasattr(mlp, "gate_up_fused"):
             _fuse(mlp, "gate_up_fused", ("gate_proj", "up_proj"))
     place_packed(packed_layers(model))
-    tune_for(sum(layer.packed.nbytes() for layer in model.modules() if isinstance(layer, PackedLinear)))
+    tune_for(packed_bytes(model))
     return report
 
 

@@ -63,15 +63,16 @@ def measure(rounds: int = ROUNDS, mib: int = PROBE_MIB) -> dict[int, list[float]
     """Seconds of one Q4_K linear at one row over ``mib`` MiB of records, per distance of :data:`DISTANCES`, each
     round in a rotated order (what the machine does meanwhile falls on every distance alike)."""
     cpu_ops.load()
-    record = formats.FORMATS["Q4_K"].record_bytes  # a panel's record: 16 columns
-    panels = (mib << 20) // (record * (PROBE_K // 256))
-    weights = streaming_buffer(panels * (PROBE_K // 256) * record).view(panels, PROBE_K // 256, record)
-    x, fmt = torch.randn(1, PROBE_K), formats.FORMAT_IDS["Q4_K"]
+    kind = formats.FORMATS["Q4_K"]
+    records = PROBE_K // kind.block  # a panel's records, of 16 columns each
+    panels = (mib << 20) // (records * kind.record_bytes)
+    weights = streaming_buffer(panels * records * kind.record_bytes).view(panels, records, kind.record_bytes)
+    x, fmt = torch.randn(1, PROBE_K), formats.FORMAT_IDS[kind.name]
     empty = torch.empty(0)
 
     def once() -> float:
         began = time.perf_counter()
-        torch.ops.spectoolkit.linear(x, weights, empty, empty, None, panels * 16, 256, -1, fmt)
+        torch.ops.spectoolkit.linear(x, weights, empty, empty, None, panels * formats.PANEL, kind.group, -1, fmt)
         return time.perf_counter() - began
 
     times: dict[int, list[float]] = {d: [] for d in DISTANCES}
