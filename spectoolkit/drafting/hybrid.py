@@ -35,7 +35,7 @@ same, and the rule is the unpriced one: the lookup's draft when it expects at le
 empty lookup proposal is a plain decode (one token for the share of the pending row); a request with nothing to
 look up that has not had the model for :data:`PROBE_EVERY` rounds gets it once, so a mean that fell can recover,
 where the round could pay were every token of it kept (its catch-up and the forward shared by every request priced:
-unpriced, probes at c16 fed the 0.5B sixteen prompts at once, 1.4 s in one step, for rounds that could not pay).
+unpriced, probes at c16 fed the 0.5B whole prompts first, 235-294 ms a request, for rounds that could not pay).
 
 The model drafts only for the requests that take it, in one batched call; a round it sits out costs it nothing but
 a longer catch-up next time (a draft model's KV, or a head's held rows, follow the verified tokens). The choice
@@ -121,9 +121,8 @@ class HybridDrafter(Drafter):
         means = [self._mean.get(id(seq), self.overall) for seq in seqs]
         owed = [self.model.backlog(seq) * self.catch_up.per_forward for seq in seqs]  # its catch-up, if it drafts
 
-        def pays(i: int, shared: int, kept: float | None = None) -> bool:
+        def pays(i: int, shared: int, kept: float) -> bool:
             forwards = self.costs.draft(shared) * depths[i] / shared  # one batched forward for ``shared`` rows
-            kept = means[i] if kept is None else kept
             return (kept + 1) / (step_cost[i] + forwards + owed[i]) > lookup_rate[i]
 
         candidates = [i for i in range(width) if depths[i] > 0]
@@ -134,7 +133,7 @@ class HybridDrafter(Drafter):
         taking, before = candidates, None
         while taking != before:  # each pass only raises the share of those left: it ends
             shared = max(1, len(taking))
-            before, taking = taking, [i for i in taking if i in probes or pays(i, shared)]
+            before, taking = taking, [i for i in taking if i in probes or pays(i, shared, means[i])]
         for i in candidates:
             self._idle[id(seqs[i])] = 0 if i in taking else self._idle.get(id(seqs[i]), 0) + 1
         return taking
