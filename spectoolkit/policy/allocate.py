@@ -47,21 +47,49 @@ def best_lengths(
         return [0] * len(survival)
     by_count = _by_count(draft_forward, len(survival))
     forwards = list(forwards) if forwards is not None else list(range(deepest + 1))
-    times = step_time(np.arange(fixed_tokens, fixed_tokens + min(budget, deepest * len(survival)) + 1)).tolist()
+    times = step_time(np.arange(fixed_tokens, fixed_tokens + min(budget, deepest * len(survival)) + 1))
     if len(survival) == 1:  # batch 1: k itself is the depth
-        return [_best_single(survival[0], budget, times, by_count[1], forwards)]
-    base = float(len(survival))  # every request emits one token even with k = 0
-    best_value, best = base / times[0], (0, 0)  # (L, m)
-    for depth in range(1 if any(by_count) else deepest, deepest + 1):  # without a draft cost only L = deepest
-        ranked = sorted((-s[j], j, i) for i, s in enumerate(survival) for j in range(min(depth, len(s))))
-        emitted, drafting = base, 0
-        for m, (gain, position, _) in enumerate(ranked[:budget], start=1):
-            emitted -= gain
-            drafting += position == 0  # a request's first candidate comes before its others (S non-increasing)
-            value = emitted / (times[m] + by_count[drafting] * forwards[depth])
-            if value > best_value * (1 + 1e-12):
-                best_value, best = value, (depth, m)
-    return _take(survival, *best)
+        return [_best_single(survival[0], budget, np.asarray(times).tolist(), by_count[1], forwards)]
+    ranked = _Ranked(survival)
+    depths = np.arange(1 if any(by_count) else deepest, deepest + 1)  # without a draft cost only L = deepest
+    within = ranked.positions[None, :] < depths[:, None]  # [D, N]: candidate n may be drafted at depth L
+    count = np.cumsum(within, axis=1)  # [D, N]: m, the candidates taken once the n-th ranked one is
+    taken = within & (count <= budget)
+    # Σ S over the first m, summed in rank order after the base (the rounding of a running total, tie for tie)
+    gains = np.where(within, ranked.gains[None, :], 0.0)
+    emitted = np.cumsum(np.concatenate([np.full((len(depths), 1), float(len(survival))), gains], axis=1), axis=1)
+    drafting = np.cumsum(within & (ranked.positions[None, :] == 0), axis=1)  # a request's first candidate is its S_1
+    per_forward = np.asarray(by_count)[drafting] * np.asarray(forwards, dtype=np.float64)[depths][:, None]
+    values = (emitted[:, 1:] / (np.asarray(times)[np.minimum(count, len(times) - 1)] + per_forward))[taken]
+    rows, columns = np.nonzero(taken)  # row-major: depth by depth, m ascending: the order they are weighed in
+    best_value, best, start = len(survival) / float(times[0]), (0, 0), 0
+    while True:  # the running best, replaced only by a value more than 1e-12 above it (ties keep the shorter drafts)
+        above = np.flatnonzero(values[start:] > best_value * (1 + 1e-12))
+        if not len(above):
+            break
+        start += int(above[0])
+        best_value, best = float(values[start]), (int(depths[rows[start]]), int(count[rows[start], columns[start]]))
+        start += 1
+    return ranked.take(*best)
+
+
+class _Ranked:
+    """Every candidate (i, j) of ``survival``, largest S first; at equal S the shallower position (a prefix), then
+    the lower i: ``gains`` S_ij, ``positions`` j and ``owners`` i [N]."""
+
+    def __init__(self, survival: Sequence[Sequence[float]]) -> None:
+        lengths = np.array([len(s) for s in survival])
+        gains = np.concatenate([np.asarray(s, dtype=np.float64) for s in survival])
+        owners = np.repeat(np.arange(len(survival)), lengths)
+        positions = np.arange(len(gains)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        order = np.lexsort((owners, positions, -gains))
+        self.gains, self.positions, self.owners = gains[order], positions[order], owners[order]
+        self.requests = len(survival)
+
+    def take(self, depth: int, count: int) -> list[int]:
+        """How many of each request's first ``depth`` candidates are among the ``count`` largest S."""
+        chosen = self.owners[self.positions < depth][:count]
+        return np.bincount(chosen, minlength=self.requests).tolist()
 
 
 def _by_count(draft_forward: float | Sequence[float], batch: int) -> list[float]:
@@ -84,17 +112,6 @@ def _best_single(
         if value > best_value * (1 + 1e-12):
             best_k, best_value = k, value
     return best_k
-
-
-def _take(survival: Sequence[Sequence[float]], depth: int, count: int) -> list[int]:
-    """How many of each request's first ``depth`` candidates are among the ``count`` largest S."""
-    ranked = sorted(
-        ((-s[j], j, i) for i, s in enumerate(survival) for j in range(min(depth, len(s)))),
-    )  # largest S first; at equal S the shallower position (a prefix) first
-    lengths = [0] * len(survival)
-    for _, _, i in ranked[:count]:
-        lengths[i] += 1
-    return lengths
 
 
 def goodput(

@@ -78,6 +78,57 @@ def test_best_lengths_maximises_goodput(curve, draft_forward):
         assert drafting > 0 and binding > 0, "the cases never drafted, or the budget never bound"
 
 
+def _sequential(survival, fixed_tokens, budget, step_time, by_count, forwards) -> list[int]:
+    """The scan :func:`best_lengths` vectorises, one candidate at a time (its former body, B >= 2): every deepest
+    draft L, every prefix m of the candidates ranked by S within L, the running best replaced only by a value more
+    than 1e-12 above it."""
+    deepest = max(len(s) for s in survival)
+    times = step_time(np.arange(fixed_tokens, fixed_tokens + min(budget, deepest * len(survival)) + 1)).tolist()
+    best_value, best = len(survival) / times[0], (0, 0)
+    for depth in range(1 if any(by_count) else deepest, deepest + 1):
+        ranked = sorted((-s[j], j, i) for i, s in enumerate(survival) for j in range(min(depth, len(s))))
+        emitted, drafting = float(len(survival)), 0
+        for m, (gain, position, _) in enumerate(ranked[:budget], start=1):
+            emitted -= gain
+            drafting += position == 0
+            value = emitted / (times[m] + by_count[drafting] * forwards[depth])
+            if value > best_value * (1 + 1e-12):
+                best_value, best = value, (depth, m)
+    lengths = [0] * len(survival)
+    depth, count = best
+    ranked = sorted((-s[j], j, i) for i, s in enumerate(survival) for j in range(min(depth, len(s))))
+    for _, _, i in ranked[:count]:
+        lengths[i] += 1
+    return lengths
+
+
+@pytest.mark.parametrize("curve", STEP_CURVES)
+def test_best_lengths_makes_the_sequential_scans_choice_at_every_batch(curve):
+    """Batches of 2-16 (brute force stops at 3), caps to 8, draft forwards by drafting count and fractional
+    forwards (trees), ties on a coarse grid: the same lengths as the scan one candidate at a time, to the bit."""
+    rng = np.random.default_rng(len(curve))
+    step_time, differed = STEP_CURVES[curve], 0
+    for case in range(300):
+        caps = rng.integers(0, 9, size=int(rng.integers(2, 17))).tolist()
+        if not any(caps):
+            continue
+        survival = [_random_survival(rng, cap) for cap in caps]
+        budget = int(rng.integers(1, sum(caps) + 3))
+        fixed_tokens = len(caps) + int(rng.integers(0, 20))
+        if case % 3 == 0:
+            by_count = [0.0] * (len(caps) + 1)
+        else:
+            by_count = np.cumsum(rng.uniform(0.0, 2.0, len(caps) + 1)).tolist()
+            by_count[0] = 0.0
+        forwards = [0.0] + np.maximum.accumulate(rng.uniform(1.0, 3.0, max(caps))).tolist()
+        if case % 2:
+            forwards = list(range(max(caps) + 1))
+        got = best_lengths(survival, fixed_tokens, budget, step_time, by_count, forwards)
+        assert got == _sequential(survival, fixed_tokens, budget, step_time, by_count, forwards), (case, survival)
+        differed += any(got)
+    assert differed > 50, "the cases never drafted"
+
+
 def test_goodput_by_hand():
     linear = STEP_CURVES["linear"]
     # emitted 1 + 0.5 + 0.25 = 1.75 over T(1 + 2) + 2 draft forwards = 10.9 + 2
