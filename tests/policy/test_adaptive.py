@@ -445,3 +445,27 @@ def test_a_step_carrying_a_prefill_chunk_drafts_only_what_a_plain_decode_step_wo
         _perfect(policy, key)
     assert policy.choose(keys, [GAMMA] * 4, 4 + 200, 16) == [GAMMA] * 4
     assert sum(policy.choose(keys, [GAMMA] * 4, 4, 16)) >= 4 * GAMMA - 1  # (a plain step may measure the width below)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bound_on_a_catch_ups_saving_never_falls_below_the_saving(seed):
+    """_not_repaid blocks a request whose catch-up costs at least _most_saved without planning the step without it:
+    exact only while the bound is never under _time_saved (plans of 2-16 requests, drafts priced by drafting count)."""
+    from spectoolkit.policy.adaptive import _best_step, _most_saved, _time_saved
+
+    rng = np.random.default_rng(seed)
+    checked = 0
+    for _ in range(60):
+        batch = int(rng.integers(2, 17))
+        survival = [np.cumprod(rng.uniform(0.3, 1.0, int(rng.integers(0, 7)))).tolist() for _ in range(batch)]
+        slope = rng.uniform(0.0001, 0.004)
+        curve = lambda n, s=slope, b=batch: 0.02 + s * (np.asarray(n, dtype=np.float64) - b)  # noqa: E731
+        by_count = [0.0] + np.cumsum(rng.uniform(0.0, 0.001, batch)).tolist()
+        budget = int(rng.integers(1, 40))
+        plan = _best_step(survival, batch, budget, curve, by_count, list(range(7)))
+        for i, k in enumerate(plan.lengths):
+            if k:
+                room = int(rng.integers(1, 300))
+                assert _most_saved(plan, i, room) >= _time_saved(plan, i, room, budget)
+                checked += 1
+    assert checked > 20, "the plans never drafted"
