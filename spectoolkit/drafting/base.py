@@ -128,8 +128,9 @@ class Drafter(Protocol):
         return Upkeep()
 
     def observe_step(self, tokens: int, seconds: float, sequences: int) -> None:
-        """A decode step's target forward took ``seconds`` for ``tokens`` rows of ``sequences`` sequences (a drafter
-        that prices its choices by the step's cost learns it here)."""
+        """A decode step's target forward, with the verifying and committing of its rows, took ``seconds`` for
+        ``tokens`` rows of ``sequences`` sequences (a drafter that prices its choices by the step's cost learns it
+        here: the seconds the draft-length policy prices the same rows by)."""
 
 
 class OwnKV:

@@ -249,9 +249,6 @@ class ContinuousEngine:
                 finished.append(done)
         if not prefill:  # a step with prefill chunks says little about the cost of drafts
             self._learn(plan.work, proposals, started, draft_time, upkeep_seconds)
-            if self.drafter is not None:
-                tokens = sum(work.feed + len(proposal) for work, proposal in zip(plan.work, proposals, strict=True))
-                self.drafter.observe_step(tokens, forward_time, len(plan.work))
         if upkeep_rows:
             self.policy.observe_catch_up(upkeep_rows, upkeep_seconds)
         rounds.emitted = self.counters.generation_tokens - emitted_before
@@ -261,17 +258,20 @@ class ContinuousEngine:
     def _learn(
         self, works: list[Work], proposals: list[TokenTree], started: float, draft_time: float, upkeep: float
     ) -> None:
-        """Tell the draft-length policy what this step cost: its tokens, draft forwards (one per depth; none for a
-        drafter that proposes ahead, whose proposals were made before the plan whatever it chose: priced per depth,
-        the step's whole scheduling and lookup time made each drafted position look 0.3-0.9 ms dear at c4) and times
-        (``upkeep``: the part of ``draft_time`` a drafter spent feeding backlogs, priced apart per row)."""
+        """Tell the draft-length policy, and the drafter, what this step cost: its tokens, draft forwards (one per
+        depth; none for a drafter that proposes ahead, whose proposals were made before the plan whatever it chose:
+        priced per depth, the step's whole scheduling and lookup time made each drafted position look 0.3-0.9 ms dear
+        at c4) and times (``upkeep``: the part of ``draft_time`` a drafter spent feeding backlogs, priced apart per
+        row)."""
         tokens = sum(work.feed + len(proposal) for work, proposal in zip(works, proposals, strict=True))
         forwards = 0
         if self.scheduler.ahead is None:
             forwards = max((max(proposal.depths(), default=0) for proposal in proposals), default=0)
         drafting = sum(1 for proposal in proposals if len(proposal))  # a batched draft forward's rows
-        elapsed = time.perf_counter() - started
-        self.policy.observe_step(tokens, forwards, elapsed - draft_time, draft_time - upkeep, len(works), drafting)
+        target = time.perf_counter() - started - draft_time  # the forward, and verifying and committing its rows
+        self.policy.observe_step(tokens, forwards, target, draft_time - upkeep, len(works), drafting)
+        if self.drafter is not None:  # the same seconds: a hybrid priced its rows by the forward alone (issue 57)
+            self.drafter.observe_step(tokens, target, len(works))
 
     # ---- the parts of a step ------------------------------------------------------------------
 
