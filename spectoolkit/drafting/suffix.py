@@ -79,8 +79,9 @@ class SuffixDrafter(Lookup, Drafter):
         if budget.nodes <= 0 or budget.depth <= 0:
             return TokenTree([], []), 0.0
         best: Continuation | None = None
-        for trie in (state.trie, self.cache):
-            node, length = trie.match(seq.tokens, self.settings.max_match)
+        longest = self.settings.max_match
+        own = state.trie.match_end(longest)  # grown to seq.tokens by _state: its open suffixes are the context's
+        for trie, (node, length) in ((state.trie, own), (self.cache, self.cache.match(seq.tokens, longest))):
             if node is None or length < self.settings.min_match:
                 continue
             deepest = min(budget.depth, max(1, int(self.settings.factor * length)))

@@ -114,6 +114,22 @@ def test_longest_match_equals_brute_force(seed):
 
 
 @pytest.mark.parametrize("seed", range(8))
+def test_the_match_at_a_grown_sequences_end_is_the_walked_match(seed):
+    """match_end reads the open suffixes of a trie grown by extend: the node and length match() finds by walking the
+    whole sequence's suffixes, after every piece it grows by, at every max_len (a repetitive alphabet: long
+    matches)."""
+    (seq,) = _sequences(1, seed, length=(30, 80))
+    trie, rng, done = SuffixTrie(DEPTH), random.Random(seed), 0
+    while done < len(seq):
+        step = rng.randint(1, 4)
+        trie.extend(seq[done : done + step])
+        done += step
+        for max_len in (1, 2, 3, DEPTH, 64):
+            assert trie.match_end(max_len) == trie.match(seq[:done], max_len), (done, max_len)
+    assert trie.match_end(0) == (None, 0)
+
+
+@pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("tree_nodes", [0, 6])
 def test_every_drafted_path_occurs_in_the_data_after_the_match(seed, tree_nodes):
     sequences = _sequences(5, seed, length=(10, 40))
