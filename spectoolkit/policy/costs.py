@@ -6,8 +6,11 @@ three), optionally seeded from
 calibration (:mod:`spectoolkit.bench.protocol.calibrate`). Queried, it fits a convex, non-decreasing curve
 to those medians (:func:`convex_fit`: the least-squares one, each median weighted by its observations; a
 wider step never costs less, and each extra row costs at least what the one before did — a dip, or a bump,
-is noise), refit at once when a width is seen for the first time, interpolates linearly between them and
-extrapolates past the widest with the slope of a line through the upper half of the measured span (each
+is noise) through the narrowest width's own median: a batch's plain step, every decision's baseline (issue 57: rows
+computed in tiles are a staircase, the first draft row of a batch of 4 17 ms and the next ones 2; fitted through
+every width, its plain step read 32.6 ms against 30.7 and drafts that lose 3% looked 2% ahead), refit at once
+when a width is seen for the first time, interpolates linearly between them and extrapolates past the widest with
+the slope of a line through the upper half of the measured span (each
 width weighted by its observations). Not the last segment's: on noisy
 medians one row apart the convex fit pools the noise into its steepest, last, segment, and a slope that
 overstates what rows past the widest cost is never corrected, since the policy then never drafts there to
@@ -58,10 +61,11 @@ def monotone_fit(values: np.ndarray, weights: np.ndarray | None = None) -> np.nd
     return np.array([total / weight for total, weight, count in blocks for _ in range(int(count))])
 
 
-def convex_fit(xs: np.ndarray, ys: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+def convex_fit(xs: np.ndarray, ys: np.ndarray, counts: np.ndarray | None = None, pinned: bool = False) -> np.ndarray:
     """Values at ``xs`` [n] (ascending, distinct) nearest ``ys`` [n] in least squares, each weighted by ``counts`` [n]
     (its observations; None: 1 each), among those that never fall and whose every segment is at least as steep as the
-    one before (convex: each extra row costs at least what the one before did).
+    one before (convex: each extra row costs at least what the one before did); ``pinned``: among those through the
+    first point itself.
 
     Exact: such a curve is an offset, a slope and a kink at each inner point, all >= 0 (T = a + b·(x − x_0) +
     Σ_k c_k·max(0, x − x_k)), so the fit is a non-negative least-squares problem (:func:`scipy.optimize.nnls`). Not
@@ -73,6 +77,9 @@ def convex_fit(xs: np.ndarray, ys: np.ndarray, counts: np.ndarray | None = None)
         return ys.copy()
     weights = np.sqrt(np.ones(len(ys)) if counts is None else np.asarray(counts, dtype=np.float64))
     basis = np.column_stack([np.ones(len(xs)), xs - xs[0]] + [np.maximum(xs - knot, 0.0) for knot in xs[1:-1]])
+    if pinned:  # a = ys[0]: the other columns are 0 there
+        coefficients, _ = nnls(basis[:, 1:] * weights[:, None], (ys - ys[0]) * weights)
+        return basis[:, 1:] @ coefficients + ys[0]
     offset = min(float(ys.min()), 0.0)  # nnls keeps a >= 0: fit the values above 0, then shift them back
     coefficients, _ = nnls(basis * weights[:, None], (ys - offset) * weights)
     return basis @ coefficients + offset
@@ -153,7 +160,8 @@ class StepCurve:
         flat until a second width is seen, which drafting then measures)."""
         points = self.points()
         xs = np.array(list(points), dtype=np.float64)
-        ys = convex_fit(xs, np.array(list(points.values())), np.array([len(self._recent[int(x)]) for x in xs]))
+        counts = np.array([len(self._recent[int(x)]) for x in xs])
+        ys = convex_fit(xs, np.array(list(points.values())), counts, pinned=True)
         if len(xs) == 1:
             return xs, ys, 0.0, 0.0
         slopes = np.diff(ys) / np.diff(xs)
