@@ -6,9 +6,9 @@ three), optionally seeded from
 calibration (:mod:`spectoolkit.bench.protocol.calibrate`). Queried, it fits a convex, non-decreasing curve
 to those medians (:func:`convex_fit`: the least-squares one, each median weighted by its observations; a
 wider step never costs less, and each extra row costs at least what the one before did — a dip, or a bump,
-is noise) through the narrowest width's own median: a batch's plain step, every decision's baseline (issue 57: rows
-computed in tiles are a staircase, the first draft row of a batch of 4 17 ms and the next ones 2; fitted through
-every width, its plain step read 32.6 ms against 30.7 and drafts that lose 3% looked 2% ahead), refit at once
+is noise) through the narrowest width's own median: a batch's plain step, every decision's baseline (issue 57: in
+one process the first draft row of a batch of 4 cost 17 ms and the next ones 2, a shape no convex curve follows; fitted
+through every width, its plain step read 32.6 ms against 30.7 and drafts that lose 3% looked 2% ahead), refit at once
 when a width is seen for the first time, interpolates linearly between them and extrapolates past the widest with
 the slope of a line through the upper half of the measured span (each
 width weighted by its observations). Not the last segment's: on noisy

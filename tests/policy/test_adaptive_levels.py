@@ -48,9 +48,9 @@ def _row_tiles(base: float, per_sequence: float, tile: int, per_tile: float, row
     return lambda b, n: base * (1 + per_sequence * (b - 1)) + per_tile * (-(-n // tile) - -(-b // tile)) + row * (n - b)
 
 
-# The pair on Zen 5 after the weight-stream prefetch (issue 57's c4 sweep, the adaptive arm's own steps): a batch of
-# 4's plain step 30.7 ms, its first draft row 17 ms more, the next ones ~2 ms each (T_4(12) 62 ms); the 0.5B's forward
-# for four 16 ms. No γ pays at c4 (γ 2: 3% short of the target alone), though code drafts at 99%.
+# The pair on Zen 5 after the weight-stream prefetch (one c4 sweep of issue 57, the adaptive arm's own steps): a batch
+# of 4's plain step 30.7 ms, its first draft row 17 ms more, the next ones ~2 ms each (T_4(12) 62 ms); the 0.5B's
+# forward for four 16 ms. No γ pays at c4 (γ 2: 3% short of the target alone), though code drafts at 99%.
 PAIR_TILES = Costs(_row_tiles(0.0175, 0.25, 4, 0.014, 0.0005), lambda b: 0.009 + 0.0025 * (b - 1), catch_up=0.0012)
 SCENARIOS = {
     "code, draft model with its prompt, rows in tiles": (PAIR_TILES, Workload((0.99,), output_len=128, prompt=160)),
