@@ -349,16 +349,19 @@ def _time_saved(plan: _Step, i: int, room: int, budget: int) -> float:
     others = list(plan.survival)
     others[i] = []
     without = _best_step(others, plan.fixed_tokens, budget, plan.curve, plan.by_count, plan.forwards)
-    rounds = room / (1.0 + float(sum(plan.survival[i][: plan.lengths[i]])))
-    return max(rounds * (plan.emitted * without.seconds / without.emitted - plan.seconds), 0.0)
+    return max(_rounds(plan, i, room) * (plan.emitted * without.seconds / without.emitted - plan.seconds), 0.0)
 
 
 def _most_saved(plan: _Step, i: int, room: int) -> float:
     """An upper bound of :func:`_time_saved` that needs no second plan: the best plan without i is at least as fast as
     its plain step (every request one token in T(n0); the plan search starts from it and only takes a better one)."""
-    rounds = room / (1.0 + float(sum(plan.survival[i][: plan.lengths[i]])))
     plain = float(plan.curve(np.array([plan.fixed_tokens]))[0]) / len(plan.survival)
-    return max(rounds * (plan.emitted * plain * (1 + 1e-9) - plan.seconds), 0.0)
+    return max(_rounds(plan, i, room) * (plan.emitted * plain * (1 + 1e-9) - plan.seconds), 0.0)
+
+
+def _rounds(plan: _Step, i: int, room: int) -> float:
+    """Rounds request i takes to emit ``room`` tokens drafting as ``plan`` has it."""
+    return room / (1.0 + float(sum(plan.survival[i][: plan.lengths[i]])))
 
 
 class _Batch(NamedTuple):

@@ -47,9 +47,9 @@ def best_lengths(
         return [0] * len(survival)
     by_count = _by_count(draft_forward, len(survival))
     forwards = list(forwards) if forwards is not None else list(range(deepest + 1))
-    times = step_time(np.arange(fixed_tokens, fixed_tokens + min(budget, deepest * len(survival)) + 1))
+    times = np.asarray(step_time(np.arange(fixed_tokens, fixed_tokens + min(budget, deepest * len(survival)) + 1)))
     if len(survival) == 1:  # batch 1: k itself is the depth
-        return [_best_single(survival[0], budget, np.asarray(times).tolist(), by_count[1], forwards)]
+        return [_best_single(survival[0], budget, times.tolist(), by_count[1], forwards)]
     ranked = _Ranked(survival)
     depths = np.arange(1 if any(by_count) else deepest, deepest + 1)  # without a draft cost only L = deepest
     within = ranked.positions[None, :] < depths[:, None]  # [D, N]: candidate n may be drafted at depth L
@@ -60,7 +60,7 @@ def best_lengths(
     emitted = np.cumsum(np.concatenate([np.full((len(depths), 1), float(len(survival))), gains], axis=1), axis=1)
     drafting = np.cumsum(within & (ranked.positions[None, :] == 0), axis=1)  # a request's first candidate is its S_1
     per_forward = np.asarray(by_count)[drafting] * np.asarray(forwards, dtype=np.float64)[depths][:, None]
-    values = (emitted[:, 1:] / (np.asarray(times)[np.minimum(count, len(times) - 1)] + per_forward))[taken]
+    values = (emitted[:, 1:] / (times[np.minimum(count, len(times) - 1)] + per_forward))[taken]
     rows, columns = np.nonzero(taken)  # row-major: depth by depth, m ascending: the order they are weighed in
     best_value, best, start = len(survival) / float(times[0]), (0, 0), 0
     while True:  # the running best, replaced only by a value more than 1e-12 above it (ties keep the shorter drafts)

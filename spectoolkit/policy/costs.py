@@ -10,11 +10,10 @@ is noise) through the narrowest width's own median: a batch's plain step, every 
 one process the first draft row of a batch of 4 cost 17 ms and the next ones 2, a shape no convex curve follows; fitted
 through every width, its plain step read 32.6 ms against 30.7 and drafts that lose 3% looked 2% ahead), refit at once
 when a width is seen for the first time, interpolates linearly between them and extrapolates past the widest with
-the slope of a line through the upper half of the measured span (each
-width weighted by its observations). Not the last segment's: on noisy
-medians one row apart the convex fit pools the noise into its steepest, last, segment, and a slope that
-overstates what rows past the widest cost is never corrected, since the policy then never drafts there to
-measure them (issue 57: at c16 the rows looked 2-3x their cost and drafting stopped). For the same reason a
+the slope of a line through the upper half of the measured span (each width weighted by its observations). Not the
+last segment's: on noisy medians one row apart the convex fit pools the noise into its steepest, last, segment,
+and a slope that overstates what rows past the widest cost is never corrected, since the policy then never drafts
+there to measure them (issue 57: at c16 the rows looked 2-3x their cost and drafting stopped). For the same reason a
 token count inside a gap of unmeasured ones (between two measured counts more than one apart) costs the least
 a convex curve through the measured points allows there (the segment before the gap extended, or the one after
 it extended back), where the gap's left end has a segment before it: a step a few rows wider than the widest
