@@ -18,7 +18,9 @@ token count inside a gap of unmeasured ones (between two measured counts more th
 a convex curve through the measured points allows there (the segment before the gap extended, or the one after
 it extended back), where the gap's left end has a segment before it: a step a few rows wider than the widest
 plain one measured at a batch would otherwise be priced on the chord to a far, wide step, and never measured
-(at a cost kink, where the rows stop being free, the policy stopped two rows short of it). Below the narrowest it
+(at a cost kink, where the rows stop being free, the policy stopped two rows short of it). A width seen once is
+fitted at no more than the widths seen more often predict there (``StepCurve._doubted``: one slow step at a wide
+width priced every wider draft out, and was never measured again). Below the narrowest it
 extrapolates with the first segment's slope, never under proportional to the tokens. With one point only, or
 none, every wider step costs the same (so the policy drafts, which measures a second width: a pessimistic
 guess would make a first plain step look like the best forever).
@@ -101,6 +103,27 @@ def _optimistic(tokens: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarra
     return np.where(inside, low, values)
 
 
+def _line_slope(xs: np.ndarray, ys: np.ndarray, weights: np.ndarray) -> float:
+    """The slope of the least-squares line through (``xs``, ``ys``) [n], each point weighted by ``weights`` [n], at
+    least 0 (0 below two points)."""
+    if len(xs) < 2:
+        return 0.0
+    centre = np.average(xs, weights=weights)
+    slope = np.sum(weights * (xs - centre) * (ys - np.average(ys, weights=weights))) / np.sum(
+        weights * (xs - centre) ** 2
+    )
+    return float(max(slope, 0.0))
+
+
+def _upper_slope(xs: np.ndarray, ys: np.ndarray, counts: np.ndarray) -> float:
+    """The slope past the widest of the points (``xs``, ``ys``) [n]: a least-squares line through those in the upper
+    half of their span, each weighted by its observations ``counts`` [n] (a width seen once is one noisy step); with
+    fewer than two there, through all of them."""
+    upper = xs >= (xs[0] + xs[-1]) / 2
+    upper = upper if upper.sum() >= 2 else np.ones(len(xs), dtype=bool)
+    return _line_slope(xs[upper], ys[upper], counts[upper])
+
+
 def _typical(seconds: deque[float]) -> float:
     """What a step at one token count takes: the median of its recent times, or with fewer than
     :data:`FEW` of them the least. Interference only slows a step, and the median of two is their mean: one slowed
@@ -121,6 +144,7 @@ class StepCurve:
         self._stale = 0
         self._cache: dict[bytes, np.ndarray] = {}
         self._slope: float | None = None  # slope() over every measured count, until the next observation
+        self._doubted_widths: set[int] = set()  # those the fit priced below their one step (_doubted)
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Start from calibrated points (each counts as one observation)."""
@@ -135,8 +159,8 @@ class StepCurve:
         self._recent.setdefault(tokens, deque(maxlen=WINDOW)).append(seconds)
         self._stale += 1
         self._slope = None
-        if self._stale >= REFIT or new:  # a width seen for the first time refits at once: it may move the whole curve
-            self._fitted = None
+        if self._stale >= REFIT or new or tokens in self._doubted_widths:  # a width seen for the first time refits at
+            self._fitted = None  # once (it may move the whole curve), and one priced below its step at its second
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         """T at every token count in ``tokens`` [M] -> seconds [M]."""
@@ -155,38 +179,52 @@ class StepCurve:
         return self._cache[key]
 
     def _fit(self) -> tuple[np.ndarray, np.ndarray, float, float]:
-        """The fitted points (:func:`convex_fit`) and the slopes of their first and last segments (0 with one point:
-        flat until a second width is seen, which drafting then measures)."""
+        """The fitted points (:func:`convex_fit`, through the narrowest as measured) and the slopes of their first
+        segment and past the widest (0 with one point: flat until a second width is seen, which drafting then
+        measures); a width seen once at no more than the settled ones predict (:meth:`_doubted`)."""
         points = self.points()
         xs = np.array(list(points), dtype=np.float64)
-        counts = np.array([len(self._recent[int(x)]) for x in xs])
-        ys = convex_fit(xs, np.array(list(points.values())), counts, pinned=True)
+        counts = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
+        measured = np.array(list(points.values()))
+        ys = self._doubted(xs, measured, counts)
+        self._doubted_widths = {int(x) for x in xs[ys < measured]}
+        fitted = convex_fit(xs, ys, counts, pinned=True)
         if len(xs) == 1:
-            return xs, ys, 0.0, 0.0
-        slopes = np.diff(ys) / np.diff(xs)
-        return xs, ys, float(slopes[0]), self._upper_slope(xs)
+            return xs, fitted, 0.0, 0.0
+        slopes = np.diff(fitted) / np.diff(xs)
+        return xs, fitted, float(slopes[0]), _upper_slope(xs, ys, counts)
 
-    def _upper_slope(self, xs: np.ndarray) -> float:
-        """The slope past the widest: a least-squares line through the medians of the upper half of the measured
-        span, each weighted by its observations (a width seen once is one noisy step), at least 0; with fewer than
-        two points there, over the whole span."""
-        upper = xs >= (xs[0] + xs[-1]) / 2
-        return self.slope(xs[upper] if upper.sum() >= 2 else xs)
+    @staticmethod
+    def _doubted(xs: np.ndarray, ys: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """``ys`` [n] with each width seen once (the narrowest, a batch's plain step, aside) priced no higher than the
+        settled widths (the plain step and those seen twice or more) predict there: their fit, past the widest of
+        them at the slope of their upper half. One slow step at a width the policy rarely plans (a host's other
+        tenant, a width's first call) otherwise prices every wider draft out, and the policy never drafts there
+        again to measure it (issue 57: at c4 the hybrid's single steps of 20, 22 and 25 tokens priced its rows past
+        16 at 4.75 ms where fixed γ 4's 84 steps of 20 rows measured 3.9, and it planned 10-14 drafts a step where
+        γ 4's 16 were faster). Doubted, it drafts there again if that pays at the settled price; that second step
+        refits the curve at once (:meth:`observe`) and the least of the two stands: two slow steps are the width's
+        cost (the first row of a new tile of rows), and a staircase of tiles costs a step or two a width to learn,
+        not a doubted price held until the next refit (the scripted tiles: 0.960 of the best fixed γ at c1)."""
+        settled = counts >= 2
+        settled[0] = True
+        if settled.sum() < 2 or settled.all():
+            return ys
+        sx, sy, sc = xs[settled], ys[settled], counts[settled]
+        fit = convex_fit(sx, sy, sc, pinned=True)
+        beyond = fit[-1] + _upper_slope(sx, sy, sc) * (xs - sx[-1])
+        predicted = np.where(xs > sx[-1], beyond, np.interp(xs, sx, fit))
+        return np.where(settled | (xs < sx[-1]), ys, np.minimum(ys, predicted))
 
-    def slope(self, xs: np.ndarray | None = None) -> float:
-        """Seconds per extra token: a least-squares line through the medians at ``xs`` (default: every measured
-        count), each weighted by its observations, at least 0 (0 below two counts)."""
-        if xs is None:
-            if self._slope is None:  # a batch held plain prices its rows from another batch's slope every step
-                self._slope = self.slope(np.array(sorted(self._recent), dtype=np.float64))
-            return self._slope
-        if len(xs) < 2:
-            return 0.0
-        w = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
-        y = np.array([_typical(self._recent[int(x)]) for x in xs])
-        centre = np.average(xs, weights=w)
-        slope = np.sum(w * (xs - centre) * (y - np.average(y, weights=w))) / np.sum(w * (xs - centre) ** 2)
-        return float(max(slope, 0.0))
+    def slope(self) -> float:
+        """Seconds per extra token: a least-squares line through the typical time at every measured count, each
+        weighted by its observations, at least 0 (0 below two counts); kept until the next observation (a batch
+        held plain prices its rows from another batch's slope every step)."""
+        if self._slope is None:
+            xs = np.array(sorted(self._recent), dtype=np.float64)
+            counts = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
+            self._slope = _line_slope(xs, np.array([_typical(self._recent[int(x)]) for x in xs]), counts)
+        return self._slope
 
     def observations(self, tokens: int) -> int:
         """How many recent steps of ``tokens`` tokens the curve holds (at most :data:`WINDOW`)."""

@@ -209,6 +209,27 @@ def test_the_plain_step_is_kept_as_measured():
     assert 4 / at[0] > 11.9 / (at[1] + 32.4)  # so plain wins, as it did
 
 
+def test_a_width_seen_once_is_doubted_until_seen_again():
+    """One slow step at a wide width never prices the widths past the settled ones out for good. Issue 57, the hybrid
+    on the pair at c4 (Zen 5): rows at ~3.8 ms from 9 to 17 tokens (15 steps each), single steps of 20, 22 and 25
+    tokens 3-6% slow; taken as they were, rows past 16 cost 4.75 ms and the policy drafted 10-14 tokens a step where
+    fixed γ 4's 16 were faster. Seen twice, a width's own (least) time is fitted."""
+
+    def line(n: int) -> float:
+        return 0.0245 + 0.0038 * (n - 4) - (0.005 if n > 4 else 0.0)  # the plain step, then rows at 3.8 ms
+
+    curve = StepCurve()
+    for _ in range(15):
+        for tokens in [4, *range(9, 18)]:
+            curve.observe(tokens, line(tokens))
+    for tokens, slow in ((20, 1.04), (22, 1.06), (25, 1.05)):
+        curve.observe(tokens, line(tokens) * slow)
+    widths = np.array([16, 20, 24])
+    np.testing.assert_allclose(curve(widths), [line(16), line(20), line(24)], rtol=0.005)
+    curve.observe(22, line(22) * 1.06)  # a second step at 22, slow again: that is its cost, fitted with the rest
+    assert curve(np.array([22]))[0] > line(22) * 1.03
+
+
 def test_below_the_narrowest_never_under_proportional():
     flat = _curve({4: 1.0, 8: 1.0})  # slope 0: the narrowest cost carries down
     np.testing.assert_allclose(flat(np.array([1, 2, 3])), [1.0, 1.0, 1.0], rtol=1e-12)
