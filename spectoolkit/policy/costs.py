@@ -18,9 +18,9 @@ token count inside a gap of unmeasured ones (between two measured counts more th
 a convex curve through the measured points allows there (the segment before the gap extended, or the one after
 it extended back), where the gap's left end has a segment before it: a step a few rows wider than the widest
 plain one measured at a batch would otherwise be priced on the chord to a far, wide step, and never measured
-(at a cost kink, where the rows stop being free, the policy stopped two rows short of it). A width seen once is
-fitted at no more than the widths seen more often predict there (``StepCurve._doubted``: one slow step at a wide
-width priced every wider draft out, and was never measured again). Below the narrowest it
+(at a cost kink, where the rows stop being free, the policy stopped two rows short of it). A width seen once
+past those seen more often is fitted at no more than they predict there (``StepCurve._doubted``: one slow step at a
+wide width priced every wider draft out, and was never measured again). Below the narrowest it
 extrapolates with the first segment's slope, never under proportional to the tokens. With one point only, or
 none, every wider step costs the same (so the policy drafts, which measures a second width: a pessimistic
 guess would make a first plain step look like the best forever).
@@ -181,7 +181,7 @@ class StepCurve:
     def _fit(self) -> tuple[np.ndarray, np.ndarray, float, float]:
         """The fitted points (:func:`convex_fit`, through the narrowest as measured) and the slopes of their first
         segment and past the widest (0 with one point: flat until a second width is seen, which drafting then
-        measures); a width seen once at no more than the settled ones predict (:meth:`_doubted`)."""
+        measures); a width seen once past the settled ones at no more than they predict (:meth:`_doubted`)."""
         points = self.points()
         xs = np.array(list(points), dtype=np.float64)
         counts = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
@@ -196,25 +196,26 @@ class StepCurve:
 
     @staticmethod
     def _doubted(xs: np.ndarray, ys: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """``ys`` [n] with each width seen once (the narrowest, a batch's plain step, aside) priced no higher than the
-        settled widths (the plain step and those seen twice or more) predict there: their fit, past the widest of
-        them at the slope of their upper half. One slow step at a width the policy rarely plans (a host's other
-        tenant, a width's first call) otherwise prices every wider draft out, and the policy never drafts there
-        again to measure it (issue 57: at c4 the hybrid's single steps of 20, 22 and 25 tokens priced its rows past
-        16 at 4.75 ms where fixed γ 4's 84 steps of 20 rows measured 3.9, and it planned 10-14 drafts a step where
-        γ 4's 16 were faster). Doubted, it drafts there again if that pays at the settled price; that second step
-        refits the curve at once (:meth:`observe`) and the least of the two stands: two slow steps are the width's
-        cost (the first row of a new tile of rows), and a staircase of tiles costs a step or two a width to learn,
-        not a doubted price held until the next refit (the scripted tiles: 0.960 of the best fixed γ at c1)."""
+        """``ys`` [n] with each width seen once past the widest settled one (settled: the narrowest, a batch's plain
+        step, and every width seen twice or more) priced no higher than the settled widths predict there: their fit
+        at the widest of them, then the slope of their upper half. One slow step at a width wider than the policy
+        usually plans (a host's other tenant, a width's first call) otherwise prices every wider draft out, and the
+        policy never drafts there again to measure it (issue 57: at c4 the hybrid's single steps of 20, 22 and 25
+        tokens priced its rows past 16 at 4.75 ms where fixed γ 4's 84 steps of 20 rows measured 3.9, and it planned
+        10-14 drafts a step where γ 4's 16 were faster). Doubted, it drafts there again if that pays at the settled
+        price; that second step refits the curve at once (:meth:`observe`) and then the least of the two stands: two
+        slow steps are the width's cost (the first row of a new tile of rows), and a staircase of tiles costs a step
+        or two a width to learn, not a doubted price held until the next refit (the scripted tiles: 0.960 of the
+        best fixed γ at c1). Inside the settled span a width seen once keeps its time: the fit weighs it by its one
+        observation against its settled neighbours on both sides."""
         settled = counts >= 2
         settled[0] = True
         if settled.sum() < 2 or settled.all():
             return ys
         sx, sy, sc = xs[settled], ys[settled], counts[settled]
-        fit = convex_fit(sx, sy, sc, pinned=True)
-        beyond = fit[-1] + _upper_slope(sx, sy, sc) * (xs - sx[-1])
-        predicted = np.where(xs > sx[-1], beyond, np.interp(xs, sx, fit))
-        return np.where(settled | (xs < sx[-1]), ys, np.minimum(ys, predicted))
+        widest = convex_fit(sx, sy, sc, pinned=True)[-1]
+        beyond = widest + _upper_slope(sx, sy, sc) * (xs - sx[-1])
+        return np.where(xs > sx[-1], np.minimum(ys, beyond), ys)
 
     def slope(self) -> float:
         """Seconds per extra token: a least-squares line through the typical time at every measured count, each
