@@ -182,10 +182,7 @@ class StepCurve:
         """The fitted points (:func:`convex_fit`, through the narrowest as measured) and the slopes of their first
         segment and past the widest (0 with one point: flat until a second width is seen, which drafting then
         measures); a width seen once past the settled ones at no more than they predict (:meth:`_doubted`)."""
-        points = self.points()
-        xs = np.array(list(points), dtype=np.float64)
-        counts = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
-        measured = np.array(list(points.values()))
+        xs, measured, counts = self._measured()
         ys = self._doubted(xs, measured, counts)
         self._doubted_widths = {int(x) for x in xs[ys < measured]}
         fitted = convex_fit(xs, ys, counts, pinned=True)
@@ -222,10 +219,15 @@ class StepCurve:
         weighted by its observations, at least 0 (0 below two counts); kept until the next observation (a batch
         held plain prices its rows from another batch's slope every step)."""
         if self._slope is None:
-            xs = np.array(sorted(self._recent), dtype=np.float64)
-            counts = np.array([len(self._recent[int(x)]) for x in xs], dtype=np.float64)
-            self._slope = _line_slope(xs, np.array([_typical(self._recent[int(x)]) for x in xs]), counts)
+            self._slope = _line_slope(*self._measured())
         return self._slope
+
+    def _measured(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every measured token count, ascending [n], its typical time (:meth:`points`) [n] and its observations [n]."""
+        points = self.points()
+        xs = np.array(list(points), dtype=np.float64)
+        counts = np.array([len(self._recent[tokens]) for tokens in points], dtype=np.float64)
+        return xs, np.array(list(points.values())), counts
 
     def observations(self, tokens: int) -> int:
         """How many recent steps of ``tokens`` tokens the curve holds (at most :data:`WINDOW`)."""
