@@ -411,6 +411,53 @@ def test_in_a_batch_a_request_with_a_backlog_drafts_where_the_batch_drafting_tog
     assert lengths[3] == 0 and all(lengths[:3])
 
 
+@pytest.mark.parametrize(("backlog", "drafts"), [(100, False), (20, True)])
+def test_a_catch_up_is_repaid_by_the_requests_share_of_what_the_batch_saves(backlog, drafts):
+    """Four requests accept every draft, in steps of 30 ms plus 2.7 ms a row; a draft forward costs 17 ms for four,
+    14.5 ms for three. All four drafting six tokens saves ~10 ms a round against plain steps; three drafting beside
+    one plain request lose. A newcomer holding its prompt (1.2 ms a row) beside three that draft: without it the
+    batch would decode plainly, so its drafts alone seem to save all ~190 ms over its 128 tokens, and so would every
+    newcomer's, each paying its own prompt for them (issue 57: the chain on code at c4 drafted one token a request,
+    +8% a step, and its catch-ups made it 0.94x the target alone). Its share, a quarter (~47 ms), must repay it: 100
+    rows (120 ms) do not, and the batch decodes plainly; 20 rows (24 ms) do."""
+    policy = AdaptivePolicy(6, 0.9, 8)
+    for key in "abcd":
+        for _ in range(30):
+            policy.observe(key, 6, 6, 6)
+    for _ in range(WINDOW):
+        for width in range(4, 29, 4):
+            policy.observe_step(width, 0, 0.030 + 0.0027 * (width - 4), 0.0, 4, 0)
+        for drafting, seconds in ((1, 0.009), (2, 0.012), (3, 0.0145), (4, 0.017)):
+            policy.costs.observe_draft(drafting, 1, seconds)
+    policy.observe_catch_up(160, 0.192)
+    lengths = policy.choose(list("abcd"), [6] * 4, 4, 64, backlogs=[0, 0, 0, backlog], rooms=[100, 100, 100, 128])
+    assert all(lengths) if drafts else not any(lengths), lengths
+
+
+def test_a_catch_up_waits_for_a_plain_step_of_the_batch_it_is_repaid_in():
+    """Three requests decode beside a prompt being computed (the batch settles at 4, never run yet); every draft is
+    kept, rows cost 0.5 ms on a 30 ms step, a draft forward 5 ms. The request owing its draft model 50 rows (50 ms)
+    is held back until a batch of 4 has run a plain step: priced on another batch's curve before, its catch-up was
+    judged against a plain step that never ran (issue 57: 33.7 ms where it took 22.4). The others draft meanwhile."""
+    policy = AdaptivePolicy(6, 0.9, 8)
+    for key in "abc":
+        for _ in range(30):
+            policy.observe(key, 6, 6, 6)
+    for _ in range(WINDOW):
+        for width in (3, 9, 15, 21):
+            policy.observe_step(width, 0, 0.030 + 0.0005 * (width - 3), 0.0, 3, 0)
+        for drafting in (1, 2, 3):
+            policy.costs.observe_draft(drafting, 1, 0.005)
+    policy.observe_catch_up(100, 0.1)
+
+    def choose() -> list[int]:
+        return policy.choose(list("abc"), [6] * 3, 3, 64, [0, 0, 50], [100, 100, 128], settled=4)
+
+    assert choose() == [6, 6, 0]
+    policy.observe_step(4, 0, 0.031, 0.0, 4, 0)  # the batch of 4's first step, plain
+    assert choose() == [6, 6, 6]
+
+
 @pytest.mark.parametrize(("room", "probed"), [(3, False), (400, True)])
 def test_a_request_at_zero_is_probed_after_a_backlog_only_if_a_typical_request_would_repay_it(room, probed):
     """The workload accepts half the first drafts; a request at k = 0 holds 300 rows (30 ms to feed). With 400 tokens
