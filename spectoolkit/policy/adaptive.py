@@ -97,11 +97,7 @@ class AdaptivePolicy:
         if backlogs is not None and rooms is not None and self.catch_up_cost.per_forward > 0:
             here = _Batch([], fixed_tokens, curve, by_count)
             batch = self._settled(len(keys), settled, max(caps, default=0), prior, here)
-            if self._plain_measured(max(settled or 0, len(keys))):
-                owed = self._not_repaid(survival, prior, backlogs, rooms, budget, forwards, batch)
-            else:  # the batch a catch-up is repaid in has no plain step of its own yet: nothing to price it against
-                owed = [i for i, backlog in enumerate(backlogs) if backlog > 0]
-            for i in owed:
+            for i in self._not_repaid(survival, prior, backlogs, rooms, budget, forwards, batch):
                 caps[i], survival[i] = 0, []
         step = _best_step(survival, fixed_tokens, budget, curve, by_count, forwards)
         lengths = step.lengths
@@ -172,15 +168,6 @@ class AdaptivePolicy:
         by_settled = self.costs.drafts_by_count(settled, self.catch_up_cost.per_forward)
         return _Batch(others, settled, self.step_curve(settled), by_settled)
 
-    def _plain_measured(self, sequences: int) -> bool:
-        """Whether a step of ``sequences`` sequences, the batch a catch-up is repaid in, was measured. Until one is, its
-        plain step is priced on another batch's curve (a batch of 2's at four tokens for a batch of 4 that never ran):
-        at the start of a c4 pass, requests decoding beside the prompts still being computed priced a batch of 4's plain
-        step at 33.7 ms, where its first one took 22.4, saw their drafts saving 18 ms a round and fed the draft model
-        their prompts (0.5 s) for drafts that did not pay (issue 57, the chain on code). Held back, a request waits for
-        that batch's first step (plain: :meth:`choose`), its backlog a row or two longer."""
-        return self.costs.measured(sequences)
-
     def _not_repaid(
         self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], budget: int,
         forwards: list[float], batch: _Batch,
@@ -199,19 +186,22 @@ class AdaptivePolicy:
         proportion to the tokens its drafts add: where the batch would decode plainly without it, its drafts alone
         seem to save all the plan does, and so would every newcomer's, each paying its own prompt for them (issue
         57: the chain on code at c4 drafted a token a request, 8% faster a step, and its catch-ups made it 0.94x the
-        target alone)."""
+        target alone). And none is repaid before a step of ``batch``'s size has run: until then its plain step is
+        another batch's curve (a batch of 2's at four tokens for a batch of 4 that never ran): at the start of a c4
+        pass, requests decoding beside the prompts still being computed priced it at 33.7 ms, where its first step
+        took 22.4, and fed the draft model their prompts (0.5 s) for drafts that did not pay. Held back, a request waits
+        for that batch's first step (plain: :meth:`choose`), its backlog a row or two longer."""
         owed = [i for i, backlog in enumerate(backlogs) if backlog > 0 and survival[i]]
-        if not owed:
-            return []
+        if not owed or not self.costs.measured(len(survival) + len(batch.others)):
+            return owed
         hopeful = list(survival) + batch.others
         for i in owed:
             hopeful[i] = np.maximum(survival[i], self.acceptance.typical(len(survival[i]), prior)).tolist()
         plan = _best_step(hopeful, batch.fixed_tokens, budget, batch.curve, batch.by_count, forwards)
-        added = [float(sum(s[:k])) for s, k in zip(plan.survival, plan.lengths, strict=True)]
         blocked = []
         for i in owed:
             owes = backlogs[i] * self.catch_up_cost.per_forward
-            if not plan.lengths[i] or owes >= added[i] / sum(added) * _most_saved(plan, i, rooms[i]):
+            if not plan.lengths[i] or owes >= _share(plan, i) * _most_saved(plan, i, rooms[i]):
                 blocked.append(i)  # its share first: it spares planning the step without i (16 a step at c16)
             elif owes >= _time_saved(plan, i, rooms[i], budget):
                 blocked.append(i)
@@ -375,6 +365,12 @@ def _most_saved(plan: _Step, i: int, room: int) -> float:
     its plain step (every request one token in T(n0); the plan search starts from it and only takes a better one)."""
     plain = float(plan.curve(np.array([plan.fixed_tokens]))[0]) / len(plan.survival)
     return max(_rounds(plan, i, room) * (plan.emitted * plain * (1 + 1e-9) - plan.seconds), 0.0)
+
+
+def _share(plan: _Step, i: int) -> float:
+    """Request i's share of what ``plan`` saves: the tokens its drafts add over all that the plan's drafts add (i
+    drafting)."""
+    return float(sum(plan.survival[i][: plan.lengths[i]])) / (plan.emitted - len(plan.survival))
 
 
 def _rounds(plan: _Step, i: int, room: int) -> float:
