@@ -7,6 +7,10 @@ way :class:`~spectoolkit.serving.engine.ContinuousEngine` does. The policy is sc
 draws: expected committed tokens (E_i(k_i) = 1 + Σ_{j<=k_i} S_ij from the true survival) over the noise-free
 seconds, so a fixed γ's value is exact in closed form and the comparison has no sampling error on either side.
 
+A lookup proposes only as far as its match goes: with ``Workload.proposed`` (the chance it proposes position j once it
+proposed j - 1), a request asked for k drafts proposes min(k, L) of them, L drawn each round; only proposed rows
+are verified, and a fixed γ's value counts the expected rows and tokens of what it asks for.
+
 A draft model first feeds what it has not seen of a request (its prompt, the rounds it sat out) before it drafts for
 it: with ``Workload.prompt`` rows and ``Costs.catch_up`` seconds a row, a request's first drafting round pays its
 prompt's rows, and a round after more than ``BACKLOG_ROWS`` plain tokens pays those, as the engine's drafters do.
@@ -44,6 +48,26 @@ class Workload:
     output_len: int = 200
     switch: tuple[int, tuple[float, ...]] | None = None
     prompt: int = 0  # rows a draft model feeds before it first drafts for a request (0: a lookup, a head fed along)
+    proposed: tuple[float, ...] | None = None  # Pr(a lookup proposes position j | it proposed j - 1); None: always
+
+    def reach(self, k: int) -> list[float]:
+        """Pr(position j is proposed) for j = 1..k: the rows a k-token ask verifies, in expectation."""
+        if self.proposed is None:
+            return [1.0] * k
+        return np.cumprod([self.proposed[min(j, len(self.proposed) - 1)] for j in range(k)]).tolist()
+
+    def expected(self, round_idx: int, k: int) -> float:
+        """Expected emitted tokens of a k-token ask: 1 + Σ_j Pr(j proposed) · S_j."""
+        return 1.0 + float(np.dot(self.reach(k), self.survival(round_idx, k)))
+
+    def draw_proposed(self, k: int, rng: np.random.Generator) -> int:
+        """How many of k asked drafts the drafter proposes this round."""
+        if self.proposed is None:
+            return k
+        n = 0
+        while n < k and rng.random() < self.proposed[min(n, len(self.proposed) - 1)]:
+            n += 1
+        return n
 
     def conditional(self, round_idx: int) -> tuple[float, ...]:
         if self.switch is not None and round_idx >= self.switch[0]:
@@ -64,9 +88,10 @@ def best_fixed(costs: Costs, workload: Workload, batch: int, gammas: Sequence[in
     (a drafting request's prompt catch-up spread over its rounds)."""
     best = (0, batch / costs.step(batch, batch, 0, 0))
     for gamma in gammas:
-        emitted = batch * expected_tokens(workload.survival(0, gamma), gamma)
+        emitted = batch * workload.expected(0, gamma)
         catch_up = workload.prompt * costs.catch_up * emitted / workload.output_len  # per step, over the batch
-        value = emitted / (costs.step(batch, batch * (1 + gamma), gamma, batch) + catch_up)
+        rows = batch * float(sum(workload.reach(gamma)))
+        value = emitted / (costs.step(batch, batch + rows, gamma, batch) + catch_up)
         if value > best[1]:
             best = (gamma, value)
     return best
@@ -107,24 +132,26 @@ def run_level(
         keys = [r.key for r in running]
         caps = [min(policy.max_gamma, r.room - 1) for r in running]
         lengths = policy.choose(keys, caps, batch, budget, [r.backlog for r in running], [r.room for r in running])
-        forwards = max(lengths, default=0)
-        drafting = sum(1 for k in lengths if k)
-        tokens = batch + sum(lengths)
+        proposed = [workload.draw_proposed(k, rng) for k in lengths]
+        forwards = max(proposed, default=0)
+        drafting = sum(1 for k in proposed if k)
+        tokens = batch + sum(proposed)  # the rows verified; scored at the rows expected of what was asked
         target = costs.target(batch, tokens)
         draft = costs.draft(drafting) * forwards if forwards else 0.0
+        expected = costs.target(batch, batch + sum(float(sum(workload.reach(k))) for k in lengths))
         fed = sum(r.backlog for r, k in zip(running, lengths, strict=True) if k)
         catch_up = fed * costs.catch_up
         if fed and costs.catch_up:
             policy.observe_catch_up(fed, catch_up)
         pairs = zip(running, lengths, strict=True)
-        tokens_total += sum(expected_tokens(workload.survival(r.rounds, k), k) for r, k in pairs)
-        seconds_total += target + draft + catch_up
-        for i, (request, k) in enumerate(zip(running, lengths, strict=True)):
+        tokens_total += sum(workload.expected(r.rounds, k) for r, k in pairs)
+        seconds_total += expected + draft + catch_up
+        for i, (request, k, n) in enumerate(zip(running, lengths, proposed, strict=True)):
             accepted = 0
             a = workload.conditional(request.rounds)
-            while accepted < k and rng.random() < a[min(accepted, len(a) - 1)]:
+            while accepted < n and rng.random() < a[min(accepted, len(a) - 1)]:
                 accepted += 1
-            policy.observe(request.key, k, k, accepted)
+            policy.observe(request.key, k, n, accepted)
             request.rounds += 1
             request.room -= accepted + 1
             request.unfed = 1 if k else request.unfed + accepted + 1  # a draft forward feeds all but the pending
