@@ -91,6 +91,7 @@ class AcceptanceModel:
         self._windows: deque[list[int]] = deque(maxlen=RECENT_REQUESTS)  # first-position totals of past windows
         self._window = round(1.0 / (1.0 - decay)) if decay < 1 else float("inf")  # a request's rounds per window
         self._strength: float | None = None  # m, until the next round or release
+        self._prior: tuple[bytes, list[float], list[float], list[float]] | None = None  # _of_prior's, for one prior
 
     def observe(self, key: Hashable, drafted: int, accepted: int, path: list[int] | None = None) -> None:
         """A verified round of ``key``: ``drafted`` tokens proposed, ``accepted`` kept (a tree: the nodes of
@@ -158,17 +159,28 @@ class AcceptanceModel:
         """S_1..S_cap of a request with the workload's acceptance (``prior``), none of its own rounds seen."""
         return self._curve(None, cap, prior) if cap > 0 else []
 
+    def _of_prior(self, prior: np.ndarray) -> tuple[list[float], list[float], list[float]]:
+        """``prior`` as floats, its shape A_j / A_{j-1} (:func:`_shape`) and its survival Π A, computed once for the
+        prior at hand (a step prices every request, and the typical ones, against the same prior)."""
+        key = prior.tobytes()
+        if self._prior is None or self._prior[0] != key:
+            rates = prior.tolist()
+            shape = [1.0] + [_shape(prior, j) for j in range(1, len(rates))]
+            self._prior = (key, rates, shape, np.cumprod(prior).tolist())
+        return self._prior[1:]
+
     def _curve(self, counts: _Counts | None, cap: int, prior: np.ndarray) -> list[float]:
+        rates, shape, typical = self._of_prior(prior)
         if counts is None:
-            return np.cumprod(prior[:cap]).tolist()
+            return typical[:cap]  # a product's prefix: the survival of prior[:cap]
         strength = self.prior_strength()
         survival, alive, previous = [], 1.0, None
         for j, (reached, accepted) in enumerate(
             zip(counts.reached[:cap].tolist(), counts.accepted[:cap].tolist(), strict=True)
         ):
-            target = float(prior[0])
+            target = rates[0]
             if previous is not None:  # never below the workload's A_j (the module docstring)
-                target = min(1.0, max(float(prior[j]), previous * _shape(prior, j)))
+                target = min(1.0, max(rates[j], previous * shape[j]))
             previous = (accepted + strength * target) / (reached + strength)
             alive *= previous
             survival.append(alive)

@@ -267,6 +267,7 @@ class StepCosts:
         self.drafts: dict[int, DraftCost] = {}  # by the sequences that drafted
         self.draft_cost = DraftCost()  # every step's: until a drafting count has its own
         self._line: tuple[float, float] | None = None  # (offset, slope) through the counts measured, until the next
+        self._by_count: dict[tuple[int, float, float], list[float]] = {}  # drafts_by_count, until a draft is observed
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Batch-1 calibration: the verify forward time by width."""
@@ -288,6 +289,7 @@ class StepCosts:
             self.draft_cost.observe(forwards, seconds)
             self.drafts.setdefault(drafting, DraftCost()).observe(forwards, seconds)
             self._line = None
+            self._by_count.clear()
 
     def measured(self, sequences: int) -> bool:
         """Whether a step of ``sequences`` sequences was measured at any token count."""
@@ -331,8 +333,12 @@ class StepCosts:
         return max(offset + slope * drafting, 0.0)
 
     def drafts_by_count(self, batch: int, per_row: float = 0.0) -> list[float]:
-        """:meth:`draft` for 0..``batch`` drafting sequences [batch + 1] (0 drafting: nothing)."""
-        return [0.0] + [self.draft(b, per_row) for b in range(1, batch + 1)]
+        """:meth:`draft` for 0..``batch`` drafting sequences [batch + 1] (0 drafting: nothing); the same list until a
+        draft forward is observed (callers read it, never change it)."""
+        key = (batch, per_row, self.draft_cost.per_forward)  # the last: a forward observed through draft_cost alone
+        if key not in self._by_count:
+            self._by_count[key] = [0.0] + [self.draft(b, per_row) for b in range(1, batch + 1)]
+        return self._by_count[key]
 
 
 class ShiftedCurve:
