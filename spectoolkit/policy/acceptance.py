@@ -92,6 +92,7 @@ class AcceptanceModel:
         self._window = round(1.0 / (1.0 - decay)) if decay < 1 else float("inf")  # a request's rounds per window
         self._strength: float | None = None  # m, until the next round or release
         self._prior: tuple[bytes, list[float], list[float], list[float]] | None = None  # _of_prior's, for one prior
+        self.rounds = 0  # verified rounds that drafted, over every request
 
     def observe(self, key: Hashable, drafted: int, accepted: int, path: list[int] | None = None) -> None:
         """A verified round of ``key``: ``drafted`` tokens proposed, ``accepted`` kept (a tree: the nodes of
@@ -108,7 +109,13 @@ class AcceptanceModel:
             self._windows.append(counts.first)
             counts.first = [0, 0]
         self.workload.add(reached, path, WORKLOAD_DECAY)
+        self.rounds += 1
         self._strength = None
+
+    def learning(self) -> bool:
+        """Whether the workload's estimate rests on fewer drafting rounds than a request's window (1/(1 − decay), the
+        span its own estimate remembers; :data:`RECENT_REQUESTS` without decay)."""
+        return self.rounds < (self._window if self.decay < 1 else RECENT_REQUESTS)
 
     def age(self, key: Hashable) -> None:
         """A round of ``key`` that drafted nothing because the policy held it back: its text moved on, so its counts
@@ -147,6 +154,13 @@ class AcceptanceModel:
             previous = (accepted + WORKLOAD_PRIOR * previous) / (reached + WORKLOAD_PRIOR)
             out.append(previous)
         return np.array(out)
+
+    def workload_upper(self) -> np.ndarray:
+        """A_j raised by one standard error of it (its decayed rounds and the prior's pseudo-round), at most 1
+        [max_gamma]: what the workload's acceptance may well be, given how few rounds made the estimate (one round of
+        two drafts both rejected sets A at 0.25; 0.5 is still one standard error up)."""
+        rates = self.workload_acceptance()
+        return np.minimum(1.0, rates + np.sqrt(rates * (1.0 - rates) / (self.workload.reached + WORKLOAD_PRIOR + 1.0)))
 
     def survival(self, key: Hashable, cap: int, prior: np.ndarray | None = None) -> list[float]:
         """S_1..S_cap of ``key`` (``prior``: :meth:`workload_acceptance`, passed in when batching)."""

@@ -112,11 +112,12 @@ class _Request:
 
 def run_level(
     policy: DraftLengthPolicy, costs: Costs, workload: Workload, batch: int, steps: int, seed: int = 0,
-    noise: float = 0.05, budget: int = 4096, calibrate: Sequence[int] = (), warmup: int = 0,
+    noise: float = 0.05, budget: int = 4096, calibrate: Sequence[int] = (), warmup: int = 0, rejected: int = 0,
 ) -> float:  # fmt: skip
     """Drive ``policy`` for ``warmup`` + ``steps`` steps at ``batch`` sequences; returns its committed tokens per second
     over the last ``steps`` (expected tokens of what it chose over noise-free seconds; the first ``warmup`` untimed, as
-    a sweep's warm-up requests are). ``calibrate``: batch-1 widths seeded first (the bench's V(w))."""
+    a sweep's warm-up requests are). ``calibrate``: batch-1 widths seeded first (the bench's V(w)); ``rejected``: the
+    level's first rounds that draft have every draft rejected (a warm-up that met text its draft does not predict)."""
     rng = np.random.default_rng(seed)
     if calibrate:
         policy.seed({w: costs.target(1, w) for w in calibrate})
@@ -151,6 +152,8 @@ def run_level(
             a = workload.conditional(request.rounds)
             while accepted < n and rng.random() < a[min(accepted, len(a) - 1)]:
                 accepted += 1
+            if n and rejected > 0:
+                accepted, rejected = 0, rejected - 1
             policy.observe(request.key, k, n, accepted)
             request.rounds += 1
             request.room -= accepted + 1
