@@ -267,7 +267,8 @@ class StepCosts:
         self.drafts: dict[int, DraftCost] = {}  # by the sequences that drafted
         self.draft_cost = DraftCost()  # every step's: until a drafting count has its own
         self._line: tuple[float, float] | None = None  # (offset, slope) through the counts measured, until the next
-        self._by_count: dict[tuple[int, float, float], list[float]] = {}  # drafts_by_count, until a draft is observed
+        self._by_count: dict[int, tuple[tuple, list[float]]] = {}  # drafts_by_count per batch, with what it read
+        self._observed = 0  # draft forwards observed through observe_draft
 
     def seed(self, seconds_by_tokens: Mapping[int, float]) -> None:
         """Batch-1 calibration: the verify forward time by width."""
@@ -289,7 +290,7 @@ class StepCosts:
             self.draft_cost.observe(forwards, seconds)
             self.drafts.setdefault(drafting, DraftCost()).observe(forwards, seconds)
             self._line = None
-            self._by_count.clear()
+            self._observed += 1
 
     def measured(self, sequences: int) -> bool:
         """Whether a step of ``sequences`` sequences was measured at any token count."""
@@ -335,10 +336,11 @@ class StepCosts:
     def drafts_by_count(self, batch: int, per_row: float = 0.0) -> list[float]:
         """:meth:`draft` for 0..``batch`` drafting sequences [batch + 1] (0 drafting: nothing); the same list until a
         draft forward is observed (callers read it, never change it)."""
-        key = (batch, per_row, self.draft_cost.per_forward)  # the last: a forward observed through draft_cost alone
-        if key not in self._by_count:
-            self._by_count[key] = [0.0] + [self.draft(b, per_row) for b in range(1, batch + 1)]
-        return self._by_count[key]
+        read = (per_row, self._observed, self.draft_cost.per_forward)  # the last: one observed through draft_cost
+        kept = self._by_count.get(batch)
+        if kept is None or kept[0] != read:
+            kept = self._by_count[batch] = (read, [0.0] + [self.draft(b, per_row) for b in range(1, batch + 1)])
+        return kept[1]
 
 
 class ShiftedCurve:
