@@ -155,11 +155,12 @@ class AcceptanceModel:
             out.append(previous)
         return np.array(out)
 
-    def workload_upper(self) -> np.ndarray:
+    def workload_upper(self, rates: np.ndarray | None = None) -> np.ndarray:
         """A_j raised by one standard error of it (its decayed rounds and the prior's pseudo-round), at most 1
         [max_gamma]: what the workload's acceptance may well be, given how few rounds made the estimate (one round of
-        two drafts both rejected sets A at 0.25; 0.5 is still one standard error up)."""
-        rates = self.workload_acceptance()
+        two drafts both rejected sets A at 0.25; 0.5 is still one standard error up). ``rates``:
+        :meth:`workload_acceptance`, passed in when the caller has it."""
+        rates = self.workload_acceptance() if rates is None else rates
         return np.minimum(1.0, rates + np.sqrt(rates * (1.0 - rates) / (self.workload.reached + WORKLOAD_PRIOR + 1.0)))
 
     def survival(self, key: Hashable, cap: int, prior: np.ndarray | None = None) -> list[float]:

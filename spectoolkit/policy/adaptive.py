@@ -114,7 +114,7 @@ class AdaptivePolicy:
         else:
             lengths = self._probe(keys, caps, lengths, budget, step)
         if batch is not None and budget > 0 and not any(lengths):
-            learner = self._learner(able, survival, estimated, backlogs, rooms, budget, forwards, batch)
+            learner = self._learner(able, survival, estimated, prior, backlogs, rooms, budget, forwards, batch)
             if learner is not None:
                 lengths[learner], survival[learner], self._idle[keys[learner]] = 1, estimated[learner], 0
         self._predict(keys, lengths, survival, fixed_tokens, curve, by_count, forwards)
@@ -122,8 +122,8 @@ class AdaptivePolicy:
         return lengths
 
     def _learner(
-        self, caps: list[int], survival: list, estimated: list, backlogs: Sequence[int], rooms: Sequence[int],
-        budget: int, forwards: list[float], batch: _Batch,
+        self, caps: list[int], survival: list, estimated: list, prior: np.ndarray, backlogs: Sequence[int],
+        rooms: Sequence[int], budget: int, forwards: list[float], batch: _Batch,
     ) -> int | None:  # fmt: skip
         """In a step where nothing drafts, the request that drafts a token to learn from: of those that may draft, the
         one owing its drafter the least catch-up (one that drafted last owes none: the same request goes on, one
@@ -142,7 +142,7 @@ class AdaptivePolicy:
             return i
         owed, hopeful = [0] * len(backlogs), list(survival)
         owed[i], hopeful[i] = max(backlogs[i], 1), estimated[i]
-        upper = self.acceptance.workload_upper()
+        upper = self.acceptance.workload_upper(prior)
         return None if self._not_repaid(hopeful, upper, owed, rooms, budget, forwards, batch) else i
 
     def _plain(self, keys: Sequence[Hashable], fixed_tokens: int) -> list[int]:

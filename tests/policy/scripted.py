@@ -52,9 +52,7 @@ class Workload:
 
     def reach(self, k: int) -> list[float]:
         """Pr(position j is proposed) for j = 1..k: the rows a k-token ask verifies, in expectation."""
-        if self.proposed is None:
-            return [1.0] * k
-        return np.cumprod([self.proposed[min(j, len(self.proposed) - 1)] for j in range(k)]).tolist()
+        return [1.0] * k if self.proposed is None else _chain(self.proposed, k)
 
     def expected(self, round_idx: int, k: int) -> float:
         """Expected emitted tokens of a k-token ask: 1 + Σ_j Pr(j proposed) · S_j."""
@@ -62,12 +60,7 @@ class Workload:
 
     def draw_proposed(self, k: int, rng: np.random.Generator) -> int:
         """How many of k asked drafts the drafter proposes this round."""
-        if self.proposed is None:
-            return k
-        n = 0
-        while n < k and rng.random() < self.proposed[min(n, len(self.proposed) - 1)]:
-            n += 1
-        return n
+        return k if self.proposed is None else _drawn(self.proposed, k, rng)
 
     def conditional(self, round_idx: int) -> tuple[float, ...]:
         if self.switch is not None and round_idx >= self.switch[0]:
@@ -75,12 +68,20 @@ class Workload:
         return self.acceptance
 
     def survival(self, round_idx: int, k: int) -> list[float]:
-        a = self.conditional(round_idx)
-        return np.cumprod([a[min(j, len(a) - 1)] for j in range(k)]).tolist()
+        return _chain(self.conditional(round_idx), k)
 
 
-def expected_tokens(survival: Sequence[float], k: int) -> float:
-    return 1.0 + float(sum(survival[:k]))
+def _chain(rates: tuple[float, ...], k: int) -> list[float]:
+    """Pr(positions 1..j all pass) for j = 1..k, position j passing at ``rates[j - 1]`` (the last rate past the end)."""
+    return np.cumprod([rates[min(j, len(rates) - 1)] for j in range(k)]).tolist()
+
+
+def _drawn(rates: tuple[float, ...], k: int, rng: np.random.Generator) -> int:
+    """How many of k positions pass in a row this round, drawn at :func:`_chain`'s rates."""
+    n = 0
+    while n < k and rng.random() < rates[min(n, len(rates) - 1)]:
+        n += 1
+    return n
 
 
 def best_fixed(costs: Costs, workload: Workload, batch: int, gammas: Sequence[int]) -> tuple[int, float]:
@@ -148,10 +149,7 @@ def run_level(
         tokens_total += sum(workload.expected(r.rounds, k) for r, k in pairs)
         seconds_total += expected + draft + catch_up
         for i, (request, k, n) in enumerate(zip(running, lengths, proposed, strict=True)):
-            accepted = 0
-            a = workload.conditional(request.rounds)
-            while accepted < n and rng.random() < a[min(accepted, len(a) - 1)]:
-                accepted += 1
+            accepted = _drawn(workload.conditional(request.rounds), n, rng)
             if n and rejected > 0:
                 accepted, rejected = 0, rejected - 1
             policy.observe(request.key, k, n, accepted)
