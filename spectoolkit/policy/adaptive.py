@@ -29,6 +29,10 @@ for a request that sat out rounds, a catch-up over the rows it held for it (a dr
 request whose remaining tokens cannot repay that (its backlog rows at the measured cost per row, against the time
 its drafts save in the step's best plan beside the others' drafts, at the better of its own and the workload's
 acceptance) neither drafts nor is probed; a request near its end after a busy stretch decodes plainly to the end.
+A catch-up is paid for good, so it is judged on what the batch's steps measured: inside a gap of unmeasured widths
+the chord (:class:`~spectoolkit.policy.costs.Chords`), and where its drafts would make the step wider than any the
+batch has run, one request at a time pays it, each step's width measured before the next
+(:meth:`AdaptivePolicy._wider`).
 
 The step-cost curve is explored too: a batch size's first decode step is plain (its baseline measured, not
 borrowed from a batch whose rows cost otherwise: at a cost kink, a batch of 4 priced from batch 1's flat curve
@@ -47,7 +51,7 @@ import numpy as np
 from spectoolkit.policy.acceptance import AcceptanceModel, NodeAcceptance
 from spectoolkit.policy.allocate import best_lengths
 from spectoolkit.policy.base import Prediction
-from spectoolkit.policy.costs import WINDOW, DraftCost, ShiftedCurve, StepCosts, StepCurve
+from spectoolkit.policy.costs import WINDOW, Chords, DraftCost, ShiftedCurve, StepCosts, StepCurve
 
 MAX_PROBE_INTERVAL = 256  # plain rounds between probes where drafts at the workload's acceptance do not pay
 EXPLORE = 0.01  # the share of throughput probes are expected to cost
@@ -94,11 +98,16 @@ class AdaptivePolicy:
         if fixed_tokens > len(keys):  # the step carries prefill chunks: drafts are priced at what they add to it
             curve = DecodeView(curve, fixed_tokens, len(keys))
         forwards = self.forwards(max(caps, default=0))
-        batch, able, estimated = None, list(caps), list(survival)
+        batch, able, estimated, wider = None, list(caps), list(survival), None
         if backlogs is not None and rooms is not None and self.catch_up_cost.per_forward > 0:
-            here = _Batch([], fixed_tokens, curve, by_count)
+            chords: StepCurve | ShiftedCurve | Chords | DecodeView = self.costs.target(len(keys), chords=True)
+            if fixed_tokens > len(keys):
+                chords = DecodeView(chords, fixed_tokens, len(keys))
+            here = _Batch([], fixed_tokens, chords, by_count)
             batch = self._settled(len(keys), settled, max(caps, default=0), prior, here)
-            for i in self._not_repaid(survival, prior, backlogs, rooms, budget, forwards, batch):
+            blocked, judged = self._not_repaid(survival, prior, backlogs, rooms, budget, forwards, batch)
+            blocked, wider = self._wider(backlogs, survival, blocked, judged, batch, fixed_tokens == len(keys))
+            for i in blocked:
                 caps[i], survival[i] = 0, []
         step = _best_step(survival, fixed_tokens, budget, curve, by_count, forwards)
         lengths = step.lengths
@@ -113,7 +122,10 @@ class AdaptivePolicy:
             lengths = self._probe(keys, caps, lengths, budget, step, MAX_PROBE_INTERVAL)
         else:
             lengths = self._probe(keys, caps, lengths, budget, step)
-        if batch is not None and budget > 0 and not any(lengths):
+        if wider is not None:
+            lengths = wider
+            self._idle.update((key, 0) for key, k in zip(keys, lengths, strict=True) if k)
+        elif batch is not None and budget > 0 and not any(lengths):
             learner = self._learner(able, survival, estimated, prior, backlogs, rooms, budget, forwards, batch)
             if learner is not None:
                 lengths[learner], survival[learner], self._idle[keys[learner]] = 1, estimated[learner], 0
@@ -143,7 +155,33 @@ class AdaptivePolicy:
         owed, hopeful = [0] * len(backlogs), list(survival)
         owed[i], hopeful[i] = max(backlogs[i], 1), estimated[i]
         upper = self.acceptance.workload_upper(prior)
-        return None if self._not_repaid(hopeful, upper, owed, rooms, budget, forwards, batch) else i
+        return None if self._not_repaid(hopeful, upper, owed, rooms, budget, forwards, batch)[0] else i
+
+    def _wider(
+        self, backlogs: Sequence[int], survival: list, blocked: list[int], judged: list[int], batch: _Batch,
+        decode: bool,
+    ) -> tuple[list[int], list[int] | None]:  # fmt: skip
+        """The requests held back from their catch-up (``blocked``: not repaid), and the step's lengths where those
+        repaid were judged so (``judged``: the plan of :meth:`_not_repaid`) in a step wider than any of ``batch``'s
+        size has run: the requests that owe nothing and the one owing least of those repaid draft as that plan has
+        them, the others wait; in a step with prefill chunks (``decode`` False: its time is not learnt) all of them
+        wait. None: plan the step (the judged plan is within the widths measured). A catch-up is paid for good, and
+        a batch's rows past its widest step are priced on a line through narrower ones (another batch's, while it
+        has run only plainly): where rows cost more the wider the step (a cost kink, rows cheap while the weights'
+        read dominates), a batch of 4 priced on batch 1's rows fed its draft model four prompts (0.69 s) for
+        28-token steps priced 48 ms that took 132, and priced on its own 10-token step, three more for 22-token steps
+        (issue 57). One request at a time, each step's width is measured before the next prompt is paid for, and
+        drafts that pay only jointly (a batched draft forward shared) still grow to their width, a request a step."""
+        repaid = [i for i, owes in enumerate(backlogs) if owes and survival[i] and i not in blocked]
+        size = len(backlogs) + len(batch.others)
+        drafting = sum(k for i, k in enumerate(judged) if i not in blocked)  # the others beside: at the plan's lengths
+        if not repaid or size + drafting <= self.costs.curves[size].widest():
+            return blocked, None
+        if not decode:
+            return blocked + repaid, None
+        first = min(repaid, key=lambda i: backlogs[i])
+        lengths = [k if i == first or not backlogs[i] else 0 for i, k in enumerate(judged[: len(backlogs)])]
+        return blocked + [i for i in repaid if i != first], lengths
 
     def _plain(self, keys: Sequence[Hashable], fixed_tokens: int) -> list[int]:
         """A step in which no request may draft: what :meth:`choose` does with every cap 0 (no request held plain, no
@@ -195,12 +233,12 @@ class AdaptivePolicy:
             return step
         others = [self.acceptance.typical(cap, prior)] * (settled - sequences)
         by_settled = self.costs.drafts_by_count(settled, self.catch_up_cost.per_forward)
-        return _Batch(others, settled, self.step_curve(settled), by_settled)
+        return _Batch(others, settled, self.costs.target(settled, chords=True), by_settled)
 
     def _not_repaid(
         self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], budget: int,
         forwards: list[float], batch: _Batch,
-    ) -> list[int]:  # fmt: skip
+    ) -> tuple[list[int], list[int]]:  # fmt: skip
         """The requests whose catch-up (their backlog rows at the measured cost per row) the time their drafts would
         save over the tokens they may still emit cannot repay, at the better of their own and the workload's
         acceptance: a request near its end with many rows held (it sat out the rounds of a busy step) decodes
@@ -222,7 +260,7 @@ class AdaptivePolicy:
         for that batch's first step (plain: :meth:`choose`), its backlog a row or two longer."""
         owed = [i for i, backlog in enumerate(backlogs) if backlog > 0 and survival[i]]
         if not owed or not self.costs.measured(len(survival) + len(batch.others)):
-            return owed
+            return owed, []
         hopeful = list(survival) + batch.others
         for i in owed:
             hopeful[i] = np.maximum(survival[i], self.acceptance.typical(len(survival[i]), prior)).tolist()
@@ -234,7 +272,7 @@ class AdaptivePolicy:
                 blocked.append(i)  # its share first: it spares planning the step without i (16 a step at c16)
             elif owes >= _time_saved(plan, i, rooms[i], budget):
                 blocked.append(i)
-        return blocked
+        return blocked, plan.lengths
 
     def _load_bound(
         self, prior: np.ndarray, caps: list[int], fixed_tokens: int, budget: int, curve: StepCurve | DecodeView,
@@ -369,7 +407,7 @@ class DecodeView:
     ones: counting it in a step's goodput makes every draft look nearly free beside it (a 400 ms step of six
     decoding sequences and a 250-token chunk), so drafts rode along that a plain decode step would not pay for."""
 
-    def __init__(self, curve: StepCurve | ShiftedCurve, fixed_tokens: int, plain_tokens: int) -> None:
+    def __init__(self, curve: StepCurve | ShiftedCurve | Chords, fixed_tokens: int, plain_tokens: int) -> None:
         self.curve = curve
         plain, fixed = curve(np.array([plain_tokens, fixed_tokens]))
         self.shift = float(plain - fixed)
@@ -413,12 +451,12 @@ class _Batch(NamedTuple):
 
     others: list[list[float]]
     fixed_tokens: int
-    curve: StepCurve | ShiftedCurve | DecodeView
+    curve: StepCurve | ShiftedCurve | Chords | DecodeView
     by_count: list[float]
 
 
 def _best_step(
-    survival: list, fixed_tokens: int, budget: int, curve: StepCurve | ShiftedCurve | DecodeView,
+    survival: list, fixed_tokens: int, budget: int, curve: StepCurve | ShiftedCurve | Chords | DecodeView,
     by_count: list[float], forwards: list[float],
 ) -> _Step:  # fmt: skip
     """The step planned at its best lengths (:func:`~spectoolkit.policy.allocate.best_lengths`)."""
@@ -431,8 +469,8 @@ class _Step:
     :meth:`probe_loss`) or its last one less (:meth:`drop_loss`) would change."""
 
     def __init__(
-        self, survival: list, lengths: list[int], fixed_tokens: int, curve: StepCurve | ShiftedCurve | DecodeView,
-        by_count: list[float], forwards: list[float],
+        self, survival: list, lengths: list[int], fixed_tokens: int,
+        curve: StepCurve | ShiftedCurve | Chords | DecodeView, by_count: list[float], forwards: list[float],
     ) -> None:  # fmt: skip
         self.survival, self.lengths, self.by_count, self.forwards = survival, lengths, by_count, forwards
         self.fixed_tokens = fixed_tokens

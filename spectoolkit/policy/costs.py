@@ -142,7 +142,7 @@ class StepCurve:
         self._recent: dict[int, deque[float]] = {}
         self._fitted: tuple[np.ndarray, np.ndarray, float, float] | None = None  # xs, ys, first and last slope
         self._stale = 0
-        self._cache: dict[bytes, np.ndarray] = {}
+        self._cache: dict[tuple[bytes, bool], np.ndarray] = {}
         self._slope: float | None = None  # slope() over every measured count, until the next observation
         self._doubted_widths: set[int] = set()  # those the fit priced below their one step (_doubted)
 
@@ -162,17 +162,18 @@ class StepCurve:
         if self._stale >= REFIT or new or tokens in self._doubted_widths:  # a width seen for the first time refits at
             self._fitted = None  # once (it may move the whole curve), and one priced below its step at its second
 
-    def __call__(self, tokens: np.ndarray) -> np.ndarray:
-        """T at every token count in ``tokens`` [M] -> seconds [M]."""
+    def __call__(self, tokens: np.ndarray, chords: bool = False) -> np.ndarray:
+        """T at every token count in ``tokens`` [M] -> seconds [M]; ``chords``: inside a gap of unmeasured counts the
+        chord between the measured ones (the most a convex curve through them costs there), not the least."""
         tokens = np.asarray(tokens, dtype=np.float64)
         if not self._recent:
             return np.ones_like(tokens)
         if self._fitted is None:
             self._fitted, self._stale, self._cache = self._fit(), 0, {}
-        key = tokens.tobytes()
+        key = (tokens.tobytes(), chords)
         if key not in self._cache:
             xs, ys, first, last = self._fitted
-            inside = _optimistic(tokens, xs, ys)
+            inside = np.interp(tokens, xs, ys) if chords else _optimistic(tokens, xs, ys)
             beyond = ys[-1] + last * (tokens - xs[-1])
             below = np.maximum(ys[0] + first * (tokens - xs[0]), ys[0] * tokens / xs[0])  # never under proportional
             self._cache[key] = np.where(tokens > xs[-1], beyond, np.where(tokens < xs[0], below, inside))
@@ -233,6 +234,10 @@ class StepCurve:
         """How many recent steps of ``tokens`` tokens the curve holds (at most :data:`WINDOW`)."""
         return len(self._recent.get(tokens, ()))
 
+    def widest(self) -> int:
+        """The widest token count observed (0: none)."""
+        return max(self._recent, default=0)
+
     def widths(self) -> int:
         """How many distinct token counts have been observed."""
         return len(self._recent)
@@ -292,22 +297,25 @@ class StepCosts:
             self._line = None
             self._observed += 1
 
-    def measured(self, sequences: int) -> bool:
-        """Whether a step of ``sequences`` sequences was measured at any token count."""
-        return sequences in self.curves and self.curves[sequences].widths() > 0
+    def measured(self, sequences: int, widths: int = 1) -> bool:
+        """Whether steps of ``sequences`` sequences were measured at ``widths`` token counts at least (2: its own cost
+        per row, not another batch's: :meth:`target`)."""
+        return sequences in self.curves and self.curves[sequences].widths() >= widths
 
-    def target(self, sequences: int) -> StepCurve | ShiftedCurve:
+    def target(self, sequences: int, chords: bool = False) -> StepCurve | ShiftedCurve | Chords:
         """T(n) for steps of ``sequences`` sequences: their own curve once measured at two token counts; at one, that
-        point plus the row increments of the nearest batch measured at two; at none, the nearest batch's curve."""
+        point plus the row increments of the nearest batch measured at two; at none, the nearest batch's curve.
+        ``chords``: a curve priced by its chords inside gaps (:class:`Chords`)."""
         own = self.curves.get(sequences)
         if own is not None and own.widths() >= 2:
-            return own
+            return Chords(own) if chords else own
         donors = [b for b, curve in self.curves.items() if curve.widths() >= 2]
         if not donors:
-            return own if own is not None else StepCurve()
+            curve = own if own is not None else StepCurve()
+            return Chords(curve) if chords else curve
         donor = self.curves[min(donors, key=lambda b: (abs(b - sequences), -b))]
         if own is None or not own.widths():
-            return donor
+            return Chords(donor) if chords else donor
         ((anchor, seconds),) = own.points().items()
         return ShiftedCurve(donor, anchor, seconds)
 
@@ -357,3 +365,17 @@ class ShiftedCurve:
         tokens = np.asarray(tokens, dtype=np.float64)
         above = self.seconds + self.per_token * (tokens - self.anchor)
         return np.where(tokens >= self.anchor, above, np.maximum(above, self.seconds * tokens / self.anchor))
+
+
+class Chords:
+    """A :class:`StepCurve` priced by its chords inside a gap of unmeasured token counts, the most a convex curve
+    through the measured ones costs there: what a catch-up, paid for good, is judged on. The curve itself prices the
+    gap at the least such a curve allows, so that drafts go there and measure it (a draft is undone by the next
+    plan; a catch-up is not): judged on that, four requests fed their prompts for single drafts in an 8-token step
+    priced 31.7 ms between a 7-token one at 31 and a 10-token one at 48 (issue 57, a cost kink)."""
+
+    def __init__(self, curve: StepCurve) -> None:
+        self.curve = curve
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        return self.curve(tokens, chords=True)

@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from spectoolkit.policy.costs import REFIT, WINDOW, DraftCost, StepCosts, StepCurve, convex_fit, monotone_fit
+from spectoolkit.policy.costs import (
+    REFIT,
+    WINDOW,
+    Chords,
+    DraftCost,
+    StepCosts,
+    StepCurve,
+    convex_fit,
+    monotone_fit,
+)
 
 
 def _brute_monotone_fit(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -148,6 +157,21 @@ def test_the_fit_follows_new_observations_within_refit_steps():
     # 3 lies in a gap of unmeasured widths: the least a convex curve through the refitted points allows there (the
     # segment 1-2 extended), not the chord to 4 (5.0): an unmeasured width is priced so that it gets measured
     assert curve(np.array([3]))[0] == pytest.approx(3.0)
+
+
+def test_a_catch_up_is_judged_on_the_chord_inside_a_gap():
+    """A catch-up is paid for good: inside a gap of unmeasured widths it is judged on the most a convex curve through
+    the measured ones costs there (the chord), not the least (what draws drafts into the gap to measure it); at and
+    past the measured widths both read the curve (issue 57, a cost kink: an 8-token step between a 7-token one at
+    31 ms and a 10-token one at 48, priced at 31.7 ms, and four prompts fed for it)."""
+    costs = StepCosts()
+    for n, seconds in ((4, 0.029), (7, 0.031), (10, 0.048)):
+        costs.observe_target(4, n, seconds)
+    chords, curve = costs.target(4, chords=True), costs.target(4)
+    assert isinstance(chords, Chords) and curve is costs.curves[4]
+    assert curve(np.array([8]))[0] < 0.032  # the segment 4-7 extended
+    assert chords(np.array([8]))[0] == pytest.approx(np.interp(8, [7, 10], curve(np.array([7, 10]))))
+    np.testing.assert_allclose(chords(np.array([4, 7, 10, 16])), curve(np.array([4, 7, 10, 16])), rtol=1e-12)
 
 
 def test_seed_counts_as_one_observation_and_bad_steps_are_ignored():
