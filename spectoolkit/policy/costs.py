@@ -141,6 +141,7 @@ class StepCurve:
     def __init__(self) -> None:
         self._recent: dict[int, deque[float]] = {}
         self._fitted: tuple[np.ndarray, np.ndarray, float, float] | None = None  # xs, ys, first and last slope
+        self._measured_fit: tuple[np.ndarray, np.ndarray, float, float] | None = None  # the same, no width doubted
         self._stale = 0
         self._cache: dict[tuple[bytes, bool], np.ndarray] = {}
         self._slope: float | None = None  # slope() over every measured count, until the next observation
@@ -163,29 +164,36 @@ class StepCurve:
             self._fitted = None  # once (it may move the whole curve), and one priced below its step at its second
 
     def __call__(self, tokens: np.ndarray, chords: bool = False) -> np.ndarray:
-        """T at every token count in ``tokens`` [M] -> seconds [M]; ``chords``: inside a gap of unmeasured counts the
-        chord between the measured ones (the most a convex curve through them costs there), not the least."""
+        """T at every token count in ``tokens`` [M] -> seconds [M]; ``chords``: fitted to every width as measured (none
+        doubted), and inside a gap of unmeasured counts the chord between the measured ones (the most a convex curve
+        through them costs there), not the least."""
         tokens = np.asarray(tokens, dtype=np.float64)
         if not self._recent:
             return np.ones_like(tokens)
         if self._fitted is None:
-            self._fitted, self._stale, self._cache = self._fit(), 0, {}
+            self._fitted, self._measured_fit, self._stale, self._cache = self._fit(), None, 0, {}
+        if chords and self._measured_fit is None:
+            self._measured_fit = self._fit(doubt=False)
         key = (tokens.tobytes(), chords)
         if key not in self._cache:
-            xs, ys, first, last = self._fitted
+            xs, ys, first, last = self._measured_fit if chords else self._fitted
             inside = np.interp(tokens, xs, ys) if chords else _optimistic(tokens, xs, ys)
             beyond = ys[-1] + last * (tokens - xs[-1])
             below = np.maximum(ys[0] + first * (tokens - xs[0]), ys[0] * tokens / xs[0])  # never under proportional
             self._cache[key] = np.where(tokens > xs[-1], beyond, np.where(tokens < xs[0], below, inside))
         return self._cache[key]
 
-    def _fit(self) -> tuple[np.ndarray, np.ndarray, float, float]:
+    def _fit(self, doubt: bool = True) -> tuple[np.ndarray, np.ndarray, float, float]:
         """The fitted points (:func:`convex_fit`, through the narrowest as measured) and the slopes of their first
         segment and past the widest (0 with one point: flat until a second width is seen, which drafting then
-        measures); a width seen once past the settled ones at no more than they predict (:meth:`_doubted`)."""
+        measures); ``doubt``: a width seen once past the settled ones at no more than they predict
+        (:meth:`_doubted`)."""
         xs, measured, counts = self._measured()
-        ys = self._doubted(xs, measured, counts)
-        self._doubted_widths = {int(x) for x in xs[ys < measured]}
+        if not doubt:
+            ys = measured
+        else:
+            ys = self._doubted(xs, measured, counts)
+            self._doubted_widths = {int(x) for x in xs[ys < measured]}
         fitted = convex_fit(xs, ys, counts, pinned=True)
         if len(xs) == 1:
             return xs, fitted, 0.0, 0.0
