@@ -172,6 +172,9 @@ def test_a_catch_up_is_judged_on_the_chord_inside_a_gap():
     assert curve(np.array([8]))[0] < 0.032  # the segment 4-7 extended
     assert chords(np.array([8]))[0] == pytest.approx(np.interp(8, [7, 10], curve(np.array([7, 10]))))
     np.testing.assert_allclose(chords(np.array([4, 7, 10, 16])), curve(np.array([4, 7, 10, 16])), rtol=1e-12)
+    for n, seconds in ((7, 0.031), (10, 0.048), (16, 0.090)):  # 16 seen once past widths seen twice: the plan doubts it
+        costs.observe_target(4, n, seconds)
+    assert curve(np.array([16]))[0] < 0.085 and chords(np.array([16]))[0] == pytest.approx(0.090)
 
 
 def test_seed_counts_as_one_observation_and_bad_steps_are_ignored():
