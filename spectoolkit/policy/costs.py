@@ -29,7 +29,8 @@ guess would make a first plain step look like the best forever).
 sequences, and answers for the step at hand (issue 57): a batch seen at one width only takes its row cost from
 the nearest batch measured at two (T_B(n) = T_B(n0) + s_B'·(n − n0), s_B' that batch's cost per row), never a
 curve pooled over batch sizes (whose per-sequence costs differ: pooled, the rows of a batch of 16 were priced
-from steps of 4 and a batch-1 calibration).
+from steps of 4 and a batch-1 calibration). What is paid for good (a draft model's catch-up) is judged on
+:class:`Chords`: the same measurements, no width doubted, the chord inside a gap.
 """
 
 from __future__ import annotations
@@ -305,10 +306,9 @@ class StepCosts:
             self._line = None
             self._observed += 1
 
-    def measured(self, sequences: int, widths: int = 1) -> bool:
-        """Whether steps of ``sequences`` sequences were measured at ``widths`` token counts at least (2: its own cost
-        per row, not another batch's: :meth:`target`)."""
-        return sequences in self.curves and self.curves[sequences].widths() >= widths
+    def measured(self, sequences: int) -> bool:
+        """Whether a step of ``sequences`` sequences was measured at any token count."""
+        return sequences in self.curves and self.curves[sequences].widths() > 0
 
     def target(self, sequences: int, chords: bool = False) -> StepCurve | ShiftedCurve | Chords:
         """T(n) for steps of ``sequences`` sequences: their own curve once measured at two token counts; at one, that
