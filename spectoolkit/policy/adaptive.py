@@ -93,17 +93,12 @@ class AdaptivePolicy:
             caps = [0] * len(caps)  # a batch size's first decode step is plain: its baseline, measured, not borrowed
         prior = self.acceptance.workload_acceptance()
         survival = [self.acceptance.survival(key, cap, prior) for key, cap in zip(keys, caps, strict=True)]
-        curve = self.step_curve(len(keys))
+        curve = _decoding(self.step_curve(len(keys)), fixed_tokens, len(keys))
         by_count = self.costs.drafts_by_count(len(keys), self.catch_up_cost.per_forward)
-        if fixed_tokens > len(keys):  # the step carries prefill chunks: drafts are priced at what they add to it
-            curve = DecodeView(curve, fixed_tokens, len(keys))
         forwards = self.forwards(max(caps, default=0))
         batch, able, estimated, wider = None, list(caps), list(survival), None
         if backlogs is not None and rooms is not None and self.catch_up_cost.per_forward > 0:
-            chords: StepCurve | ShiftedCurve | Chords | DecodeView = self.costs.target(len(keys), chords=True)
-            if fixed_tokens > len(keys):
-                chords = DecodeView(chords, fixed_tokens, len(keys))
-            here = _Batch([], fixed_tokens, chords, by_count)
+            here = _Batch([], fixed_tokens, _decoding(self.costs.judged(len(keys)), fixed_tokens, len(keys)), by_count)
             batch = self._settled(len(keys), settled, max(caps, default=0), prior, here)
             blocked, judged = self._not_repaid(survival, prior, backlogs, rooms, budget, forwards, batch)
             blocked, wider = self._wider(backlogs, survival, blocked, judged, batch, fixed_tokens == len(keys))
@@ -188,9 +183,7 @@ class AdaptivePolicy:
         probe, and a round it could not draft in neither counts toward its next probe nor resets it; the step's
         prediction its plain tokens at T(n0)) without pricing drafts that cannot be."""
         self._held = set()
-        curve = self.step_curve(len(keys))
-        if fixed_tokens > len(keys):
-            curve = DecodeView(curve, fixed_tokens, len(keys))
+        curve = _decoding(self.step_curve(len(keys)), fixed_tokens, len(keys))
         lengths = [0] * len(keys)
         self._predict(keys, lengths, [[] for _ in keys], fixed_tokens, curve, [0.0] * (len(keys) + 1), [0.0])
         return lengths
@@ -233,7 +226,7 @@ class AdaptivePolicy:
             return step
         others = [self.acceptance.typical(cap, prior)] * (settled - sequences)
         by_settled = self.costs.drafts_by_count(settled, self.catch_up_cost.per_forward)
-        return _Batch(others, settled, self.costs.target(settled, chords=True), by_settled)
+        return _Batch(others, settled, self.costs.judged(settled), by_settled)
 
     def _not_repaid(
         self, survival: list, prior: np.ndarray, backlogs: Sequence[int], rooms: Sequence[int], budget: int,
@@ -414,6 +407,14 @@ class DecodeView:
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         return self.curve(tokens) + self.shift
+
+
+def _decoding(
+    curve: StepCurve | ShiftedCurve | Chords, fixed_tokens: int, sequences: int
+) -> StepCurve | ShiftedCurve | Chords | DecodeView:  # fmt: skip
+    """``curve`` as the ``sequences`` decoding sequences of a step of ``fixed_tokens`` tokens before drafts see it: a
+    step that carries prefill chunks prices drafts at what they add to it (:class:`DecodeView`)."""
+    return DecodeView(curve, fixed_tokens, sequences) if fixed_tokens > sequences else curve
 
 
 def _time_saved(plan: _Step, i: int, room: int, budget: int) -> float:

@@ -310,22 +310,26 @@ class StepCosts:
         """Whether a step of ``sequences`` sequences was measured at any token count."""
         return sequences in self.curves and self.curves[sequences].widths() > 0
 
-    def target(self, sequences: int, chords: bool = False) -> StepCurve | ShiftedCurve | Chords:
+    def target(self, sequences: int) -> StepCurve | ShiftedCurve:
         """T(n) for steps of ``sequences`` sequences: their own curve once measured at two token counts; at one, that
-        point plus the row increments of the nearest batch measured at two; at none, the nearest batch's curve.
-        ``chords``: a curve priced by its chords inside gaps (:class:`Chords`)."""
+        point plus the row increments of the nearest batch measured at two; at none, the nearest batch's curve."""
         own = self.curves.get(sequences)
         if own is not None and own.widths() >= 2:
-            return Chords(own) if chords else own
+            return own
         donors = [b for b, curve in self.curves.items() if curve.widths() >= 2]
         if not donors:
-            curve = own if own is not None else StepCurve()
-            return Chords(curve) if chords else curve
+            return own if own is not None else StepCurve()
         donor = self.curves[min(donors, key=lambda b: (abs(b - sequences), -b))]
         if own is None or not own.widths():
-            return Chords(donor) if chords else donor
+            return donor
         ((anchor, seconds),) = own.points().items()
         return ShiftedCurve(donor, anchor, seconds)
+
+    def judged(self, sequences: int) -> Chords | ShiftedCurve:
+        """:meth:`target` as a catch-up is judged on it: a measured curve by its chords (:class:`Chords`); a batch
+        measured at one width keeps its borrowed line (a line has no gap)."""
+        curve = self.target(sequences)
+        return Chords(curve) if isinstance(curve, StepCurve) else curve
 
     def draft(self, drafting: int, per_row: float = 0.0) -> float:
         """Seconds of one draft forward for ``drafting`` sequences: measured at that count, else the least-squares

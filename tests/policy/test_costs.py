@@ -167,7 +167,7 @@ def test_a_catch_up_is_judged_on_the_chord_inside_a_gap():
     costs = StepCosts()
     for n, seconds in ((4, 0.029), (7, 0.031), (10, 0.048)):
         costs.observe_target(4, n, seconds)
-    chords, curve = costs.target(4, chords=True), costs.target(4)
+    chords, curve = costs.judged(4), costs.target(4)
     assert isinstance(chords, Chords) and curve is costs.curves[4]
     assert curve(np.array([8]))[0] < 0.032  # the segment 4-7 extended
     assert chords(np.array([8]))[0] == pytest.approx(np.interp(8, [7, 10], curve(np.array([7, 10]))))
